@@ -1,0 +1,365 @@
+//! The pipeline configuration (TOML): what a user writes, validated up front.
+//!
+//! Owns parsing, defaults and the checks that need no network. Every field's
+//! `///` comment is the user documentation (the README's config reference is
+//! generated from the same words). It must not connect to anything.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// A configuration error a user can act on.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// One pipeline: a Kafka source, a Wasm transform and a sink.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineConfig {
+    /// Name of the pipeline. Checkpoints, lineage and dead letters are stored
+    /// under this name, so renaming a pipeline starts it from scratch.
+    pub pipeline: String,
+    /// Where records come from.
+    pub source: SourceConfig,
+    /// The Wasm transform.
+    pub module: ModuleConfig,
+    /// Per-batch sandbox limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Where results and offsets are committed.
+    pub sink: SinkConfig,
+}
+
+/// The Kafka source.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// Bootstrap brokers, comma separated (`host:port,host:port`).
+    pub brokers: String,
+    /// Topics to read.
+    pub topics: Vec<String>,
+    /// Consumer group used to share partitions between instances of this
+    /// pipeline. Its committed offsets are never used as the checkpoint.
+    /// Default: `sluice-<pipeline>`.
+    #[serde(default)]
+    pub group_id: Option<String>,
+    /// Upper bound of a batch, in offsets per partition.
+    #[serde(default = "default_max_records")]
+    pub max_records_per_partition: u32,
+    /// How long to gather records before cutting a batch, in milliseconds.
+    #[serde(default = "default_batch_interval")]
+    pub batch_interval_ms: u64,
+    /// Where a partition without a checkpoint starts: `earliest` or `latest`.
+    #[serde(default)]
+    pub start: StartPosition,
+    /// Extra librdkafka properties, passed through as given (for example
+    /// `"security.protocol" = "ssl"`). Properties sluice relies on for
+    /// exactly-once (`isolation.level`, `enable.auto.commit`,
+    /// `auto.offset.reset`, `group.id`) cannot be overridden.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Where a partition without a checkpoint starts.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StartPosition {
+    /// The oldest record still in the log.
+    #[default]
+    Earliest,
+    /// Only records produced after the partition is first assigned.
+    Latest,
+}
+
+/// The Wasm transform and its parameters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModuleConfig {
+    /// Path of the component (`.wasm`), relative to the config file.
+    pub path: PathBuf,
+    /// Parameters handed to the module's `init`, as a table (sent as JSON).
+    #[serde(default)]
+    pub params: toml::Table,
+    /// Directory for compiled modules. Default: `.sluice-cache` next to the
+    /// config file.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Sandbox limits, applied to every batch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Fuel per batch (roughly one unit per Wasm instruction). Running out is
+    /// deterministic: the same batch fails the same way on every retry.
+    #[serde(default = "default_fuel")]
+    pub fuel_per_batch: u64,
+    /// Wall-clock backstop per batch, in milliseconds. Hitting it is treated
+    /// as retryable (the machine may have been slow), never as output.
+    #[serde(default = "default_timeout")]
+    pub batch_timeout_ms: u64,
+    /// Linear memory cap per instance, in MiB.
+    #[serde(default = "default_memory")]
+    pub max_memory_mib: u64,
+    /// Wasm stack size, in KiB.
+    #[serde(default = "default_stack")]
+    pub max_stack_kib: u64,
+    /// What to do with records that make the module trap twice: `dead-letter`
+    /// them (found by bisection) and commit the rest, or `fail` the pipeline.
+    #[serde(default)]
+    pub on_trap: OnTrap,
+}
+
+/// What to do with records that trap the module.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnTrap {
+    #[default]
+    DeadLetter,
+    Fail,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        LimitsConfig {
+            fuel_per_batch: default_fuel(),
+            batch_timeout_ms: default_timeout(),
+            max_memory_mib: default_memory(),
+            max_stack_kib: default_stack(),
+            on_trap: OnTrap::default(),
+        }
+    }
+}
+
+/// The sink: where outputs, dead letters, lineage and offsets are committed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    /// Database URL. `sqlite://PATH` (relative to the config file; created if
+    /// missing) is the embedded default.
+    pub url: String,
+    /// Prefix of sluice's own tables (checkpoints, batches, ranges, dead
+    /// letters).
+    #[serde(default = "default_prefix")]
+    pub table_prefix: String,
+    /// The targets a module may write to.
+    pub targets: Vec<TargetConfig>,
+}
+
+/// One named output target of the module, mapped to a table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TargetConfig {
+    /// Target name the module emits rows for.
+    pub name: String,
+    /// Table the rows go to. Default: the target name.
+    #[serde(default)]
+    pub table: Option<String>,
+    /// How rows are applied.
+    #[serde(default)]
+    pub mode: WriteMode,
+    /// Key columns (required for `upsert`, `accumulate` and `delete`).
+    #[serde(default)]
+    pub key: Vec<String>,
+    /// Columns and their SQL types (`integer`, `real`, `text`, `blob`,
+    /// `boolean`). The module's rows must carry exactly these columns.
+    pub columns: BTreeMap<String, ColumnType>,
+    /// Create the table if it does not exist.
+    #[serde(default = "yes")]
+    pub create: bool,
+}
+
+/// How rows of a target are applied to its table.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WriteMode {
+    /// Insert every row.
+    #[default]
+    Append,
+    /// Insert, or replace the non-key columns of the row with the same key.
+    Upsert,
+    /// Insert, or add the non-key (numeric) columns to the row with the same key.
+    Accumulate,
+    /// Delete the rows with these keys.
+    Delete,
+}
+
+/// Column types a target may declare.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ColumnType {
+    Integer,
+    Real,
+    Text,
+    Blob,
+    Boolean,
+}
+
+fn default_max_records() -> u32 {
+    10_000
+}
+fn default_batch_interval() -> u64 {
+    200
+}
+fn default_fuel() -> u64 {
+    20_000_000_000
+}
+fn default_timeout() -> u64 {
+    30_000
+}
+fn default_memory() -> u64 {
+    256
+}
+fn default_stack() -> u64 {
+    1024
+}
+fn default_prefix() -> String {
+    "sluice_".to_string()
+}
+fn yes() -> bool {
+    true
+}
+
+impl PipelineConfig {
+    /// Reads, parses and validates a config file; relative paths in it are
+    /// resolved against the file's directory.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let mut config = Self::parse(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => {
+                ConfigError::Parse { path: path.to_owned(), message }
+            }
+            other => other,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        config.resolve_paths(base);
+        Ok(config)
+    }
+
+    /// Parses and validates config text.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let config: PipelineConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<text>"),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn resolve_paths(&mut self, base: &Path) {
+        if self.module.path.is_relative() {
+            self.module.path = base.join(&self.module.path);
+        }
+        let cache = self.module.cache_dir.take().unwrap_or_else(|| PathBuf::from(".sluice-cache"));
+        self.module.cache_dir = Some(if cache.is_relative() { base.join(cache) } else { cache });
+        if let Some(rest) = self.sink.url.strip_prefix("sqlite://") {
+            let file = Path::new(rest.split('?').next().unwrap_or(rest));
+            if file.is_relative() && !rest.starts_with(":memory:") {
+                self.sink.url = format!("sqlite://{}", base.join(rest).display());
+            }
+        }
+    }
+
+    /// The consumer group this pipeline's instances share.
+    pub fn group_id(&self) -> String {
+        self.source.group_id.clone().unwrap_or_else(|| format!("sluice-{}", self.pipeline))
+    }
+
+    /// The module parameters as the JSON text `init` receives.
+    pub fn params_json(&self) -> String {
+        serde_json::to_string(&self.module.params).expect("TOML values are valid JSON")
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.pipeline.trim().is_empty() {
+            return invalid("`pipeline` must not be empty".into());
+        }
+        if self.source.topics.is_empty() {
+            return invalid("`source.topics` must name at least one topic".into());
+        }
+        if self.source.max_records_per_partition == 0 {
+            return invalid("`source.max_records_per_partition` must be at least 1".into());
+        }
+        for key in self.source.properties.keys() {
+            if RESERVED_PROPERTIES.contains(&key.as_str()) {
+                return invalid(format!(
+                    "`source.properties.\"{key}\"` is set by sluice for exactly-once and cannot be overridden"
+                ));
+            }
+        }
+        if self.limits.fuel_per_batch == 0 || self.limits.max_memory_mib == 0 {
+            return invalid("`limits` must be positive".into());
+        }
+        if self.sink.targets.is_empty() {
+            return invalid("`sink.targets` must declare at least one target".into());
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for t in &self.sink.targets {
+            if !names.insert(&t.name) {
+                return invalid(format!("target `{}` is declared twice", t.name));
+            }
+            t.validate()?;
+        }
+        Ok(())
+    }
+}
+
+/// librdkafka properties sluice sets itself.
+pub const RESERVED_PROPERTIES: &[&str] = &[
+    "isolation.level",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+    "group.id",
+    "enable.partition.eof",
+    "bootstrap.servers",
+];
+
+impl TargetConfig {
+    /// The table rows of this target go to.
+    pub fn table(&self) -> &str {
+        self.table.as_deref().unwrap_or(&self.name)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(m));
+        if self.columns.is_empty() {
+            return invalid(format!("target `{}` declares no columns", self.name));
+        }
+        for k in &self.key {
+            if !self.columns.contains_key(k) {
+                return invalid(format!(
+                    "target `{}`: key column `{k}` is not among its columns",
+                    self.name
+                ));
+            }
+        }
+        if self.mode != WriteMode::Append && self.key.is_empty() {
+            return invalid(format!(
+                "target `{}`: mode {:?} needs `key` columns",
+                self.name, self.mode
+            ));
+        }
+        if self.mode == WriteMode::Accumulate {
+            for (name, ty) in &self.columns {
+                let numeric = matches!(ty, ColumnType::Integer | ColumnType::Real);
+                if !self.key.contains(name) && !numeric {
+                    return invalid(format!(
+                        "target `{}`: accumulate adds non-key columns, but `{name}` is {ty:?}",
+                        self.name
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,31 @@
+//! sluice: exactly-once Kafka stream processing with sandboxed, deterministic
+//! WebAssembly transforms.
+//!
+//! A pipeline reads planned offset ranges from Kafka, runs each batch through
+//! a fresh instance of the user's Wasm component, and commits the outputs
+//! together with the offset move into the sink. See `DESIGN.md` for the
+//! contract and the three conditions of exactly-once.
+//!
+//! # Layout
+//!
+//! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the file).
+//! - [`batch`]: plans, offset ranges and the columnar record batch.
+//! - [`output`]: a batch's output rows, contract checks, the output digest.
+//! - [`source`]: the Kafka source: group ownership, seeking to checkpoints,
+//!   reading and cutting ranges by consumer position.
+//! - [`runtime`]: the wasmtime engine, module loading/validation/cache, the
+//!   per-batch sandbox (fuel, deadline, memory cap).
+//! - [`sink`]: commit requests and errors shared by backends; `sink::sqlite`
+//!   is the embedded default.
+//! - [`pipeline`]: the batch loop (plan, read, transform, commit), the
+//!   `Sink` and `Transform` traits it consumes, retries and bisection.
+//! - [`app`]: wiring a config into a running pipeline (used by the CLI).
+
+pub mod app;
+pub mod batch;
+pub mod config;
+pub mod output;
+pub mod pipeline;
+pub mod runtime;
+pub mod sink;
+pub mod source;

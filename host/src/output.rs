@@ -1,0 +1,297 @@
+//! A batch's output as the host holds it: rows per target in columns, and
+//! rejected records; plus its canonical digest for lineage and `verify`.
+//!
+//! Owns the contract checks on what a module returned and the digest. It
+//! must not know how a sink writes rows.
+
+use sha2::{Digest, Sha256};
+
+/// Everything one batch produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Output {
+    pub targets: Vec<TargetRows>,
+    pub rejections: Vec<Rejection>,
+}
+
+/// Rows for one named target, column by column.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TargetRows {
+    pub target: String,
+    pub rows: u32,
+    pub columns: Vec<Column>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Column {
+    pub name: String,
+    /// 1 = null, per row; empty = no nulls.
+    pub nulls: Vec<u8>,
+    pub data: ColumnData,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnData {
+    Int64(Vec<i64>),
+    Float64(Vec<f64>),
+    Text { lengths: Vec<u32>, data: Vec<u8> },
+    Bytes { lengths: Vec<u32>, data: Vec<u8> },
+    Bool(Vec<u8>),
+}
+
+/// A record the module refused; it becomes a dead letter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rejection {
+    /// Index of the record in the batch.
+    pub index: u32,
+    pub reason: String,
+}
+
+/// One cell, borrowed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value<'a> {
+    Null,
+    Int(i64),
+    Float(f64),
+    Text(&'a str),
+    Bytes(&'a [u8]),
+    Bool(bool),
+}
+
+impl ColumnData {
+    fn len(&self) -> usize {
+        match self {
+            ColumnData::Int64(v) => v.len(),
+            ColumnData::Float64(v) => v.len(),
+            ColumnData::Text { lengths, .. } | ColumnData::Bytes { lengths, .. } => lengths.len(),
+            ColumnData::Bool(v) => v.len(),
+        }
+    }
+
+    fn tag(&self) -> u8 {
+        match self {
+            ColumnData::Int64(_) => 1,
+            ColumnData::Float64(_) => 2,
+            ColumnData::Text { .. } => 3,
+            ColumnData::Bytes { .. } => 4,
+            ColumnData::Bool(_) => 5,
+        }
+    }
+
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ColumnData::Int64(_) => "int64",
+            ColumnData::Float64(_) => "float64",
+            ColumnData::Text { .. } => "text",
+            ColumnData::Bytes { .. } => "bytes",
+            ColumnData::Bool(_) => "boolean",
+        }
+    }
+}
+
+impl Column {
+    /// The column's cells in row order.
+    pub fn values(&self) -> Vec<Value<'_>> {
+        let null = |i: usize| self.nulls.get(i).is_some_and(|&n| n != 0);
+        let cells: Vec<Value<'_>> = match &self.data {
+            ColumnData::Int64(v) => v.iter().map(|&x| Value::Int(x)).collect(),
+            ColumnData::Float64(v) => v.iter().map(|&x| Value::Float(x)).collect(),
+            ColumnData::Bool(v) => v.iter().map(|&x| Value::Bool(x != 0)).collect(),
+            ColumnData::Text { lengths, data } => split(lengths, data)
+                .map(|b| Value::Text(std::str::from_utf8(b).expect("checked by Output::check")))
+                .collect(),
+            ColumnData::Bytes { lengths, data } => split(lengths, data).map(Value::Bytes).collect(),
+        };
+        cells.into_iter().enumerate().map(|(i, v)| if null(i) { Value::Null } else { v }).collect()
+    }
+}
+
+fn split<'a>(lengths: &'a [u32], data: &'a [u8]) -> impl Iterator<Item = &'a [u8]> + 'a {
+    let mut at = 0usize;
+    lengths.iter().map(move |&l| {
+        let start = at;
+        at += l as usize;
+        &data[start..at]
+    })
+}
+
+impl Output {
+    /// Checks the module kept the contract: column lengths match the row
+    /// count, text is UTF-8, rejections point at records of the batch.
+    pub fn check(&self, batch_len: usize) -> Result<(), String> {
+        for t in &self.targets {
+            let mut seen = std::collections::BTreeSet::new();
+            for c in &t.columns {
+                if !seen.insert(&c.name) {
+                    return Err(format!("target `{}` has column `{}` twice", t.target, c.name));
+                }
+                let rows = t.rows as usize;
+                if c.data.len() != rows || !(c.nulls.is_empty() || c.nulls.len() == rows) {
+                    return Err(format!(
+                        "target `{}` column `{}` has {} values for {} rows",
+                        t.target,
+                        c.name,
+                        c.data.len(),
+                        rows
+                    ));
+                }
+                if let ColumnData::Text { lengths, data } | ColumnData::Bytes { lengths, data } =
+                    &c.data
+                {
+                    let total: u64 = lengths.iter().map(|&l| l as u64).sum();
+                    if total != data.len() as u64 {
+                        return Err(format!(
+                            "target `{}` column `{}`: lengths add up to {total}, data has {} bytes",
+                            t.target,
+                            c.name,
+                            data.len()
+                        ));
+                    }
+                }
+                if let ColumnData::Text { lengths, data } = &c.data {
+                    if split(lengths, data).any(|b| std::str::from_utf8(b).is_err()) {
+                        return Err(format!(
+                            "target `{}` column `{}` holds text that is not UTF-8",
+                            t.target, c.name
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(r) = self.rejections.iter().find(|r| r.index as usize >= batch_len) {
+            return Err(format!("rejection of record {} in a batch of {batch_len}", r.index));
+        }
+        Ok(())
+    }
+
+    /// Total rows over all targets.
+    pub fn row_count(&self) -> u64 {
+        self.targets.iter().map(|t| t.rows as u64).sum()
+    }
+
+    /// Appends `other` (the output of a sub-batch whose record `i` is
+    /// record `index_map[i]` of the whole batch).
+    pub fn absorb(&mut self, other: Output, index_map: &[usize]) {
+        for t in other.targets {
+            match self.targets.iter_mut().find(|x| x.target == t.target) {
+                Some(existing) if same_shape(existing, &t) => append_rows(existing, t),
+                _ => self.targets.push(t),
+            }
+        }
+        self.rejections.extend(other.rejections.into_iter().map(|r| Rejection {
+            index: index_map[r.index as usize] as u32,
+            reason: r.reason,
+        }));
+    }
+
+    /// sha256 over a canonical encoding of the whole output: the same rows
+    /// in the same order always give the same digest.
+    pub fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        for t in &self.targets {
+            h.update(b"T");
+            put_str(&mut h, &t.target);
+            h.update(t.rows.to_le_bytes());
+            for c in &t.columns {
+                put_str(&mut h, &c.name);
+                h.update([c.data.tag()]);
+                put_bytes(&mut h, &c.nulls);
+                match &c.data {
+                    ColumnData::Int64(v) => v.iter().for_each(|x| h.update(x.to_le_bytes())),
+                    ColumnData::Float64(v) => v.iter().for_each(|x| h.update(x.to_bits().to_le_bytes())),
+                    ColumnData::Bool(v) => put_bytes(&mut h, v),
+                    ColumnData::Text { lengths, data } | ColumnData::Bytes { lengths, data } => {
+                        lengths.iter().for_each(|l| h.update(l.to_le_bytes()));
+                        put_bytes(&mut h, data);
+                    }
+                }
+            }
+        }
+        for r in &self.rejections {
+            h.update(b"R");
+            h.update(r.index.to_le_bytes());
+            put_str(&mut h, &r.reason);
+        }
+        hex::encode(h.finalize())
+    }
+}
+
+fn put_str(h: &mut Sha256, s: &str) {
+    put_bytes(h, s.as_bytes());
+}
+
+fn put_bytes(h: &mut Sha256, b: &[u8]) {
+    h.update((b.len() as u64).to_le_bytes());
+    h.update(b);
+}
+
+fn same_shape(a: &TargetRows, b: &TargetRows) -> bool {
+    a.columns.len() == b.columns.len()
+        && a.columns.iter().zip(&b.columns).all(|(x, y)| x.name == y.name && x.data.tag() == y.data.tag())
+}
+
+fn append_rows(into: &mut TargetRows, from: TargetRows) {
+    let (old_rows, new_rows) = (into.rows as usize, from.rows as usize);
+    for (a, b) in into.columns.iter_mut().zip(from.columns) {
+        if !a.nulls.is_empty() || !b.nulls.is_empty() {
+            a.nulls.resize(old_rows, 0);
+            let mut bn = b.nulls;
+            bn.resize(new_rows, 0);
+            a.nulls.extend(bn);
+        }
+        match (&mut a.data, b.data) {
+            (ColumnData::Int64(x), ColumnData::Int64(y)) => x.extend(y),
+            (ColumnData::Float64(x), ColumnData::Float64(y)) => x.extend(y),
+            (ColumnData::Bool(x), ColumnData::Bool(y)) => x.extend(y),
+            (ColumnData::Text { lengths: l, data: d }, ColumnData::Text { lengths, data })
+            | (ColumnData::Bytes { lengths: l, data: d }, ColumnData::Bytes { lengths, data }) => {
+                l.extend(lengths);
+                d.extend(data);
+            }
+            _ => unreachable!("same_shape checked the column types"),
+        }
+    }
+    into.rows += from.rows;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ints(target: &str, v: Vec<i64>) -> Output {
+        Output {
+            targets: vec![TargetRows {
+                target: target.into(),
+                rows: v.len() as u32,
+                columns: vec![Column { name: "n".into(), nulls: vec![], data: ColumnData::Int64(v) }],
+            }],
+            rejections: vec![],
+        }
+    }
+
+    #[test]
+    fn digest_is_order_sensitive_and_stable() {
+        assert_eq!(ints("t", vec![1, 2]).digest(), ints("t", vec![1, 2]).digest());
+        assert_ne!(ints("t", vec![1, 2]).digest(), ints("t", vec![2, 1]).digest());
+        assert_ne!(ints("t", vec![1]).digest(), ints("u", vec![1]).digest());
+    }
+
+    #[test]
+    fn absorb_appends_rows_and_remaps_rejections() {
+        let mut a = ints("t", vec![1]);
+        let mut b = ints("t", vec![2, 3]);
+        b.rejections.push(Rejection { index: 1, reason: "bad".into() });
+        a.absorb(b, &[4, 9]);
+        assert_eq!(a, {
+            let mut e = ints("t", vec![1, 2, 3]);
+            e.rejections.push(Rejection { index: 9, reason: "bad".into() });
+            e
+        });
+    }
+
+    #[test]
+    fn check_rejects_mismatched_lengths() {
+        let mut o = ints("t", vec![1, 2]);
+        o.targets[0].rows = 3;
+        assert!(o.check(10).unwrap_err().contains("2 values for 3 rows"));
+    }
+}

@@ -1,0 +1,361 @@
+//! The batch loop: plan -> read -> transform -> commit, until shut down.
+//!
+//! # Delivery guarantee
+//!
+//! Exactly-once into the sink, given the three conditions: the source replays
+//! a range `[from, until)` identically (Kafka, `read_committed`; the host, not
+//! the consumer group, picks the ranges), the transform is deterministic (a
+//! fresh sandboxed instance per batch, time and seed from the plan), and the
+//! sink commits outputs together with a compare-and-set of the offsets. A
+//! fenced commit (another owner moved the offsets) is rolled back and the
+//! partitions re-read from the checkpoint; a commit whose outcome is unknown
+//! is resolved by reading the checkpoint back, never by writing again.
+//!
+//! Owns retry, bisection of trapping batches and the shutdown drain. It must
+//! not talk SQL, Kafka protocol or Wasm directly: it goes through `Sink`,
+//! `KafkaSource` and `Transform`.
+
+use crate::batch::{OffsetRange, Plan, Records, TopicPartition, sha256_hex};
+use crate::config::OnTrap;
+use crate::output::Output;
+use crate::runtime::RunError;
+use crate::sink::{Commit, CommitOutcome, DeadLetter, DeadLetterKind, SinkError};
+use crate::source::{KafkaSource, Ownership, SourceError};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Times a retryable transform failure (timeout, retryable declared error)
+/// is retried before the pipeline stops.
+const TRANSFORM_RETRIES: u32 = 3;
+/// How long an unreachable sink is retried before the pipeline stops.
+const SINK_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// The transform the pipeline runs; implemented by the Wasm runtime.
+pub trait Transform {
+    /// Module version recorded in plans and lineage.
+    fn module_digest(&self) -> &str;
+    /// The parameters as `init` receives them.
+    fn params(&self) -> &str;
+    /// Runs one whole batch in a fresh instance.
+    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError>;
+}
+
+/// Where batches are committed; implemented by each sink backend.
+#[allow(async_fn_in_trait)]
+pub trait Sink {
+    /// Stored next offsets of `partitions`; absent = never committed.
+    async fn checkpoints(
+        &self,
+        pipeline: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, SinkError>;
+    /// Commits one batch atomically with the offset compare-and-set.
+    async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError>;
+}
+
+/// Why the pipeline stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("batch {batch_id} ({ranges}): {error}")]
+    Transform { batch_id: String, ranges: String, error: RunError },
+}
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub pipeline: String,
+    pub batch_interval: Duration,
+    pub on_trap: OnTrap,
+    /// Stop (successfully) once caught up with the log ends seen at start.
+    pub until_caught_up: bool,
+}
+
+/// Counters for the caller (and the end-of-run log line).
+#[derive(Debug, Default, Clone)]
+pub struct RunStats {
+    pub batches: u64,
+    pub records: u64,
+    pub rows: u64,
+    pub dead_letters: u64,
+    pub fenced: u64,
+}
+
+pub struct Pipeline<S: Sink, T: Transform> {
+    options: RunOptions,
+    source: KafkaSource,
+    sink: S,
+    transform: T,
+    params_digest: String,
+    stats: RunStats,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn describe(ranges: &[OffsetRange]) -> String {
+    ranges
+        .iter()
+        .map(|r| format!("{}[{}] {}..{}", r.topic, r.partition, r.from, r.until))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl<S: Sink, T: Transform> Pipeline<S, T> {
+    pub fn new(options: RunOptions, source: KafkaSource, sink: S, transform: T) -> Self {
+        let params_digest = sha256_hex(transform.params().as_bytes());
+        Pipeline { options, source, sink, transform, params_digest, stats: RunStats::default() }
+    }
+
+    /// Runs batches until `shutdown` fires (the batch in flight is finished
+    /// first) or, with `until_caught_up`, until caught up.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
+        while !shutdown.is_cancelled() {
+            let wait = self.options.batch_interval;
+            let changes = tokio::task::block_in_place(|| self.source.poll(wait))?;
+            if !changes.is_empty() {
+                self.on_ownership(&changes).await?;
+            }
+            self.start_unstarted().await?;
+            let ranges = self.source.plan_ranges();
+            if ranges.is_empty() {
+                if self.options.until_caught_up && self.source.caught_up() {
+                    tracing::info!("caught up with the log ends seen at start");
+                    break;
+                }
+                continue;
+            }
+            self.run_batch(ranges).await?;
+        }
+        tracing::info!(stats = ?self.stats, "pipeline stopped");
+        Ok(self.stats)
+    }
+
+    async fn on_ownership(&mut self, changes: &[Ownership]) -> Result<(), PipelineError> {
+        for c in changes {
+            if let Ownership::Revoked(tps) = c {
+                tracing::info!(?tps, "no longer reading revoked partitions");
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the checkpoint of every newly assigned partition and seeks there.
+    async fn start_unstarted(&mut self) -> Result<(), PipelineError> {
+        let fresh = self.source.unstarted();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        self.restart(&fresh).await
+    }
+
+    /// Re-reads checkpoints of `partitions` and restarts reading there.
+    async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
+        let checkpoints = self.checkpoints_with_retry(partitions).await?;
+        for tp in partitions {
+            let from = checkpoints.get(tp).copied();
+            tokio::task::block_in_place(|| self.source.start_partition(tp, from))?;
+        }
+        Ok(())
+    }
+
+    async fn checkpoints_with_retry(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self.sink.checkpoints(&self.options.pipeline, partitions).await {
+                Ok(c) => return Ok(c),
+                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
+                    tracing::warn!("reading checkpoints: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    async fn run_batch(&mut self, ranges: Vec<OffsetRange>) -> Result<(), PipelineError> {
+        let started = Instant::now();
+        let plan = Plan::new(
+            &self.options.pipeline,
+            ranges,
+            self.transform.module_digest(),
+            &self.params_digest,
+            now_ms(),
+        );
+        let records = self.source.records(&plan.ranges);
+        let (output, dead_letters) = self.transform_batch(&plan, &records)?;
+        let digest = output.digest();
+        let commit = Commit {
+            plan: &plan,
+            records: &records,
+            output: &output,
+            dead_letters: &dead_letters,
+            output_digest: &digest,
+        };
+        if self.commit(&commit).await? {
+            self.source.committed(&plan.ranges);
+            self.stats.batches += 1;
+            self.stats.records += records.len() as u64;
+            self.stats.rows += output.row_count();
+            self.stats.dead_letters += dead_letters.len() as u64;
+            tracing::info!(
+                batch = %plan.batch_id,
+                ranges = %describe(&plan.ranges),
+                records = records.len(),
+                rows = output.row_count(),
+                dead_letters = dead_letters.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "batch committed"
+            );
+        } else {
+            self.stats.fenced += 1;
+            let partitions: Vec<TopicPartition> =
+                plan.ranges.iter().map(OffsetRange::topic_partition).collect();
+            self.restart(&partitions).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the transform with the retry and trap policy; returns the output
+    /// and the dead letters (rejections and isolated poison records).
+    fn transform_batch(
+        &self,
+        plan: &Plan,
+        records: &Records,
+    ) -> Result<(Output, Vec<DeadLetter>), PipelineError> {
+        let fail = |error| PipelineError::Transform {
+            batch_id: plan.batch_id.clone(),
+            ranges: describe(&plan.ranges),
+            error,
+        };
+        let mut attempt = 0;
+        let mut trapped_once = false;
+        let (output, mut dead) = loop {
+            attempt += 1;
+            match self.transform.run(plan, records) {
+                Ok(output) => break (output, Vec::new()),
+                Err(e) if e.is_retryable() && attempt <= TRANSFORM_RETRIES => {
+                    tracing::warn!(batch = %plan.batch_id, "{e}; retrying");
+                }
+                Err(RunError::Trap(msg)) if !trapped_once => {
+                    tracing::warn!(batch = %plan.batch_id, "transform trapped, retrying once: {msg}");
+                    trapped_once = true;
+                }
+                Err(RunError::Trap(_)) if self.options.on_trap == OnTrap::DeadLetter => {
+                    tracing::warn!(batch = %plan.batch_id, "transform trapped twice; bisecting");
+                    let mut output = Output::default();
+                    let mut dead = Vec::new();
+                    let all: Vec<usize> = (0..records.len()).collect();
+                    self.bisect(plan, records, all, &mut output, &mut dead).map_err(fail)?;
+                    break (output, dead);
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        };
+        let mut seen = std::collections::HashSet::new();
+        let rejected = output.rejections.iter().filter(|r| seen.insert(r.index)).map(|r| DeadLetter {
+            index: r.index as usize,
+            reason: r.reason.clone(),
+            kind: DeadLetterKind::Rejected,
+        });
+        dead.extend(rejected.collect::<Vec<_>>());
+        dead.sort_by_key(|d| d.index);
+        dead.dedup_by_key(|d| d.index);
+        Ok((output, dead))
+    }
+
+    /// Runs the records at `indices` as a sub-batch; on a trap splits it in
+    /// halves until single poison records are left, which become dead letters.
+    fn bisect(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        indices: Vec<usize>,
+        output: &mut Output,
+        dead: &mut Vec<DeadLetter>,
+    ) -> Result<(), RunError> {
+        let (sub, map) = records.select(&indices);
+        match self.transform.run(plan, &sub) {
+            Ok(o) => {
+                output.absorb(o, &map);
+                Ok(())
+            }
+            Err(RunError::Trap(msg)) if indices.len() == 1 => {
+                dead.push(DeadLetter { index: indices[0], reason: msg, kind: DeadLetterKind::Trap });
+                Ok(())
+            }
+            Err(RunError::Trap(_)) => {
+                let mut left = indices;
+                let right = left.split_off(left.len() / 2);
+                self.bisect(plan, records, left, output, dead)?;
+                self.bisect(plan, records, right, output, dead)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Commits with retries. `Ok(true)`: the batch is committed (now or by an
+    /// earlier attempt whose reply was lost); `Ok(false)`: fenced.
+    async fn commit(&mut self, commit: &Commit<'_>) -> Result<bool, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = self.sink.commit(commit).await;
+            match result {
+                Ok(CommitOutcome::Committed) => return Ok(true),
+                Ok(CommitOutcome::Fenced { partition, expected, found }) => {
+                    tracing::warn!(
+                        batch = %commit.plan.batch_id,
+                        %partition, expected, ?found,
+                        "fenced: another owner moved the offsets first; rolled back, re-planning"
+                    );
+                    return Ok(false);
+                }
+                Err(SinkError::CommitUnknown(e)) => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit outcome unknown ({e}); reading the checkpoint back");
+                    match self.resolve_unknown(commit.plan).await? {
+                        Some(done) => return Ok(done),
+                        None => continue, // nothing landed: commit again
+                    }
+                }
+                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// After a commit with unknown outcome: `Some(true)` if the checkpoint
+    /// already says `until` everywhere (it landed), `None` if it still says
+    /// `from` everywhere (nothing landed), `Some(false)` otherwise (someone
+    /// else moved it: treat as fenced).
+    async fn resolve_unknown(&self, plan: &Plan) -> Result<Option<bool>, PipelineError> {
+        let partitions: Vec<TopicPartition> = plan.ranges.iter().map(OffsetRange::topic_partition).collect();
+        let stored = self.checkpoints_with_retry(&partitions).await?;
+        let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
+        if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
+            tracing::info!(batch = %plan.batch_id, "commit had landed");
+            return Ok(Some(true));
+        }
+        if plan.ranges.iter().all(|r| at(r).is_none_or(|o| o == r.from)) {
+            return Ok(None);
+        }
+        Ok(Some(false))
+    }
+}

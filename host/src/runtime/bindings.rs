@@ -1,0 +1,125 @@
+//! The host side of the `sluice:plugin` world: generated bindings, the log
+//! import, and conversions between the host's batch/output types and the WIT
+//! types.
+//!
+//! Owns the WIT boundary only. It must not apply policy (retries, limits).
+
+use super::limits::MemoryCap;
+use crate::batch::Records;
+use crate::output::{Column, ColumnData, Output, Rejection, TargetRows};
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "transform",
+});
+
+use sluice::plugin::types as wit;
+
+/// Most log lines a module may write per batch; more are dropped.
+const MAX_LOG_LINES: usize = 1000;
+/// Longest log line kept, in bytes.
+const MAX_LOG_LINE: usize = 4096;
+
+/// The data of one batch's `Store`.
+pub struct BatchState {
+    pub limiter: MemoryCap,
+    pub logs: Vec<String>,
+}
+
+impl BatchState {
+    pub fn new(max_memory_bytes: usize) -> Self {
+        BatchState { limiter: MemoryCap::new(max_memory_bytes), logs: Vec::new() }
+    }
+}
+
+impl sluice::plugin::log::Host for BatchState {
+    fn write(&mut self, level: sluice::plugin::log::Level, mut message: String) {
+        if self.logs.len() >= MAX_LOG_LINES {
+            return;
+        }
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        self.logs.push(format!("{level:?}: {message}"));
+    }
+}
+
+impl sluice::plugin::types::Host for BatchState {}
+
+/// Adds the world's imports (and nothing else) to the linker.
+pub fn add_to_linker(
+    linker: &mut wasmtime::component::Linker<BatchState>,
+) -> wasmtime::Result<()> {
+    Transform::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)
+}
+
+/// The batch in WIT form. Copies the columns once (the guest gets its own
+/// copy anyway when the host lowers them).
+pub fn record_batch(r: &Records) -> wit::RecordBatch {
+    wit::RecordBatch {
+        slices: r
+            .slices
+            .iter()
+            .map(|s| wit::PartitionSlice {
+                topic: s.topic.clone(),
+                partition: s.partition,
+                first: s.first,
+                count: s.count,
+            })
+            .collect(),
+        offsets: r.offsets.clone(),
+        timestamps: r.timestamps.clone(),
+        key_lengths: r.key_lengths.clone(),
+        keys: r.keys.clone(),
+        value_lengths: r.value_lengths.clone(),
+        values: r.values.clone(),
+        header_counts: r.header_counts.clone(),
+        header_name_lengths: r.header_name_lengths.clone(),
+        header_names: r.header_names.clone(),
+        header_value_lengths: r.header_value_lengths.clone(),
+        header_values: r.header_values.clone(),
+    }
+}
+
+/// Converts and checks the module's output against the contract.
+pub fn into_output(out: wit::Output, batch_len: usize) -> Result<Output, String> {
+    let targets = out
+        .targets
+        .into_iter()
+        .map(|t| TargetRows {
+            target: t.target,
+            rows: t.rows,
+            columns: t
+                .columns
+                .into_iter()
+                .map(|c| Column {
+                    name: c.name,
+                    nulls: c.nulls,
+                    data: match c.data {
+                        wit::ColumnData::Int64(v) => ColumnData::Int64(v),
+                        wit::ColumnData::Float64(v) => ColumnData::Float64(v),
+                        wit::ColumnData::Text(v) => {
+                            ColumnData::Text { lengths: v.lengths, data: v.data }
+                        }
+                        wit::ColumnData::Bytes(v) => {
+                            ColumnData::Bytes { lengths: v.lengths, data: v.data }
+                        }
+                        wit::ColumnData::Boolean(v) => ColumnData::Bool(v),
+                    },
+                })
+                .collect(),
+        })
+        .collect();
+    let rejections = out
+        .rejections
+        .into_iter()
+        .map(|r| Rejection { index: r.index, reason: r.reason })
+        .collect();
+    let output = Output { targets, rejections };
+    output.check(batch_len)?;
+    Ok(output)
+}

@@ -1,0 +1,248 @@
+//! The Wasm runtime: one deterministic wasmtime `Engine` and one `Linker` per
+//! process, components loaded once (validated, compiled, cached) and
+//! pre-instantiated, and a fresh `Store` per batch with fuel, an epoch
+//! deadline and a memory cap.
+//!
+//! It owns the sandbox and the classification of failures (a transform's
+//! declared error is never confused with a trap). It must not know about
+//! Kafka, sinks or offsets: it maps (params, batch) to output, nothing more.
+
+mod bindings;
+mod limits;
+mod module;
+
+pub use limits::Limits;
+pub use module::{LoadedModule, ModuleError};
+
+use crate::batch::{Plan, Records};
+use crate::output::Output;
+use bindings::{BatchState, sluice::plugin::types as wit};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use wasmtime::component::Linker;
+use wasmtime::{Config, Engine, Store, Trap};
+
+/// How often the epoch ticks; the batch deadline is counted in ticks.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Why a batch did not produce output. Callers act on the variant.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RunError {
+    /// The transform returned its own batch error.
+    #[error("transform failed the batch: {message}")]
+    Declared { message: String, retryable: bool },
+    /// The transform rejected its parameters in `init`.
+    #[error("transform rejected its params: {0}")]
+    ParamsRejected(String),
+    /// The module trapped (a bug or a poison record): retried, then bisected.
+    #[error("transform trapped: {0}")]
+    Trap(String),
+    /// Fuel ran out: deterministic, the same batch fails the same way again.
+    #[error("transform ran out of fuel ({0} units per batch)")]
+    OutOfFuel(u64),
+    /// The memory cap was hit: deterministic.
+    #[error("transform exceeded the memory limit of {0} MiB")]
+    MemoryExceeded(u64),
+    /// The wall-clock backstop fired: retryable, never recorded as output.
+    #[error("transform exceeded the batch deadline of {0} ms")]
+    Timeout(u64),
+    /// The module returned rows that break the contract.
+    #[error("transform returned invalid output: {0}")]
+    BadOutput(String),
+    /// The host could not instantiate the module.
+    #[error("cannot instantiate module: {0}")]
+    Instantiate(String),
+}
+
+impl RunError {
+    /// True if running the same batch again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, RunError::Timeout(_) | RunError::Declared { retryable: true, .. })
+    }
+}
+
+/// The process-wide runtime: one Engine, one Linker, the epoch ticker.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<BatchState>,
+    limits: Limits,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    /// Builds the deterministic engine and linker for the given limits.
+    pub fn new(limits: Limits) -> Result<Runtime, ModuleError> {
+        let engine = Engine::new(&engine_config(&limits))
+            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        bindings::add_to_linker(&mut linker).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.clone(), stop_ticker.clone());
+        Ok(Runtime { engine, linker, limits, stop_ticker })
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Loads a component from `bytes`: validates its world and imports,
+    /// compiles it (or reuses the cached artifact in `cache_dir`).
+    pub fn load(
+        &self,
+        bytes: &[u8],
+        cache_dir: Option<&std::path::Path>,
+    ) -> Result<LoadedModule, ModuleError> {
+        module::load(&self.engine, &self.linker, bytes, cache_dir)
+    }
+
+    /// Runs `init(params)` alone, to check a module accepts its parameters.
+    pub fn check_params(&self, module: &LoadedModule, params: &str) -> Result<(), RunError> {
+        let mut store = self.new_store();
+        let instance = module.instantiate(&mut store)?;
+        self.init(&mut store, &instance, params)
+    }
+
+    /// Runs one batch in a fresh instance: `init(params)`, then `process`.
+    pub fn run(
+        &self,
+        module: &LoadedModule,
+        params: &str,
+        plan: &Plan,
+        records: &Records,
+    ) -> Result<Output, RunError> {
+        let mut store = self.new_store();
+        let instance = module.instantiate(&mut store)?;
+        self.init(&mut store, &instance, params)?;
+        let ctx = wit::BatchContext {
+            pipeline: plan.pipeline.clone(),
+            batch_id: plan.batch_id.clone(),
+            batch_time_ms: plan.batch_time_ms,
+            seed: plan.seed(),
+        };
+        let batch = bindings::record_batch(records);
+        let result = instance.call_process(&mut store, &ctx, &batch);
+        let logs = std::mem::take(&mut store.data_mut().logs);
+        for line in &logs {
+            tracing::info!(batch = %plan.batch_id, "module: {line}");
+        }
+        match result {
+            Ok(Ok(out)) => bindings::into_output(out, records.len()).map_err(RunError::BadOutput),
+            Ok(Err(e)) => Err(RunError::Declared { message: e.message, retryable: e.retryable }),
+            Err(e) => Err(with_panic_message(self.classify(&store, e), &logs)),
+        }
+    }
+
+    fn init(
+        &self,
+        store: &mut Store<BatchState>,
+        instance: &bindings::Transform,
+        params: &str,
+    ) -> Result<(), RunError> {
+        match instance.call_init(&mut *store, params) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(RunError::ParamsRejected(message)),
+            Err(e) => Err(self.classify(store, e)),
+        }
+    }
+
+    fn new_store(&self) -> Store<BatchState> {
+        let mut store = Store::new(&self.engine, BatchState::new(self.limits.max_memory_bytes()));
+        store.limiter(|s| &mut s.limiter);
+        store.set_fuel(self.limits.fuel_per_batch).expect("fuel is enabled");
+        let ticks = self.limits.batch_timeout.as_millis() / EPOCH_TICK.as_millis();
+        store.set_epoch_deadline(ticks.max(1) as u64);
+        store.epoch_deadline_trap();
+        store
+    }
+
+    /// Turns a wasmtime error into the variant callers act on.
+    fn classify(&self, store: &Store<BatchState>, e: wasmtime::Error) -> RunError {
+        if store.data().limiter.hit_cap() {
+            return RunError::MemoryExceeded(self.limits.max_memory_mib());
+        }
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => RunError::OutOfFuel(self.limits.fuel_per_batch),
+            Some(Trap::Interrupt) => RunError::Timeout(self.limits.batch_timeout.as_millis() as u64),
+            _ => RunError::Trap(format!("{e:?}").lines().take(12).collect::<Vec<_>>().join("\n")),
+        }
+    }
+}
+
+/// A Rust guest's panic hook logs the panic before the trap; put that line
+/// into the trap's message, where users look first.
+fn with_panic_message(e: RunError, logs: &[String]) -> RunError {
+    match (e, logs.iter().rev().find(|l| l.contains("panic"))) {
+        (RunError::Trap(trap), Some(line)) => RunError::Trap(format!("{line}\n{trap}")),
+        (e, _) => e,
+    }
+}
+
+fn engine_config(limits: &Limits) -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .cranelift_nan_canonicalization(true)
+        .relaxed_simd_deterministic(true)
+        .shared_memory(false)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(limits.max_stack_bytes())
+        .parallel_compilation(true);
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_component_instances(64)
+        .total_core_instances(256)
+        .total_memories(128)
+        .total_tables(256)
+        .max_memories_per_component(8)
+        .max_memory_size(limits.max_memory_bytes());
+    config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) {
+    std::thread::Builder::new()
+        .name("sluice-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                engine.increment_epoch();
+            }
+        })
+        .expect("spawn epoch ticker");
+}
+
+/// A loaded module with its parameters: what the pipeline runs per batch.
+pub struct WasmTransform {
+    runtime: Arc<Runtime>,
+    module: LoadedModule,
+    params: String,
+}
+
+impl WasmTransform {
+    /// Binds `module` to `params`, checking `init` accepts them.
+    pub fn new(runtime: Arc<Runtime>, module: LoadedModule, params: String) -> Result<Self, RunError> {
+        runtime.check_params(&module, &params)?;
+        Ok(WasmTransform { runtime, module, params })
+    }
+}
+
+impl crate::pipeline::Transform for WasmTransform {
+    fn module_digest(&self) -> &str {
+        &self.module.digest
+    }
+
+    fn params(&self) -> &str {
+        &self.params
+    }
+
+    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
+        self.runtime.run(&self.module, &self.params, plan, records)
+    }
+}

@@ -1,0 +1,128 @@
+//! Loading a component: validate (a component, the sluice world, no foreign
+//! imports), compile or reuse the cached artifact, pre-instantiate.
+//!
+//! Owns the compiled-artifact cache, keyed by (sha256 of the .wasm, engine
+//! compatibility hash). It must only ever deserialize artifacts this host
+//! compiled and wrote itself: deserializing is unsafe for foreign bytes.
+
+use super::bindings::{BatchState, Transform, TransformPre};
+use super::RunError;
+use crate::batch::sha256_hex;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use wasmtime::component::{Component, Linker, types::ComponentItem};
+use wasmtime::{Engine, Store};
+
+/// Interfaces a module may import: the world's own.
+const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/log@0.1.0"];
+
+/// Why a module cannot be used. All are the user's to fix; none is retryable.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    #[error("cannot read module {path}: {source}")]
+    Read { path: std::path::PathBuf, source: std::io::Error },
+    #[error("not a WebAssembly component: {0}")]
+    NotAComponent(String),
+    #[error("module imports `{0}`, which is outside the sluice:plugin world (allowed: {allowed})", allowed = ALLOWED_IMPORTS.join(", "))]
+    ForbiddenImport(String),
+    #[error("module does not implement the sluice:plugin/transform@0.1.0 world: {0}")]
+    WrongWorld(String),
+    #[error("wasm engine: {0}")]
+    Engine(String),
+    #[error("module cache {path}: {source}")]
+    Cache { path: std::path::PathBuf, source: std::io::Error },
+}
+
+/// A validated, compiled, pre-instantiated module version.
+pub struct LoadedModule {
+    /// sha256 of the component bytes, hex.
+    pub digest: String,
+    pre: TransformPre<BatchState>,
+}
+
+impl LoadedModule {
+    pub(super) fn instantiate(&self, store: &mut Store<BatchState>) -> Result<Transform, RunError> {
+        self.pre.instantiate(store).map_err(|e| RunError::Instantiate(format!("{e:#}")))
+    }
+}
+
+/// Hex of the engine's compatibility hash: artifacts compiled by another
+/// wasmtime version or configuration are never reused.
+pub fn engine_hash(engine: &Engine) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+pub fn load(
+    engine: &Engine,
+    linker: &Linker<BatchState>,
+    bytes: &[u8],
+    cache_dir: Option<&Path>,
+) -> Result<LoadedModule, ModuleError> {
+    if wasmparser_is_core_module(bytes) {
+        return Err(ModuleError::NotAComponent(
+            "this is a core wasm module; wrap it into a component (e.g. `wasm-tools component new`)"
+                .into(),
+        ));
+    }
+    let digest = sha256_hex(bytes);
+    let component = compile_cached(engine, bytes, &digest, cache_dir)?;
+    check_imports(engine, &component)?;
+    let pre = linker
+        .instantiate_pre(&component)
+        .map_err(|e| ModuleError::WrongWorld(format!("{e:#}")))?;
+    let pre = TransformPre::new(pre).map_err(|e| ModuleError::WrongWorld(format!("{e:#}")))?;
+    Ok(LoadedModule { digest, pre })
+}
+
+fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
+    // A core module's preamble is `\0asm` + version 1; a component's is
+    // `\0asm` + version 0x0d with layer 1.
+    bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+fn compile_cached(
+    engine: &Engine,
+    bytes: &[u8],
+    digest: &str,
+    cache_dir: Option<&Path>,
+) -> Result<Component, ModuleError> {
+    let Some(dir) = cache_dir else {
+        return compile(engine, bytes);
+    };
+    let path = dir.join(format!("{digest}-{}.cwasm", engine_hash(engine)));
+    if path.exists() {
+        // SAFETY: files in the cache directory are written only by
+        // `compile_cached` below, from `Component::serialize` of this same
+        // engine configuration (the file name carries its compatibility
+        // hash); wasmtime also checks the artifact's header on load.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(c) => return Ok(c),
+            Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable cached module: {e:#}"),
+        }
+    }
+    let component = compile(engine, bytes)?;
+    let cache_err = |source| ModuleError::Cache { path: path.clone(), source };
+    std::fs::create_dir_all(dir).map_err(cache_err)?;
+    let artifact = component.serialize().map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, artifact).map_err(cache_err)?;
+    std::fs::rename(&tmp, &path).map_err(cache_err)?;
+    Ok(component)
+}
+
+fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, ModuleError> {
+    Component::from_binary(engine, bytes).map_err(|e| ModuleError::NotAComponent(format!("{e:#}")))
+}
+
+fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleError> {
+    for (name, item) in component.component_type().imports(engine) {
+        let allowed = ALLOWED_IMPORTS.contains(&name)
+            && matches!(item, ComponentItem::ComponentInstance(_));
+        if !allowed {
+            return Err(ModuleError::ForbiddenImport(name.to_string()));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! Sinks: where a batch's outputs, dead letters, lineage and offset move are
+//! committed as one unit. The `Sink` trait itself lives in `pipeline`, its
+//! consumer; this module holds what every backend shares (the commit request,
+//! the error kinds) and opens the backend a URL names.
+//!
+//! Backends are directories (`sqlite/`) and never import each other.
+
+pub mod sqlite;
+
+use crate::batch::{Plan, Records};
+use crate::output::Output;
+
+/// Why a sink operation failed. Callers act on the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The database could not be reached or dropped the connection: retry
+    /// with backoff, then re-read the checkpoint.
+    #[error("sink unavailable: {0}")]
+    Unavailable(String),
+    /// COMMIT was sent but its outcome is unknown: read the checkpoint back
+    /// before doing anything else; never write the batch again blindly.
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
+    /// The configuration or the module's output does not fit the tables
+    /// (missing column, wrong type, bad identifier): fatal, fix the config.
+    #[error("sink configuration: {0}")]
+    Config(String),
+    /// Any other database error: fatal.
+    #[error("sink error: {0}")]
+    Database(String),
+}
+
+impl SinkError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, SinkError::Unavailable(_) | SinkError::CommitUnknown(_))
+    }
+}
+
+/// Why a record became a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// The module rejected it.
+    Rejected,
+    /// It made the module trap (isolated by bisection).
+    Trap,
+}
+
+impl DeadLetterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterKind::Rejected => "rejected",
+            DeadLetterKind::Trap => "trap",
+        }
+    }
+}
+
+/// A record that will be stored as a dead letter, by batch index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub index: usize,
+    pub reason: String,
+    pub kind: DeadLetterKind,
+}
+
+/// Everything one batch commits.
+pub struct Commit<'a> {
+    pub plan: &'a Plan,
+    pub records: &'a Records,
+    pub output: &'a Output,
+    pub dead_letters: &'a [DeadLetter],
+    pub output_digest: &'a str,
+}
+
+/// The result of a commit attempt that reached the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Outputs and offsets landed together.
+    Committed,
+    /// Another owner moved the offsets first: nothing was written.
+    Fenced { partition: String, expected: i64, found: Option<i64> },
+}
+
+/// Quotes an identifier from configuration for SQL (`"` doubled), after
+/// refusing characters no table or column name needs.
+pub fn quote_ident(name: &str) -> Result<String, SinkError> {
+    if name.is_empty() || name.len() > 128 || name.chars().any(|c| c.is_control()) {
+        return Err(SinkError::Config(format!(
+            "invalid identifier {name:?}: must be 1-128 characters without control characters"
+        )));
+    }
+    Ok(format!("\"{}\"", name.replace('"', "\"\"")))
+}

@@ -1,0 +1,408 @@
+//! The Kafka source: owns partitions through the consumer group, reads them
+//! from the offsets the pipeline says (the sink's checkpoints), and cuts
+//! offset ranges `[from, until)` out of what it has read.
+//!
+//! Owns the librdkafka consumer, its rebalance callbacks and the per-partition
+//! read buffers. It must never commit consumer-group offsets and never decide
+//! a starting offset itself: `from` always comes from the caller.
+//!
+//! A range ends by consumer position, not by counting records: offsets are
+//! not dense (transaction markers, aborted records, compaction), so a range
+//! may hold fewer records than offsets, or none. `until` never passes the
+//! last stable offset, because a `read_committed` consumer never does.
+
+mod ownership;
+
+use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
+use crate::config::{SourceConfig, StartPosition};
+use ownership::{OwnershipContext, OwnershipEvent};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// How long a broker may take to answer metadata, seek and watermark calls.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Why the source failed. Callers act on the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The brokers could not be reached (at start, or for too long).
+    #[error("cannot reach Kafka brokers at {brokers}: {message}")]
+    Unreachable { brokers: String, message: String },
+    /// A configured topic does not exist.
+    #[error("topic `{0}` does not exist")]
+    UnknownTopic(String),
+    /// A planned offset is not in the log any more (retention, DeleteRecords)
+    /// or not yet/any more (topic deleted and re-created). Fatal: sluice never
+    /// skips or shrinks a batch silently.
+    #[error(
+        "partition {partition}: checkpoint offset {from} is {what} (log holds offsets {low}..{high}); \
+         records were deleted or the topic was re-created, refusing to skip"
+    )]
+    OutOfRange { partition: String, from: i64, low: i64, high: i64, what: &'static str },
+    /// Any other Kafka error.
+    #[error("kafka: {0}")]
+    Kafka(String),
+}
+
+/// A change in which partitions this instance owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ownership {
+    Assigned(Vec<TopicPartition>),
+    Revoked(Vec<TopicPartition>),
+}
+
+/// Read state of one owned partition.
+#[derive(Debug)]
+struct PartitionState {
+    /// Start of the next range: the committed checkpoint. `None` until the
+    /// pipeline has told us where to start.
+    next: Option<i64>,
+    /// Every offset below this has been delivered to us (records buffered or
+    /// skipped by the broker as markers / aborted records).
+    position: i64,
+    /// Records read but not yet in a batch, offset order.
+    buffer: VecDeque<OwnedRecord>,
+    /// The log end the first time we reached it (for `--until-caught-up`).
+    end_at_start: Option<i64>,
+}
+
+pub struct KafkaSource {
+    consumer: BaseConsumer<OwnershipContext>,
+    brokers: String,
+    start: StartPosition,
+    max_per_partition: i64,
+    partitions: BTreeMap<TopicPartition, PartitionState>,
+    /// True once the group gave us an assignment (possibly empty).
+    assigned_once: bool,
+}
+
+impl KafkaSource {
+    /// Connects, checks the topics exist and joins the consumer group.
+    pub fn connect(config: &SourceConfig, group_id: &str) -> Result<KafkaSource, SourceError> {
+        let mut client = ClientConfig::new();
+        for (k, v) in &config.properties {
+            client.set(k, v);
+        }
+        client
+            .set("bootstrap.servers", &config.brokers)
+            .set("group.id", group_id)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("isolation.level", "read_committed")
+            // Never jump to another offset on our own: an offset that is not in
+            // the log is an error the pipeline must see.
+            .set("auto.offset.reset", "error")
+            .set("enable.partition.eof", "false");
+        let consumer: BaseConsumer<OwnershipContext> = client
+            .create_with_context(OwnershipContext::default())
+            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+        let unreachable = |e: KafkaError| SourceError::Unreachable {
+            brokers: config.brokers.clone(),
+            message: e.to_string(),
+        };
+        let metadata = consumer.fetch_metadata(None, BROKER_TIMEOUT).map_err(unreachable)?;
+        for topic in &config.topics {
+            let known = metadata.topics().iter().find(|t| t.name() == topic);
+            if known.is_none_or(|t| t.partitions().is_empty()) {
+                return Err(SourceError::UnknownTopic(topic.clone()));
+            }
+        }
+        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics).map_err(|e| SourceError::Kafka(e.to_string()))?;
+        Ok(KafkaSource {
+            consumer,
+            brokers: config.brokers.clone(),
+            start: config.start,
+            max_per_partition: config.max_records_per_partition as i64,
+            partitions: BTreeMap::new(),
+            assigned_once: false,
+        })
+    }
+
+    /// Reads for up to `wait` (less once some partition has a full batch)
+    /// and reports ownership changes. Newly assigned partitions are paused
+    /// until [`KafkaSource::start_partition`] gives their checkpoint.
+    pub fn poll(&mut self, wait: Duration) -> Result<Vec<Ownership>, SourceError> {
+        let deadline = Instant::now() + wait;
+        let mut changes = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let message = self.consumer.poll(left.min(Duration::from_millis(50)));
+            changes.extend(self.take_ownership_events());
+            match message {
+                Some(Ok(m)) => self.buffer(&m),
+                Some(Err(e)) => self.on_error(e)?,
+                None => {}
+            }
+            if Instant::now() >= deadline || self.some_batch_full() || !changes.is_empty() {
+                break;
+            }
+        }
+        self.refresh_positions()?;
+        Ok(changes)
+    }
+
+    fn take_ownership_events(&mut self) -> Vec<Ownership> {
+        let events = self.consumer.context().take_events();
+        events
+            .into_iter()
+            .map(|e| match e {
+                OwnershipEvent::Assigned(tps) => {
+                    self.assigned_once = true;
+                    for tp in &tps {
+                        self.partitions.entry(tp.clone()).or_insert(PartitionState {
+                            next: None,
+                            position: 0,
+                            buffer: VecDeque::new(),
+                            end_at_start: None,
+                        });
+                    }
+                    Ownership::Assigned(tps)
+                }
+                OwnershipEvent::Revoked(tps) => {
+                    for tp in &tps {
+                        self.partitions.remove(tp);
+                    }
+                    Ownership::Revoked(tps)
+                }
+            })
+            .collect()
+    }
+
+    fn buffer(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
+        let tp = TopicPartition { topic: m.topic().to_string(), partition: m.partition() };
+        let Some(state) = self.partitions.get_mut(&tp) else { return };
+        let Some(_) = state.next else { return };
+        // After a seek librdkafka drops messages fetched before it; this
+        // check only guards the invariant that the buffer is in offset order.
+        if m.offset() < state.position {
+            return;
+        }
+        let headers = m
+            .headers()
+            .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+            .unwrap_or_default();
+        state.buffer.push_back(OwnedRecord {
+            offset: m.offset(),
+            timestamp: m.timestamp().to_millis().unwrap_or(-1),
+            key: m.key().map(<[u8]>::to_vec),
+            value: m.payload().map(<[u8]>::to_vec),
+            headers,
+        });
+        state.position = m.offset() + 1;
+    }
+
+    fn on_error(&mut self, e: KafkaError) -> Result<(), SourceError> {
+        if let KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code) = &e {
+            if *code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset {
+                return Err(self.out_of_range_error(&e));
+            }
+        }
+        if let KafkaError::MessageConsumptionFatal(_) = e {
+            return Err(SourceError::Kafka(e.to_string()));
+        }
+        tracing::warn!("kafka consumer: {e}");
+        Ok(())
+    }
+
+    /// Names the partition(s) whose planned offset the broker refused.
+    fn out_of_range_error(&self, e: &KafkaError) -> SourceError {
+        for (tp, state) in &self.partitions {
+            let Some(from) = state.next else { continue };
+            if let Some(err) = self.range_violation(tp, from) {
+                return err;
+            }
+        }
+        SourceError::Kafka(format!("broker refused a planned offset: {e}"))
+    }
+
+    /// Checks `from` against the log's bounds; `Some` if it lies outside.
+    fn range_violation(&self, tp: &TopicPartition, from: i64) -> Option<SourceError> {
+        let (low, high) = self.watermarks(tp)?;
+        let what = if from < low {
+            "below the log start"
+        } else if from > high {
+            "beyond the log end"
+        } else {
+            return None;
+        };
+        Some(SourceError::OutOfRange { partition: tp.to_string(), from, low, high, what })
+    }
+
+    /// The log start and end as the last fetch response reported them (right
+    /// on every broker), or, before any fetch, as ListOffsets reports them.
+    fn watermarks(&self, tp: &TopicPartition) -> Option<(i64, i64)> {
+        if let Some(w) = cached_watermarks(&self.consumer, tp) {
+            return Some(w);
+        }
+        self.consumer.fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT).ok()
+    }
+
+    fn some_batch_full(&self) -> bool {
+        self.partitions
+            .values()
+            .any(|s| s.next.is_some_and(|n| s.position >= n + self.max_per_partition))
+    }
+
+    /// Folds in the consumer's position, which also moves past transaction
+    /// markers and aborted records that never reach us as messages.
+    fn refresh_positions(&mut self) -> Result<(), SourceError> {
+        let active: Vec<TopicPartition> =
+            self.partitions.iter().filter(|(_, s)| s.next.is_some()).map(|(tp, _)| tp.clone()).collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        let positions = self.consumer.position().map_err(|e| SourceError::Kafka(e.to_string()))?;
+        for tp in &active {
+            let reported = positions
+                .find_partition(&tp.topic, tp.partition)
+                .and_then(|e| e.offset().to_raw())
+                .filter(|&o| o >= 0);
+            let watermarks = cached_watermarks(&self.consumer, tp);
+            let state = self.partitions.get_mut(tp).expect("active partition");
+            if let Some(p) = reported {
+                state.position = state.position.max(p);
+            }
+            if let Some((low, high)) = watermarks {
+                let from = state.next.expect("active");
+                if state.buffer.is_empty() && state.position == from && (from < low || from > high) {
+                    return Err(self.range_violation(tp, from).expect("outside the bounds"));
+                }
+                if state.end_at_start.is_none() && state.position >= high {
+                    state.end_at_start = Some(high);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Partitions assigned but not started yet.
+    pub fn unstarted(&self) -> Vec<TopicPartition> {
+        self.partitions.iter().filter(|(_, s)| s.next.is_none()).map(|(tp, _)| tp.clone()).collect()
+    }
+
+    /// Starts (or restarts) reading `tp` at `checkpoint`, or where the config
+    /// says if it has none. Drops anything buffered for it.
+    pub fn start_partition(
+        &mut self,
+        tp: &TopicPartition,
+        checkpoint: Option<i64>,
+    ) -> Result<(), SourceError> {
+        if !self.partitions.contains_key(tp) {
+            return Ok(()); // revoked meanwhile
+        }
+        let from = match checkpoint {
+            Some(offset) => offset,
+            None => self.initial_offset(tp)?,
+        };
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
+            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+        self.consumer
+            .seek_partitions(tpl.clone(), BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Kafka(format!("seek {tp} to {from}: {e}")))?;
+        self.consumer.resume(&tpl).map_err(|e| SourceError::Kafka(e.to_string()))?;
+        let state = self.partitions.get_mut(tp).expect("checked above");
+        state.next = Some(from);
+        state.position = from;
+        state.buffer.clear();
+        tracing::info!(partition = %tp, from, "reading partition");
+        Ok(())
+    }
+
+    fn initial_offset(&self, tp: &TopicPartition) -> Result<i64, SourceError> {
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Unreachable { brokers: self.brokers.clone(), message: e.to_string() })?;
+        Ok(match self.start {
+            StartPosition::Earliest => low,
+            StartPosition::Latest => high,
+        })
+    }
+
+    /// Cuts the next ranges: per started partition, from its checkpoint up to
+    /// what has been read, at most `max_records_per_partition` offsets.
+    /// Partitions with nothing new are left out.
+    pub fn plan_ranges(&self) -> Vec<OffsetRange> {
+        self.partitions
+            .iter()
+            .filter_map(|(tp, s)| {
+                let from = s.next?;
+                let until = s.position.min(from + self.max_per_partition);
+                (until > from).then(|| OffsetRange {
+                    topic: tp.topic.clone(),
+                    partition: tp.partition,
+                    from,
+                    until,
+                })
+            })
+            .collect()
+    }
+
+    /// The buffered records of `ranges`, in the module's layout. They stay
+    /// buffered until [`KafkaSource::committed`] so a failed commit can
+    /// re-run the same batch.
+    pub fn records(&self, ranges: &[OffsetRange]) -> Records {
+        let mut records = Records::default();
+        for r in ranges {
+            let Some(state) = self.partitions.get(&r.topic_partition()) else { continue };
+            let chosen = state.buffer.iter().filter(|m| m.offset >= r.from && m.offset < r.until);
+            records.push_slice(&r.topic, r.partition, chosen);
+        }
+        records
+    }
+
+    /// Marks `ranges` committed: their records leave the buffers and the next
+    /// ranges start at their `until`.
+    pub fn committed(&mut self, ranges: &[OffsetRange]) {
+        for r in ranges {
+            if let Some(state) = self.partitions.get_mut(&r.topic_partition()) {
+                while state.buffer.front().is_some_and(|m| m.offset < r.until) {
+                    state.buffer.pop_front();
+                }
+                state.next = Some(r.until);
+            }
+        }
+    }
+
+    /// Partitions currently owned.
+    pub fn owned(&self) -> Vec<TopicPartition> {
+        self.partitions.keys().cloned().collect()
+    }
+
+    /// True once every owned partition has committed up to the log end seen
+    /// when it was first reached, with nothing left buffered.
+    pub fn caught_up(&self) -> bool {
+        self.assigned_once
+            && self.partitions.values().all(|s| match (s.next, s.end_at_start) {
+                (Some(next), Some(end)) => next >= end && s.buffer.is_empty(),
+                _ => false,
+            })
+    }
+}
+
+/// librdkafka's cached watermarks from the last fetch response (not wrapped
+/// by the rdkafka crate). Unlike ListOffsets they are right on every broker.
+fn cached_watermarks(consumer: &BaseConsumer<OwnershipContext>, tp: &TopicPartition) -> Option<(i64, i64)> {
+    let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid for the consumer's lifetime, the
+    // topic is a NUL-terminated string that outlives the call, and the out
+    // pointers are valid i64s; librdkafka only reads its own cache here.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            tp.partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && low >= 0 && high >= 0)
+        .then_some((low, high))
+}

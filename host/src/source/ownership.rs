@@ -1,0 +1,63 @@
+//! Partition ownership through the consumer-group protocol.
+//!
+//! Owns the rebalance callbacks: it records assignments and revocations for
+//! the source to act on, and pauses newly assigned partitions so nothing is
+//! fetched until the pipeline has read their checkpoint and seeked. It must
+//! not block: callbacks run inside librdkafka's poll.
+
+use crate::batch::TopicPartition;
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
+use rdkafka::{ClientContext, TopicPartitionList};
+use std::sync::Mutex;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OwnershipEvent {
+    Assigned(Vec<TopicPartition>),
+    Revoked(Vec<TopicPartition>),
+}
+
+#[derive(Default)]
+pub struct OwnershipContext {
+    events: Mutex<Vec<OwnershipEvent>>,
+}
+
+impl OwnershipContext {
+    pub fn take_events(&self) -> Vec<OwnershipEvent> {
+        std::mem::take(&mut *self.events.lock().expect("not poisoned"))
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+    tpl.elements()
+        .iter()
+        .map(|e| TopicPartition { topic: e.topic().to_string(), partition: e.partition() })
+        .collect()
+}
+
+impl ClientContext for OwnershipContext {}
+
+impl ConsumerContext for OwnershipContext {
+    fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = rebalance {
+            let lost = partitions(tpl);
+            tracing::info!(partitions = ?lost, "partitions revoked");
+            self.events.lock().expect("not poisoned").push(OwnershipEvent::Revoked(lost));
+        }
+    }
+
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+        match rebalance {
+            Rebalance::Assign(tpl) => {
+                // Hold fetching until the checkpoint is known and we seek.
+                if let Err(e) = consumer.pause(tpl) {
+                    tracing::warn!("cannot pause newly assigned partitions: {e}");
+                }
+                let got = partitions(tpl);
+                tracing::info!(partitions = ?got, "partitions assigned");
+                self.events.lock().expect("not poisoned").push(OwnershipEvent::Assigned(got));
+            }
+            Rebalance::Error(e) => tracing::warn!("rebalance error: {e}"),
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}

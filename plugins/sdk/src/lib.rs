@@ -1,0 +1,478 @@
+//! The Rust SDK for sluice transforms.
+//!
+//! Owns the guest side of the `sluice:plugin` world: it hides the columnar
+//! batch layout behind [`Batch::records`] and the columnar output layout
+//! behind [`Output::row`], so a transform is a few lines:
+//!
+//! ```ignore
+//! struct Upper;
+//! impl sluice_plugin::Transform for Upper {
+//!     fn init(_params: &sluice_plugin::Params) -> Result<Self, String> { Ok(Upper) }
+//!     fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError> {
+//!         let t = out.target("upper", &[("value", Kind::Text)]);
+//!         for r in batch.records() {
+//!             out.row(t).text(&String::from_utf8_lossy(r.value.unwrap_or_default()).to_uppercase());
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//! sluice_plugin::export!(Upper);
+//! ```
+//!
+//! It must not import anything outside the world (no WASI): the host rejects
+//! such modules at load time.
+
+use std::any::Any;
+use std::cell::RefCell;
+
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../../wit",
+        world: "transform",
+        pub_export_macro: true,
+        export_macro_name: "__export_transform",
+        default_bindings_module: "sluice_plugin::bindings",
+    });
+}
+
+use bindings::sluice::plugin::types as wit;
+
+/// The transform's parameters: the JSON document from the pipeline config.
+pub struct Params(String);
+
+impl Params {
+    /// The parameters as JSON text (`{}` when the pipeline sets none).
+    pub fn json(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A failure of the whole batch, declared by the transform.
+#[derive(Debug, Clone)]
+pub struct BatchError {
+    pub message: String,
+    /// True if the same batch may succeed when run again.
+    pub retryable: bool,
+}
+
+impl BatchError {
+    pub fn fatal(message: impl Into<String>) -> Self {
+        BatchError { message: message.into(), retryable: false }
+    }
+}
+
+/// What a transform implements. One value is created per batch by `init`.
+pub trait Transform: Sized + 'static {
+    fn init(params: &Params) -> Result<Self, String>;
+    fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError>;
+}
+
+/// Deterministic logging, buffered by the host per batch.
+pub mod log {
+    use super::bindings::sluice::plugin::log::{Level, write};
+    pub fn debug(message: &str) {
+        write(Level::Debug, message)
+    }
+    pub fn info(message: &str) {
+        write(Level::Info, message)
+    }
+    pub fn warn(message: &str) {
+        write(Level::Warn, message)
+    }
+    pub fn error(message: &str) {
+        write(Level::Error, message)
+    }
+}
+
+/// Where and when the batch runs (all from the plan, identical on replay).
+pub struct Context {
+    pub pipeline: String,
+    pub batch_id: String,
+    pub batch_time_ms: i64,
+    pub seed: u64,
+}
+
+/// One whole batch of records.
+pub struct Batch {
+    pub context: Context,
+    raw: wit::RecordBatch,
+}
+
+/// One record, borrowed from the batch.
+pub struct Record<'a> {
+    /// Position of the record in the batch (used for rejections).
+    pub index: u32,
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: i64,
+    pub key: Option<&'a [u8]>,
+    pub value: Option<&'a [u8]>,
+    headers: HeaderCursor<'a>,
+}
+
+#[derive(Clone, Copy)]
+struct HeaderCursor<'a> {
+    batch: &'a wit::RecordBatch,
+    first: usize,
+    count: usize,
+    name_start: usize,
+    value_start: usize,
+}
+
+impl<'a> Record<'a> {
+    /// The record's headers in order, as (name, value) pairs.
+    pub fn headers(&self) -> impl Iterator<Item = (&'a str, Option<&'a [u8]>)> + 'a {
+        let c = self.headers;
+        let (mut name_at, mut value_at) = (c.name_start, c.value_start);
+        (c.first..c.first + c.count).map(move |h| {
+            let name_len = c.batch.header_name_lengths[h] as usize;
+            let name = std::str::from_utf8(&c.batch.header_names[name_at..name_at + name_len])
+                .unwrap_or("");
+            name_at += name_len;
+            let value = take(&c.batch.header_values, &mut value_at, c.batch.header_value_lengths[h]);
+            (name, value)
+        })
+    }
+}
+
+fn take<'a>(buf: &'a [u8], at: &mut usize, len: i32) -> Option<&'a [u8]> {
+    if len < 0 {
+        return None;
+    }
+    let start = *at;
+    *at += len as usize;
+    Some(&buf[start..*at])
+}
+
+impl Batch {
+    /// Number of records in the batch.
+    pub fn len(&self) -> usize {
+        self.raw.offsets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.offsets.is_empty()
+    }
+
+    /// All records, in partition order then offset order.
+    pub fn records(&self) -> impl Iterator<Item = Record<'_>> + '_ {
+        let raw = &self.raw;
+        let mut key_at = 0usize;
+        let mut value_at = 0usize;
+        let mut header_at = 0usize;
+        let mut name_at = 0usize;
+        let mut hvalue_at = 0usize;
+        raw.slices.iter().flat_map(move |slice| {
+            let first = slice.first as usize;
+            (first..first + slice.count as usize).map(move |i| (slice, i))
+        })
+        .map(move |(slice, i)| {
+            let key = take(&raw.keys, &mut key_at, raw.key_lengths[i]);
+            let value = take(&raw.values, &mut value_at, raw.value_lengths[i]);
+            let count = raw.header_counts.get(i).copied().unwrap_or(0) as usize;
+            let headers = HeaderCursor {
+                batch: raw,
+                first: header_at,
+                count,
+                name_start: name_at,
+                value_start: hvalue_at,
+            };
+            for h in header_at..header_at + count {
+                name_at += raw.header_name_lengths[h] as usize;
+                hvalue_at += raw.header_value_lengths[h].max(0) as usize;
+            }
+            header_at += count;
+            Record {
+                index: i as u32,
+                topic: &slice.topic,
+                partition: slice.partition,
+                offset: raw.offsets[i],
+                timestamp: raw.timestamps[i],
+                key,
+                value,
+                headers,
+            }
+        })
+    }
+}
+
+/// The type of an output column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Int64,
+    Float64,
+    Text,
+    Bytes,
+    Bool,
+}
+
+enum ColumnData {
+    Int64(Vec<i64>),
+    Float64(Vec<f64>),
+    Text(Vec<u32>, Vec<u8>),
+    Bytes(Vec<u32>, Vec<u8>),
+    Bool(Vec<u8>),
+}
+
+struct ColumnBuf {
+    name: String,
+    nulls: Vec<u8>,
+    any_null: bool,
+    data: ColumnData,
+}
+
+struct TargetBuf {
+    name: String,
+    rows: u32,
+    columns: Vec<ColumnBuf>,
+}
+
+/// Handle to a declared output target.
+#[derive(Clone, Copy, Debug)]
+pub struct TargetId(usize);
+
+/// Everything a batch produces: rows per target and rejected records.
+#[derive(Default)]
+pub struct Output {
+    targets: Vec<TargetBuf>,
+    rejections: Vec<wit::Rejection>,
+}
+
+impl Output {
+    /// Declares (or finds, by name) a target and its columns. Rows pushed with
+    /// [`Output::row`] give one value per column, in this order.
+    pub fn target(&mut self, name: &str, columns: &[(&str, Kind)]) -> TargetId {
+        if let Some(i) = self.targets.iter().position(|t| t.name == name) {
+            return TargetId(i);
+        }
+        let columns = columns
+            .iter()
+            .map(|(name, kind)| ColumnBuf {
+                name: (*name).to_string(),
+                nulls: Vec::new(),
+                any_null: false,
+                data: match kind {
+                    Kind::Int64 => ColumnData::Int64(Vec::new()),
+                    Kind::Float64 => ColumnData::Float64(Vec::new()),
+                    Kind::Text => ColumnData::Text(Vec::new(), Vec::new()),
+                    Kind::Bytes => ColumnData::Bytes(Vec::new(), Vec::new()),
+                    Kind::Bool => ColumnData::Bool(Vec::new()),
+                },
+            })
+            .collect();
+        self.targets.push(TargetBuf { name: name.to_string(), rows: 0, columns });
+        TargetId(self.targets.len() - 1)
+    }
+
+    /// Starts a row for `target`; give every column a value, in declaration
+    /// order. The row is complete when the builder is dropped.
+    pub fn row(&mut self, target: TargetId) -> Row<'_> {
+        Row { target: &mut self.targets[target.0], column: 0 }
+    }
+
+    /// Turns a record into a dead letter with `reason`.
+    pub fn reject(&mut self, record: &Record<'_>, reason: impl Into<String>) {
+        self.rejections.push(wit::Rejection { index: record.index, reason: reason.into() });
+    }
+
+    fn into_wit(self) -> wit::Output {
+        let targets = self
+            .targets
+            .into_iter()
+            .map(|t| wit::TargetRows {
+                target: t.name,
+                rows: t.rows,
+                columns: t
+                    .columns
+                    .into_iter()
+                    .map(|c| wit::Column {
+                        name: c.name,
+                        nulls: if c.any_null { c.nulls } else { Vec::new() },
+                        data: match c.data {
+                            ColumnData::Int64(v) => wit::ColumnData::Int64(v),
+                            ColumnData::Float64(v) => wit::ColumnData::Float64(v),
+                            ColumnData::Text(lengths, data) => {
+                                wit::ColumnData::Text(wit::VarColumn { lengths, data })
+                            }
+                            ColumnData::Bytes(lengths, data) => {
+                                wit::ColumnData::Bytes(wit::VarColumn { lengths, data })
+                            }
+                            ColumnData::Bool(v) => wit::ColumnData::Boolean(v),
+                        },
+                    })
+                    .collect(),
+            })
+            .collect();
+        wit::Output { targets, rejections: self.rejections }
+    }
+}
+
+/// Builds one row, column by column.
+pub struct Row<'a> {
+    target: &'a mut TargetBuf,
+    column: usize,
+}
+
+impl Row<'_> {
+    fn next(&mut self, is_null: bool) -> &mut ColumnBuf {
+        let target_name = &self.target.name;
+        let count = self.target.columns.len();
+        let column = self
+            .target
+            .columns
+            .get_mut(self.column)
+            .unwrap_or_else(|| panic!("row for target `{target_name}` has more than {count} values"));
+        self.column += 1;
+        column.nulls.push(is_null as u8);
+        column.any_null |= is_null;
+        column
+    }
+
+    fn mismatch(column: &ColumnBuf, given: &str) -> ! {
+        panic!("column `{}` does not take a {given} value", column.name)
+    }
+
+    pub fn int(mut self, value: i64) -> Self {
+        let c = self.next(false);
+        match &mut c.data {
+            ColumnData::Int64(v) => v.push(value),
+            ColumnData::Float64(v) => v.push(value as f64),
+            _ => Self::mismatch(c, "integer"),
+        }
+        self
+    }
+
+    pub fn float(mut self, value: f64) -> Self {
+        let c = self.next(false);
+        match &mut c.data {
+            ColumnData::Float64(v) => v.push(value),
+            _ => Self::mismatch(c, "float"),
+        }
+        self
+    }
+
+    pub fn text(mut self, value: &str) -> Self {
+        let c = self.next(false);
+        match &mut c.data {
+            ColumnData::Text(lengths, data) => {
+                lengths.push(value.len() as u32);
+                data.extend_from_slice(value.as_bytes());
+            }
+            _ => Self::mismatch(c, "text"),
+        }
+        self
+    }
+
+    pub fn bytes(mut self, value: &[u8]) -> Self {
+        let c = self.next(false);
+        match &mut c.data {
+            ColumnData::Bytes(lengths, data) | ColumnData::Text(lengths, data) => {
+                lengths.push(value.len() as u32);
+                data.extend_from_slice(value);
+            }
+            _ => Self::mismatch(c, "bytes"),
+        }
+        self
+    }
+
+    pub fn bool(mut self, value: bool) -> Self {
+        let c = self.next(false);
+        match &mut c.data {
+            ColumnData::Bool(v) => v.push(value as u8),
+            _ => Self::mismatch(c, "boolean"),
+        }
+        self
+    }
+
+    /// A null in the next column.
+    pub fn null(mut self) -> Self {
+        let c = self.next(true);
+        match &mut c.data {
+            ColumnData::Int64(v) => v.push(0),
+            ColumnData::Float64(v) => v.push(0.0),
+            ColumnData::Text(lengths, _) | ColumnData::Bytes(lengths, _) => lengths.push(0),
+            ColumnData::Bool(v) => v.push(0),
+        }
+        self
+    }
+}
+
+impl Drop for Row<'_> {
+    fn drop(&mut self) {
+        if self.column != self.target.columns.len() {
+            panic!(
+                "row for target `{}` has {} of {} values",
+                self.target.name,
+                self.column,
+                self.target.columns.len()
+            );
+        }
+        self.target.rows += 1;
+    }
+}
+
+thread_local! {
+    static STATE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
+}
+
+#[doc(hidden)]
+pub fn __init<T: Transform>(params: String) -> Result<(), String> {
+    // A panic aborts the instance with a bare trap; say why first, through
+    // the log import, so the host can put the message in the dead letter.
+    std::panic::set_hook(Box::new(|info| log::error(&format!("panic: {info}"))));
+    let transform = T::init(&Params(params))?;
+    STATE.with(|s| *s.borrow_mut() = Some(Box::new(transform)));
+    Ok(())
+}
+
+#[doc(hidden)]
+pub fn __process<T: Transform>(
+    ctx: wit::BatchContext,
+    raw: wit::RecordBatch,
+) -> Result<wit::Output, wit::BatchError> {
+    let batch = Batch {
+        context: Context {
+            pipeline: ctx.pipeline,
+            batch_id: ctx.batch_id,
+            batch_time_ms: ctx.batch_time_ms,
+            seed: ctx.seed,
+        },
+        raw,
+    };
+    let mut out = Output::default();
+    STATE.with(|s| {
+        let state = s.borrow();
+        let transform = state
+            .as_ref()
+            .and_then(|b| b.downcast_ref::<T>())
+            .expect("the host calls init before process");
+        transform.process(&batch, &mut out)
+    })
+    .map_err(|e| wit::BatchError { message: e.message, retryable: e.retryable })?;
+    Ok(out.into_wit())
+}
+
+/// Exports a [`Transform`] implementation as the component's world.
+#[macro_export]
+macro_rules! export {
+    ($t:ty) => {
+        struct __SluiceGuest;
+        impl $crate::bindings::Guest for __SluiceGuest {
+            fn init(params: ::std::string::String) -> ::std::result::Result<(), ::std::string::String> {
+                $crate::__init::<$t>(params)
+            }
+            fn process(
+                ctx: $crate::bindings::sluice::plugin::types::BatchContext,
+                batch: $crate::bindings::sluice::plugin::types::RecordBatch,
+            ) -> ::std::result::Result<
+                $crate::bindings::sluice::plugin::types::Output,
+                $crate::bindings::sluice::plugin::types::BatchError,
+            > {
+                $crate::__process::<$t>(ctx, batch)
+            }
+        }
+        $crate::bindings::__export_transform!(__SluiceGuest with_types_in $crate::bindings);
+    };
+}

@@ -1,0 +1,66 @@
+//! A deliberately misbehaving transform for the host's tests: it exists only
+//! to prove the sandbox's limits (fuel, memory, traps, declared errors).
+//!
+//! Params: `{"mode": "..."}`:
+//! - `"spin"`: loops forever (stopped by fuel or the epoch deadline)
+//! - `"bomb"`: allocates until the memory cap stops it
+//! - `"poison"`: passes records through, but traps on any value containing
+//!   the bytes `poison` (the host bisects and dead-letters those)
+//! - `"fail"`: returns a declared, non-retryable batch error
+//! - `"echo"`: passes every value through as text (the default)
+
+use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Transform};
+
+struct Hostile {
+    mode: String,
+}
+
+fn mode_of(json: &str) -> Option<String> {
+    // Tiny hand parse: this plugin must stay free of dependencies.
+    let at = json.find("\"mode\"")?;
+    let rest = &json[at + 6..];
+    let start = rest.find('"')? + 1;
+    let end = rest[start..].find('"')? + start;
+    Some(rest[start..end].to_string())
+}
+
+impl Transform for Hostile {
+    fn init(params: &Params) -> Result<Self, String> {
+        let mode = mode_of(params.json()).unwrap_or_else(|| "echo".to_string());
+        match mode.as_str() {
+            "spin" | "bomb" | "poison" | "fail" | "echo" => Ok(Hostile { mode }),
+            other => Err(format!("unknown mode `{other}`")),
+        }
+    }
+
+    fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError> {
+        match self.mode.as_str() {
+            "spin" => {
+                let mut x: u64 = batch.len() as u64;
+                loop {
+                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+                }
+            }
+            "bomb" => {
+                let mut hoard: Vec<Vec<u8>> = Vec::new();
+                loop {
+                    hoard.push(vec![1u8; 1 << 20]);
+                    std::hint::black_box(&hoard);
+                }
+            }
+            "fail" => return Err(BatchError::fatal("hostile plugin refuses this batch")),
+            _ => {}
+        }
+        let t = out.target("echo", &[("offset", Kind::Int64), ("value", Kind::Text)]);
+        for r in batch.records() {
+            let value = r.value.unwrap_or_default();
+            if self.mode == "poison" && value.windows(6).any(|w| w == b"poison") {
+                panic!("poison record at offset {}", r.offset);
+            }
+            out.row(t).int(r.offset).text(&String::from_utf8_lossy(value));
+        }
+        Ok(())
+    }
+}
+
+sluice_plugin::export!(Hostile);

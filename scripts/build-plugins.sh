@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds every guest plugin for wasm32-unknown-unknown (no WASI imports) and
+# wraps each into a component: plugins/dist/<name>.wasm.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root/plugins"
+rustup target list --installed | grep -q '^wasm32-unknown-unknown$' \
+  || rustup target add wasm32-unknown-unknown
+command -v wasm-tools >/dev/null || cargo install wasm-tools --version 1.243.0 --locked \
+  --no-default-features --features component
+cargo build --quiet --release --target wasm32-unknown-unknown
+mkdir -p dist
+for core in target/wasm32-unknown-unknown/release/*.wasm; do
+  name="$(basename "$core" .wasm | tr _ -)"
+  wasm-tools component new "$core" -o "dist/$name.wasm"
+done
+ls dist

@@ -1,0 +1,413 @@
+//! Test harness for sluice's integration tests: a Tansu broker per test
+//! binary on a free port, topic/produce/read helpers, the `sluice` binary and
+//! the plugins built from this repo, and per-test temporary directories.
+//!
+//! It must not fake anything sluice talks to: brokers and databases are real.
+//! The expected results of tests come from an independent `read_committed`
+//! read of the input topic ([`read_committed`]), not from what was produced.
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// A component built from `plugins/` by `scripts/build-plugins.sh`.
+pub fn plugin(name: &str) -> PathBuf {
+    let path = repo_root().join("plugins/dist").join(format!("{name}.wasm"));
+    assert!(path.exists(), "{} missing: run scripts/build-plugins.sh", path.display());
+    path
+}
+
+/// The `sluice` binary of this build (built by the test script first).
+pub fn sluice_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("SLUICE_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let bin = profile_dir.join("sluice");
+    assert!(bin.exists(), "{} missing: run `cargo build -p sluice` first", bin.display());
+    bin
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// A Tansu broker process on a free port, killed on drop.
+pub struct Broker {
+    pub brokers: String,
+    child: Child,
+}
+
+impl Broker {
+    /// Starts the transaction-capable Tansu build (memory storage).
+    pub fn start() -> Broker {
+        Broker::start_with(false)
+    }
+
+    fn start_with(die_with_parent: bool) -> Broker {
+        use std::os::unix::process::CommandExt;
+        let bin = tansu_bin();
+        let port = free_port();
+        let url = format!("tcp://127.0.0.1:{port}");
+        let log = std::env::temp_dir().join(format!("sluice-tansu-{port}.log"));
+        let mut command = Command::new(bin);
+        if die_with_parent {
+            // SAFETY: prctl is async-signal-safe; nothing else runs in the child.
+            unsafe {
+                command.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = command
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://tansu/"])
+            .stdout(Stdio::from(std::fs::File::create(&log).expect("log file")))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start tansu");
+        let brokers = format!("127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&brokers).is_err() {
+            assert!(Instant::now() < deadline, "tansu did not start on {brokers}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Broker { brokers, child }
+    }
+}
+
+/// The broker shared by all tests of one test binary (each test uses its own
+/// topics). It dies with the test process (parent-death signal).
+pub fn shared_broker() -> &'static str {
+    static BROKER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BROKER.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        // The spawning thread must outlive the tests: the parent-death signal
+        // fires when the thread that spawned the child exits.
+        std::thread::spawn(move || {
+            let broker = Broker::start_with(true);
+            tx.send(broker.brokers.clone()).expect("send");
+            std::mem::forget(broker);
+            loop {
+                std::thread::park();
+            }
+        });
+        rx.recv().expect("broker started")
+    })
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn tansu_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("SLUICE_TANSU") {
+        return PathBuf::from(p);
+    }
+    let out = Command::new(repo_root().join("scripts/tansu.sh"))
+        .arg("path")
+        .output()
+        .expect("scripts/tansu.sh path");
+    assert!(out.status.success(), "installing tansu failed: {}", String::from_utf8_lossy(&out.stderr));
+    PathBuf::from(String::from_utf8(out.stdout).expect("utf8").trim())
+}
+
+/// Creates `topic` with `partitions` partitions.
+pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> =
+        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let result = rt.block_on(admin.create_topics(
+        &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+    ));
+    for r in result.expect("create_topics") {
+        r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
+    }
+}
+
+/// One record to produce.
+#[derive(Debug, Clone)]
+pub struct Produce {
+    pub partition: i32,
+    pub key: Option<String>,
+    pub value: String,
+}
+
+fn producer(brokers: &str, transactional_id: Option<&str>) -> ThreadedProducer<DefaultProducerContext> {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers).set("linger.ms", "5").set("enable.idempotence", "true");
+    if let Some(id) = transactional_id {
+        c.set("transactional.id", id);
+    }
+    c.create().expect("producer")
+}
+
+fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, r: &Produce) {
+    let mut rec = BaseRecord::<str, str>::to(topic).partition(r.partition).payload(&r.value);
+    if let Some(k) = &r.key {
+        rec = rec.key(k);
+    }
+    let mut rec = rec;
+    loop {
+        match p.send(rec) {
+            Ok(()) => return,
+            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+                rec = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((e, _)) => panic!("produce: {e}"),
+        }
+    }
+}
+
+/// Produces `records` without a transaction and waits until acknowledged.
+pub fn produce(brokers: &str, topic: &str, records: &[Produce]) {
+    let p = producer(brokers, None);
+    for r in records {
+        send(&p, topic, r);
+    }
+    p.flush(Duration::from_secs(60)).expect("flush");
+}
+
+/// Produces `records` in one transaction, committed or aborted.
+pub fn produce_transaction(brokers: &str, topic: &str, id: &str, records: &[Produce], commit: bool) {
+    let p = producer(brokers, Some(id));
+    p.init_transactions(Duration::from_secs(30)).expect("init_transactions");
+    p.begin_transaction().expect("begin");
+    for r in records {
+        send(&p, topic, r);
+    }
+    p.flush(Duration::from_secs(60)).expect("flush");
+    if commit {
+        p.commit_transaction(Duration::from_secs(30)).expect("commit");
+    } else {
+        p.abort_transaction(Duration::from_secs(30)).expect("abort");
+    }
+}
+
+/// A record as an independent reader sees it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Seen {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<String>,
+    pub value: String,
+}
+
+/// Everything a `read_committed` consumer sees in `topic` (all partitions,
+/// from the start until each partition reports its end): the broker's own
+/// view of what is committed, used to compute expected results.
+pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("verify-{}", std::process::id()))
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+    }
+    c.assign(&tpl).expect("assign");
+    let mut done = std::collections::BTreeSet::new();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done.len() < partitions as usize {
+        assert!(Instant::now() < deadline, "read_committed did not reach the end of {topic}");
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                done.remove(&m.partition());
+                seen.push(Seen {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+                })
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                done.insert(p);
+            }
+            Some(Err(e)) => panic!("read_committed: {e}"),
+            None => {}
+        }
+    }
+    seen.sort();
+    seen
+}
+
+/// A temporary directory removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> TempDir {
+        let dir = std::env::temp_dir().join(format!("sluice-{name}-{}-{}", std::process::id(), free_port()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a pipeline config into `dir` and returns its path.
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let path = dir.join("pipeline.toml");
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+/// Runs `sluice run CONFIG --until-caught-up` to completion (with a limit).
+pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Output {
+    let mut child = Command::new(sluice_bin())
+        .args(["run", "--until-caught-up"])
+        .arg(config)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let deadline = Instant::now() + limit;
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "sluice did not finish within {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Opens the pipeline's SQLite database.
+pub async fn sqlite(path: &Path) -> sqlx::SqlitePool {
+    let url = format!("sqlite://{}", path.display());
+    sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect(&url).await.expect("open sqlite")
+}
+
+/// Asserts lineage rows form contiguous ranges per partition: each range
+/// starts where the previous one ended, with no overlap and no gap.
+pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT topic, partition, from_offset, until_offset FROM sluice_batch_ranges \
+         WHERE pipeline = ? ORDER BY topic, partition, from_offset",
+    )
+    .bind(pipeline)
+    .fetch_all(db)
+    .await
+    .expect("lineage");
+    assert!(!rows.is_empty(), "no lineage rows");
+    let mut last: Option<(String, i64, i64)> = None;
+    for (topic, partition, from, until) in rows {
+        assert!(until > from, "empty range {topic}[{partition}] {from}..{until}");
+        if let Some((t, p, prev_until)) = &last {
+            if *t == topic && *p == partition {
+                assert_eq!(from, *prev_until, "lineage gap or overlap in {topic}[{partition}]");
+            }
+        }
+        last = Some((topic, partition, until));
+    }
+}
+
+/// Config of a pipeline that copies every record of `topic` into the
+/// `records` table of `db` with the identity plugin (append mode): the
+/// strongest check of exactly-once, one row per delivered record.
+pub fn identity_config(pipeline: &str, brokers: &str, topic: &str, db: &Path, max_records: u32) -> String {
+    format!(
+        r#"
+pipeline = "{pipeline}"
+
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+max_records_per_partition = {max_records}
+batch_interval_ms = 100
+properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
+
+[module]
+path = "{module}"
+
+[sink]
+url = "sqlite://{db}"
+
+[[sink.targets]]
+name = "records"
+columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
+"#,
+        module = plugin("identity").display(),
+        db = db.display(),
+    )
+}
+
+/// The `records` table of an identity pipeline, in (partition, offset) order.
+pub async fn identity_rows(db: &sqlx::SqlitePool) -> Vec<Seen> {
+    let rows: Vec<(i64, i64, Option<Vec<u8>>, Option<Vec<u8>>)> = sqlx::query_as(
+        "SELECT partition, \"offset\", key, value FROM records ORDER BY partition, \"offset\"",
+    )
+    .fetch_all(db)
+    .await
+    .expect("records table");
+    rows.into_iter()
+        .map(|(partition, offset, key, value)| Seen {
+            partition: partition as i32,
+            offset,
+            key: key.map(|k| String::from_utf8_lossy(&k).into_owned()),
+            value: String::from_utf8_lossy(&value.unwrap_or_default()).into_owned(),
+        })
+        .collect()
+}
+
+/// The stored checkpoint of every partition of `pipeline`.
+pub async fn checkpoints(db: &sqlx::SqlitePool, pipeline: &str) -> Vec<(i32, i64)> {
+    let rows: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT partition, next_offset FROM sluice_checkpoints WHERE pipeline = ? ORDER BY partition",
+    )
+    .bind(pipeline)
+    .fetch_all(db)
+    .await
+    .expect("checkpoints");
+    rows.into_iter().map(|(p, o)| (p as i32, o)).collect()
+}
+
+/// `n` numbered non-transactional records spread over `partitions`.
+pub fn numbered(prefix: &str, n: usize, partitions: i32) -> Vec<Produce> {
+    (0..n)
+        .map(|i| Produce {
+            partition: (i as i32) % partitions,
+            key: Some(format!("{prefix}-{i}")),
+            value: format!("{prefix} value {i}"),
+        })
+        .collect()
+}

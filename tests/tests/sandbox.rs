@@ -1,0 +1,209 @@
+//! The sandbox and module validation, through the public runtime API and the
+//! `sluice` binary: determinism, fuel, memory cap, deadline, bad modules and
+//! bad configs. No broker needed.
+
+use sluice::batch::{OffsetRange, OwnedRecord, Plan, Records};
+use sluice::config::LimitsConfig;
+use sluice::runtime::{Limits, RunError, Runtime};
+use sluice_tests::*;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn records(n: usize) -> (Plan, Records) {
+    let owned: Vec<OwnedRecord> = (0..n)
+        .map(|i| OwnedRecord {
+            offset: i as i64,
+            timestamp: 1_700_000_000_000 + i as i64,
+            key: Some(format!("k{i}").into_bytes()),
+            value: Some(format!("the fox {} jumps over {} dogs", i % 13, i % 7).into_bytes()),
+            headers: vec![("h".into(), Some(b"v".to_vec()))],
+        })
+        .collect();
+    let mut batch = Records::default();
+    batch.push_slice("t", 0, &owned);
+    let range = OffsetRange { topic: "t".into(), partition: 0, from: 0, until: n as i64 };
+    (Plan::new("p", vec![range], "m", "params", 1_700_000_000_000), batch)
+}
+
+fn runtime(limits: LimitsConfig) -> Runtime {
+    Runtime::new(Limits::from_config(&limits)).expect("runtime")
+}
+
+fn load(rt: &Runtime, name: &str) -> sluice::runtime::LoadedModule {
+    rt.load(&std::fs::read(plugin(name)).unwrap(), None).expect("load")
+}
+
+#[test]
+fn same_batch_gives_identical_output_digests_in_fresh_instances() {
+    let rt = runtime(LimitsConfig::default());
+    let (plan, batch) = records(5_000);
+    for name in ["identity", "word-count"] {
+        let m = load(&rt, name);
+        let params = "{}";
+        let a = rt.run(&m, params, &plan, &batch).expect("run");
+        let b = rt.run(&m, params, &plan, &batch).expect("run again");
+        assert!(a.row_count() > 0, "{name} produced rows");
+        assert_eq!(a.digest(), b.digest(), "{name} is deterministic");
+        // Another runtime (another engine) gives the same bytes too.
+        let rt2 = runtime(LimitsConfig::default());
+        let c = rt2.run(&load(&rt2, name), params, &plan, &batch).expect("run in new engine");
+        assert_eq!(a.digest(), c.digest());
+    }
+}
+
+#[test]
+fn running_out_of_fuel_fails_the_same_way_every_time() {
+    let rt = runtime(LimitsConfig { fuel_per_batch: 5_000_000, ..LimitsConfig::default() });
+    let m = load(&rt, "hostile");
+    let (plan, batch) = records(10);
+    let errors: Vec<RunError> =
+        (0..3).map(|_| rt.run(&m, r#"{"mode":"spin"}"#, &plan, &batch).unwrap_err()).collect();
+    assert_eq!(errors[0], RunError::OutOfFuel(5_000_000));
+    assert!(errors.iter().all(|e| *e == errors[0]));
+    assert!(!errors[0].is_retryable());
+}
+
+#[test]
+fn memory_bomb_is_stopped_and_the_host_keeps_running() {
+    let rt = runtime(LimitsConfig { max_memory_mib: 32, ..LimitsConfig::default() });
+    let hostile = load(&rt, "hostile");
+    let (plan, batch) = records(10);
+    let err = rt.run(&hostile, r#"{"mode":"bomb"}"#, &plan, &batch).unwrap_err();
+    assert_eq!(err, RunError::MemoryExceeded(32));
+    // The same runtime still runs healthy modules.
+    let identity = load(&rt, "identity");
+    assert_eq!(rt.run(&identity, "{}", &plan, &batch).unwrap().row_count(), 10);
+}
+
+#[test]
+fn infinite_loop_is_stopped_by_the_deadline_and_is_retryable() {
+    let rt = runtime(LimitsConfig {
+        fuel_per_batch: u64::MAX / 2,
+        batch_timeout_ms: 300,
+        ..LimitsConfig::default()
+    });
+    let m = load(&rt, "hostile");
+    let (plan, batch) = records(10);
+    let started = Instant::now();
+    let err = rt.run(&m, r#"{"mode":"spin"}"#, &plan, &batch).unwrap_err();
+    assert_eq!(err, RunError::Timeout(300));
+    assert!(err.is_retryable());
+    assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn declared_errors_are_not_traps_and_traps_carry_the_panic() {
+    let rt = runtime(LimitsConfig::default());
+    let m = load(&rt, "hostile");
+    let (plan, mut batch) = records(3);
+    let err = rt.run(&m, r#"{"mode":"fail"}"#, &plan, &batch).unwrap_err();
+    assert_eq!(
+        err,
+        RunError::Declared { message: "hostile plugin refuses this batch".into(), retryable: false }
+    );
+    let poisoned = OwnedRecord { offset: 3, timestamp: 0, key: None, value: Some(b"poison".to_vec()), headers: vec![] };
+    batch.push_slice("t", 1, [&poisoned]);
+    match rt.run(&m, r#"{"mode":"poison"}"#, &plan, &batch).unwrap_err() {
+        RunError::Trap(msg) => assert!(msg.contains("poison record at offset 3"), "{msg}"),
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    match rt.check_params(&m, r#"{"mode":"dance"}"#).unwrap_err() {
+        RunError::ParamsRejected(msg) => assert!(msg.contains("unknown mode `dance`")),
+        other => panic!("expected rejected params, got {other:?}"),
+    }
+}
+
+#[test]
+fn json_filter_projects_and_rejects() {
+    let rt = runtime(LimitsConfig::default());
+    let m = load(&rt, "json-filter");
+    let values = [
+        r#"{"id":1,"user":"ann","event":"purchase","amount":12.5}"#,
+        r#"{"id":2,"user":"bob","event":"view","amount":99}"#,
+        "garbage",
+    ];
+    let owned: Vec<OwnedRecord> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| OwnedRecord { offset: i as i64, timestamp: 0, key: None, value: Some(v.as_bytes().to_vec()), headers: vec![] })
+        .collect();
+    let mut batch = Records::default();
+    batch.push_slice("t", 0, &owned);
+    let (plan, _) = records(0);
+    let out = rt.run(&m, r#"{"min_amount": 10}"#, &plan, &batch).unwrap();
+    assert_eq!(out.row_count(), 1);
+    assert_eq!(out.rejections.len(), 1);
+    assert_eq!(out.rejections[0].index, 2);
+}
+
+fn check(config_text: &str) -> (bool, String) {
+    let dir = TempDir::new("check");
+    let path = write_config(dir.path(), config_text);
+    let out = Command::new(sluice_bin()).arg("check").arg(&path).output().expect("run sluice check");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn config_with_module(module: &str) -> String {
+    format!(
+        r#"
+pipeline = "bad"
+[source]
+brokers = "127.0.0.1:1"
+topics = ["t"]
+[module]
+path = "{module}"
+[sink]
+url = "sqlite://bad.db"
+[[sink.targets]]
+name = "t"
+columns = {{ a = "integer" }}
+"#
+    )
+}
+
+#[test]
+fn bad_inputs_get_clear_errors() {
+    let (ok, err) = check(&config_with_module(&plugin("identity").display().to_string()));
+    assert!(ok, "a good config passes: {err}");
+
+    let (ok, err) = check("pipeline = \"x\"\n[source]\nbrokers = 1\n");
+    assert!(!ok);
+    assert!(err.contains("invalid config") && err.contains("brokers"), "{err}");
+
+    let (ok, err) = check(&config_with_module(&plugin("identity").display().to_string()).replace("[sink]", "[sink]\ncolour = \"red\""));
+    assert!(!ok);
+    assert!(err.contains("unknown field `colour`"), "{err}");
+
+    let (ok, err) = check(&config_with_module("/nonexistent/module.wasm"));
+    assert!(!ok);
+    assert!(err.contains("cannot read module") && err.contains("/nonexistent/module.wasm"), "{err}");
+
+    let dir = TempDir::new("garbage");
+    let garbage = dir.path().join("garbage.wasm");
+    std::fs::write(&garbage, b"this is not wasm at all").unwrap();
+    let (ok, err) = check(&config_with_module(&garbage.display().to_string()));
+    assert!(!ok);
+    assert!(err.contains("not a WebAssembly component"), "{err}");
+
+    let (ok, err) = check(&config_with_module(&plugin("forbidden-import").display().to_string()));
+    assert!(!ok);
+    assert!(err.contains("imports `test:evil/net`"), "{err}");
+
+    let (ok, err) = check(&config_with_module(&plugin("other-world").display().to_string()));
+    assert!(!ok);
+    assert!(err.contains("does not implement the sluice:plugin/transform"), "{err}");
+}
+
+#[test]
+fn unreachable_broker_is_a_clear_error() {
+    let dir = TempDir::new("unreachable");
+    let text = config_with_module(&plugin("identity").display().to_string())
+        .replace("127.0.0.1:1", "127.0.0.1:9")
+        .replace("bad.db", &dir.path().join("x.db").display().to_string())
+        .replace("name = \"t\"\ncolumns = { a = \"integer\" }", "name = \"records\"\ncolumns = { partition = \"integer\", offset = \"integer\", key = \"blob\", value = \"blob\" }");
+    let path = write_config(dir.path(), &text);
+    let out = run_until_caught_up(&path, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot reach Kafka brokers at 127.0.0.1:9"), "{err}");
+}
