@@ -134,11 +134,18 @@ fn tansu_bin() -> PathBuf {
 pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
     let admin: AdminClient<DefaultClientContext> =
         ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin");
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
-    let result = rt.block_on(admin.create_topics(
-        &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
-        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-    ));
+    // A thread of its own: callers may be inside a tokio runtime already.
+    let result = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+            rt.block_on(admin.create_topics(
+                &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            ))
+        })
+        .join()
+        .expect("create_topics thread")
+    });
     for r in result.expect("create_topics") {
         r.unwrap_or_else(|(t, e)| panic!("create topic {t}: {e}"));
     }

@@ -154,9 +154,9 @@ fn delete_records(brokers: &str, topic: &str, partition: i32, before: i64) -> bo
         rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
     let mut tpl = rdkafka::TopicPartitionList::new();
     tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(before)).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let result = std::thread::scope(|s| {
         s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(admin.delete_records(
                 &tpl,
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),

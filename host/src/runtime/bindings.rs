@@ -6,14 +6,14 @@
 
 use super::limits::MemoryCap;
 use crate::batch::Records;
-use crate::output::{Column, ColumnData, Output, Rejection, TargetRows};
+use crate::output as host;
 
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "transform",
 });
 
-use sluice::plugin::types as wit;
+use self::sluice::plugin::types as wit;
 
 /// Most log lines a module may write per batch; more are dropped.
 const MAX_LOG_LINES: usize = 1000;
@@ -32,8 +32,8 @@ impl BatchState {
     }
 }
 
-impl sluice::plugin::log::Host for BatchState {
-    fn write(&mut self, level: sluice::plugin::log::Level, mut message: String) {
+impl self::sluice::plugin::log::Host for BatchState {
+    fn write(&mut self, level: self::sluice::plugin::log::Level, mut message: String) {
         if self.logs.len() >= MAX_LOG_LINES {
             return;
         }
@@ -48,7 +48,7 @@ impl sluice::plugin::log::Host for BatchState {
     }
 }
 
-impl sluice::plugin::types::Host for BatchState {}
+impl self::sluice::plugin::types::Host for BatchState {}
 
 /// Adds the world's imports (and nothing else) to the linker.
 pub fn add_to_linker(
@@ -86,29 +86,29 @@ pub fn record_batch(r: &Records) -> wit::RecordBatch {
 }
 
 /// Converts and checks the module's output against the contract.
-pub fn into_output(out: wit::Output, batch_len: usize) -> Result<Output, String> {
+pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, String> {
     let targets = out
         .targets
         .into_iter()
-        .map(|t| TargetRows {
+        .map(|t| host::TargetRows {
             target: t.target,
             rows: t.rows,
             columns: t
                 .columns
                 .into_iter()
-                .map(|c| Column {
+                .map(|c| host::Column {
                     name: c.name,
                     nulls: c.nulls,
                     data: match c.data {
-                        wit::ColumnData::Int64(v) => ColumnData::Int64(v),
-                        wit::ColumnData::Float64(v) => ColumnData::Float64(v),
+                        wit::ColumnData::Int64(v) => host::ColumnData::Int64(v),
+                        wit::ColumnData::Float64(v) => host::ColumnData::Float64(v),
                         wit::ColumnData::Text(v) => {
-                            ColumnData::Text { lengths: v.lengths, data: v.data }
+                            host::ColumnData::Text { lengths: v.lengths, data: v.data }
                         }
                         wit::ColumnData::Bytes(v) => {
-                            ColumnData::Bytes { lengths: v.lengths, data: v.data }
+                            host::ColumnData::Bytes { lengths: v.lengths, data: v.data }
                         }
-                        wit::ColumnData::Boolean(v) => ColumnData::Bool(v),
+                        wit::ColumnData::Boolean(v) => host::ColumnData::Bool(v),
                     },
                 })
                 .collect(),
@@ -117,9 +117,9 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<Output, String>
     let rejections = out
         .rejections
         .into_iter()
-        .map(|r| Rejection { index: r.index, reason: r.reason })
+        .map(|r| host::Rejection { index: r.index, reason: r.reason })
         .collect();
-    let output = Output { targets, rejections };
+    let output = host::Output { targets, rejections };
     output.check(batch_len)?;
     Ok(output)
 }

@@ -170,7 +170,8 @@ impl Runtime {
         match e.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => RunError::OutOfFuel(self.limits.fuel_per_batch),
             Some(Trap::Interrupt) => RunError::Timeout(self.limits.batch_timeout.as_millis() as u64),
-            _ => RunError::Trap(format!("{e:?}").lines().take(12).collect::<Vec<_>>().join("\n")),
+            Some(trap) => RunError::Trap(format!("wasm trap: {trap}")),
+            None => RunError::Trap(format!("{e:#}").lines().next().unwrap_or_default().to_string()),
         }
     }
 }

@@ -119,7 +119,7 @@ fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, ModuleError> {
 fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleError> {
     for (name, item) in component.component_type().imports(engine) {
         let allowed = ALLOWED_IMPORTS.contains(&name)
-            && matches!(item, ComponentItem::ComponentInstance(_));
+            && matches!(item.ty, ComponentItem::ComponentInstance(_));
         if !allowed {
             return Err(ModuleError::ForbiddenImport(name.to_string()));
         }

@@ -132,12 +132,12 @@ impl KafkaSource {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let message = self.consumer.poll(left.min(Duration::from_millis(50)));
-            changes.extend(self.take_ownership_events());
             match message {
-                Some(Ok(m)) => self.buffer(&m),
+                Some(Ok(m)) => buffer(&mut self.partitions, &m),
                 Some(Err(e)) => self.on_error(e)?,
                 None => {}
             }
+            changes.extend(self.take_ownership_events());
             if Instant::now() >= deadline || self.some_batch_full() || !changes.is_empty() {
                 break;
             }
@@ -173,30 +173,7 @@ impl KafkaSource {
             .collect()
     }
 
-    fn buffer(&mut self, m: &rdkafka::message::BorrowedMessage<'_>) {
-        let tp = TopicPartition { topic: m.topic().to_string(), partition: m.partition() };
-        let Some(state) = self.partitions.get_mut(&tp) else { return };
-        let Some(_) = state.next else { return };
-        // After a seek librdkafka drops messages fetched before it; this
-        // check only guards the invariant that the buffer is in offset order.
-        if m.offset() < state.position {
-            return;
-        }
-        let headers = m
-            .headers()
-            .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
-            .unwrap_or_default();
-        state.buffer.push_back(OwnedRecord {
-            offset: m.offset(),
-            timestamp: m.timestamp().to_millis().unwrap_or(-1),
-            key: m.key().map(<[u8]>::to_vec),
-            value: m.payload().map(<[u8]>::to_vec),
-            headers,
-        });
-        state.position = m.offset() + 1;
-    }
-
-    fn on_error(&mut self, e: KafkaError) -> Result<(), SourceError> {
+    fn on_error(&self, e: KafkaError) -> Result<(), SourceError> {
         if let KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code) = &e {
             if *code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset {
                 return Err(self.out_of_range_error(&e));
@@ -299,6 +276,7 @@ impl KafkaSource {
             Some(offset) => offset,
             None => self.initial_offset(tp)?,
         };
+        self.check_not_below_start(tp, from)?;
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
             .map_err(|e| SourceError::Kafka(e.to_string()))?;
@@ -311,6 +289,21 @@ impl KafkaSource {
         state.position = from;
         state.buffer.clear();
         tracing::info!(partition = %tp, from, "reading partition");
+        Ok(())
+    }
+
+    /// Refuses a checkpoint below the log start before seeking there. (The
+    /// log end is checked on the fetch path: ListOffsets(latest) is wrong on
+    /// some brokers, the fetch response's high watermark is not.)
+    fn check_not_below_start(&self, tp: &TopicPartition, from: i64) -> Result<(), SourceError> {
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Unreachable { brokers: self.brokers.clone(), message: e.to_string() })?;
+        if from < low.max(0) {
+            let partition = tp.to_string();
+            return Err(SourceError::OutOfRange { partition, from, low, high, what: "below the log start" });
+        }
         Ok(())
     }
 
@@ -384,6 +377,32 @@ impl KafkaSource {
                 _ => false,
             })
     }
+}
+
+
+/// Appends a fetched record to its partition's buffer (ignored for
+/// partitions not owned or not started).
+fn buffer(partitions: &mut BTreeMap<TopicPartition, PartitionState>, m: &rdkafka::message::BorrowedMessage<'_>) {
+    let tp = TopicPartition { topic: m.topic().to_string(), partition: m.partition() };
+    let Some(state) = partitions.get_mut(&tp) else { return };
+        let Some(_) = state.next else { return };
+    // After a seek librdkafka drops messages fetched before it; this
+    // check only guards the invariant that the buffer is in offset order.
+    if m.offset() < state.position {
+        return;
+    }
+    let headers = m
+        .headers()
+        .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+        .unwrap_or_default();
+    state.buffer.push_back(OwnedRecord {
+        offset: m.offset(),
+        timestamp: m.timestamp().to_millis().unwrap_or(-1),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+    });
+    state.position = m.offset() + 1;
 }
 
 /// librdkafka's cached watermarks from the last fetch response (not wrapped

@@ -6,8 +6,9 @@
 //! not block: callbacks run inside librdkafka's poll.
 
 use crate::batch::TopicPartition;
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance};
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, Rebalance, RebalanceProtocol};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::sync::Mutex;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +38,38 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
 impl ClientContext for OwnershipContext {}
 
 impl ConsumerContext for OwnershipContext {
+    /// The default strategy, except that assigned partitions start at a
+    /// concrete position (the log start) instead of the group's committed
+    /// offset: sluice never commits group offsets, and with
+    /// `auto.offset.reset=error` a missing one would be an error. Nothing is
+    /// read from there: the partitions are paused right away and seeked to
+    /// the sink's checkpoint before they resume.
+    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
+        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                if let Err(e) = tpl.set_all_offsets(Offset::Beginning) {
+                    tracing::warn!("cannot set start offsets: {e}");
+                }
+                let result =
+                    if cooperative { consumer.incremental_assign(tpl) } else { consumer.assign(tpl) };
+                if let Err(e) = result {
+                    tracing::error!("cannot take assigned partitions: {e}");
+                }
+                self.post_rebalance(consumer, &Rebalance::Assign(tpl));
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.pre_rebalance(consumer, &Rebalance::Revoke(tpl));
+                let result =
+                    if cooperative { consumer.incremental_unassign(tpl) } else { consumer.unassign() };
+                if let Err(e) = result {
+                    tracing::error!("cannot release revoked partitions: {e}");
+                }
+            }
+            other => tracing::warn!("rebalance error: {other:?}"),
+        }
+    }
+
     fn pre_rebalance(&self, _consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Revoke(tpl) = rebalance {
             let lost = partitions(tpl);

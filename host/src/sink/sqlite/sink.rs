@@ -42,7 +42,7 @@ struct Tables {
 }
 
 pub struct SqliteSink {
-    pool: SqlitePool,
+    pub(super) pool: SqlitePool,
     tables: Tables,
     targets: HashMap<String, Target>,
 }
