@@ -17,7 +17,7 @@ const PARTITIONS: i32 = 4;
 fn produce_mixed_input(brokers: &str, topic: &str, rng: &mut impl Rng) -> usize {
     let mut sent = 0;
     for round in 0..20 {
-        let plain = numbered(&format!("plain{round}"), 4_000, PARTITIONS);
+        let plain = numbered(&format!("plain{round}"), 4_500, PARTITIONS);
         produce(brokers, topic, &plain);
         sent += plain.len();
         let size = rng.gen_range(200..1_500);
