@@ -36,7 +36,9 @@ pub fn sluice_bin() -> PathBuf {
         return PathBuf::from(p);
     }
     let exe = std::env::current_exe().expect("test exe");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>");
+    let dir = exe.parent().expect("exe dir");
+    // Tests live in target/<profile>/deps, tools in target/<profile>.
+    let profile_dir = if dir.ends_with("deps") { dir.parent().expect("profile dir") } else { dir };
     let bin = profile_dir.join("sluice");
     assert!(bin.exists(), "{} missing: run `cargo build -p sluice` first", bin.display());
     bin

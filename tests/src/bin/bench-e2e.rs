@@ -1,0 +1,118 @@
+//! End-to-end throughput, as ratios measured in one run on one machine:
+//! Kafka -> Wasm (identity) -> SQLite exactly-once, against a raw
+//! `read_committed` rdkafka consume of the same topic and against SQLite's
+//! own bulk insert rate for the same rows.
+//!
+//! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
+//!       -p sluice-tests --bin bench-e2e && target/release/bench-e2e [RECORDS]`
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_tests::*;
+use std::time::{Duration, Instant};
+
+const PARTITIONS: i32 = 4;
+
+fn raw_consume(brokers: &str, topic: &str) -> (usize, Duration) {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", "bench-raw")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    let started = Instant::now();
+    c.assign(&tpl).unwrap();
+    let (mut n, mut eof) = (0usize, 0);
+    while eof < PARTITIONS {
+        match c.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                use rdkafka::message::Message;
+                std::hint::black_box(m.payload());
+                n += 1;
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => eof += 1,
+            Some(Err(e)) => panic!("{e}"),
+            None => {}
+        }
+    }
+    (n, started.elapsed())
+}
+
+async fn sqlite_bulk_insert(dir: &std::path::Path, rows: &[Produce]) -> Duration {
+    let db = dir.join("raw.db");
+    let url = format!("sqlite://{}?mode=rwc", db.display());
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect(&url).await.unwrap();
+    sqlx::query("PRAGMA journal_mode=WAL").execute(&pool).await.unwrap();
+    sqlx::query("PRAGMA synchronous=FULL").execute(&pool).await.unwrap();
+    sqlx::query("CREATE TABLE records (partition INTEGER, \"offset\" INTEGER, key BLOB, value BLOB)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut tx = pool.begin().await.unwrap();
+    for (chunk_no, chunk) in rows.chunks(500).enumerate() {
+        let mut sql = String::from("INSERT INTO records (partition, \"offset\", key, value) VALUES ");
+        sql.push_str(&vec!["(?,?,?,?)"; chunk.len()].join(","));
+        let mut q = sqlx::query(&sql);
+        for (i, r) in chunk.iter().enumerate() {
+            q = q
+                .bind(r.partition)
+                .bind((chunk_no * 500 + i) as i64)
+                .bind(r.key.as_deref().map(str::as_bytes))
+                .bind(r.value.as_bytes());
+        }
+        q.execute(&mut *tx).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    started.elapsed()
+}
+
+#[tokio::main]
+async fn main() {
+    let records: usize = std::env::args().nth(1).map(|a| a.parse().expect("RECORDS")).unwrap_or(200_000);
+    let broker = Broker::start();
+    let topic = "bench";
+    create_topic(&broker.brokers, topic, PARTITIONS);
+    let input: Vec<Produce> = (0..records)
+        .map(|i| Produce {
+            partition: i as i32 % PARTITIONS,
+            key: Some(format!("key-{i:08}")),
+            value: format!(
+                r#"{{"id":{i},"user":"user{}","event":"purchase","amount":{}.5,"pad":"xxxxxxxxxxxx"}}"#,
+                i % 1000,
+                i % 300
+            ),
+        })
+        .collect();
+    produce(&broker.brokers, topic, &input);
+
+    let (seen, raw) = raw_consume(&broker.brokers, topic);
+    assert_eq!(seen, records);
+
+    let dir = TempDir::new("bench-e2e");
+    let db = dir.path().join("sluice.db");
+    let config = write_config(dir.path(), &identity_config("bench", &broker.brokers, topic, &db, 10_000));
+    let started = Instant::now();
+    let out = run_until_caught_up(&config, Duration::from_secs(1800));
+    let e2e = started.elapsed();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pool = sqlite(&db).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM records").fetch_one(&pool).await.unwrap();
+    assert_eq!(rows as usize, records);
+
+    let bulk = sqlite_bulk_insert(dir.path(), &input).await;
+    let rate = |d: Duration| records as f64 / d.as_secs_f64();
+    println!("{records} records of ~{} bytes over {PARTITIONS} partitions", input[0].value.len());
+    println!("raw rdkafka consume (read_committed): {:>10.0} records/s", rate(raw));
+    println!("SQLite bulk insert, one transaction:  {:>10.0} records/s", rate(bulk));
+    println!("sluice Kafka -> Wasm -> SQLite (EO):  {:>10.0} records/s (whole process, start-up included)", rate(e2e));
+    println!("sluice / raw consume: {:.2}", rate(e2e) / rate(raw));
+    println!("sluice / SQLite bulk insert: {:.2}", rate(e2e) / rate(bulk));
+}
