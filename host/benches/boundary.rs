@@ -167,6 +167,9 @@ fn main() {
     let native_json = measure(|| native_json_filter(&records).row_count());
     let wasm_json = measure(|| rt.run(&json, params, &plan, &records).expect("json").row_count());
 
+    let empty = Records::default();
+    let fixed = measure(|| rt.run(&identity, "{}", &plan, &empty).expect("empty").row_count());
+    println!("per-batch fixed cost (fresh instance, init, empty process): {:.1} us", fixed.as_secs_f64() * 1e6);
     println!("batches of {BATCH} records, ~{bytes_per_value}-byte values, median of {ROUNDS} runs");
     println!(
         "identity:    native {:7.1} ns/record   wasm {:7.1} ns/record   boundary cost {:6.1} ns/record   ratio {:.2}x",

@@ -272,11 +272,21 @@ impl KafkaSource {
         if !self.partitions.contains_key(tp) {
             return Ok(()); // revoked meanwhile
         }
-        let from = match checkpoint {
-            Some(offset) => offset,
-            None => self.initial_offset(tp)?,
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Unreachable { brokers: self.brokers.clone(), message: e.to_string() })?;
+        let from = match (checkpoint, self.start) {
+            (Some(offset), _) => offset,
+            (None, StartPosition::Earliest) => low,
+            (None, StartPosition::Latest) => high,
         };
-        self.check_not_below_start(tp, from)?;
+        // The log end is checked on the fetch path instead: ListOffsets(latest)
+        // is wrong on some brokers, the fetch response's high watermark is not.
+        if from < low.max(0) {
+            let partition = tp.to_string();
+            return Err(SourceError::OutOfRange { partition, from, low, high, what: "below the log start" });
+        }
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
             .map_err(|e| SourceError::Kafka(e.to_string()))?;
@@ -290,32 +300,6 @@ impl KafkaSource {
         state.buffer.clear();
         tracing::info!(partition = %tp, from, "reading partition");
         Ok(())
-    }
-
-    /// Refuses a checkpoint below the log start before seeking there. (The
-    /// log end is checked on the fetch path: ListOffsets(latest) is wrong on
-    /// some brokers, the fetch response's high watermark is not.)
-    fn check_not_below_start(&self, tp: &TopicPartition, from: i64) -> Result<(), SourceError> {
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Unreachable { brokers: self.brokers.clone(), message: e.to_string() })?;
-        if from < low.max(0) {
-            let partition = tp.to_string();
-            return Err(SourceError::OutOfRange { partition, from, low, high, what: "below the log start" });
-        }
-        Ok(())
-    }
-
-    fn initial_offset(&self, tp: &TopicPartition) -> Result<i64, SourceError> {
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Unreachable { brokers: self.brokers.clone(), message: e.to_string() })?;
-        Ok(match self.start {
-            StartPosition::Earliest => low,
-            StartPosition::Latest => high,
-        })
     }
 
     /// Cuts the next ranges: per started partition, from its checkpoint up to

@@ -100,6 +100,10 @@ async fn main() {
     let db = dir.path().join("sluice.db");
     let config = write_config(dir.path(), &identity_config("bench", &broker.brokers, topic, &db, 10_000));
     let started = Instant::now();
+    if std::env::var("BENCH_KEEP").is_ok() {
+        println!("config: {} brokers: {}", config.display(), broker.brokers);
+        std::thread::sleep(Duration::from_secs(3600));
+    }
     let out = run_until_caught_up(&config, Duration::from_secs(1800));
     let e2e = started.elapsed();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
