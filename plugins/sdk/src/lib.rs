@@ -218,9 +218,21 @@ enum ColumnData {
 
 struct ColumnBuf {
     name: String,
+    /// Empty until the first null: most columns never hold one, and a byte
+    /// per cell would cost a push per value for nothing.
     nulls: Vec<u8>,
-    any_null: bool,
     data: ColumnData,
+}
+
+impl ColumnBuf {
+    fn mark(&mut self, row: usize, is_null: bool) {
+        if is_null {
+            self.nulls.resize(row, 0);
+            self.nulls.push(1);
+        } else if !self.nulls.is_empty() {
+            self.nulls.push(0);
+        }
+    }
 }
 
 struct TargetBuf {
@@ -238,6 +250,9 @@ pub struct TargetId(usize);
 pub struct Output {
     targets: Vec<TargetBuf>,
     rejections: Vec<wit::Rejection>,
+    /// Rows to reserve per column (the batch size): one row per record is
+    /// the common case, and growing vectors in Wasm costs copies.
+    rows_hint: usize,
 }
 
 impl Output {
@@ -249,17 +264,19 @@ impl Output {
         }
         let columns = columns
             .iter()
-            .map(|(name, kind)| ColumnBuf {
-                name: (*name).to_string(),
-                nulls: Vec::new(),
-                any_null: false,
-                data: match kind {
-                    Kind::Int64 => ColumnData::Int64(Vec::new()),
-                    Kind::Float64 => ColumnData::Float64(Vec::new()),
-                    Kind::Text => ColumnData::Text(Vec::new(), Vec::new()),
-                    Kind::Bytes => ColumnData::Bytes(Vec::new(), Vec::new()),
-                    Kind::Bool => ColumnData::Bool(Vec::new()),
-                },
+            .map(|(name, kind)| {
+                let n = self.rows_hint;
+                ColumnBuf {
+                    name: (*name).to_string(),
+                    nulls: Vec::new(),
+                    data: match kind {
+                        Kind::Int64 => ColumnData::Int64(Vec::with_capacity(n)),
+                        Kind::Float64 => ColumnData::Float64(Vec::with_capacity(n)),
+                        Kind::Text => ColumnData::Text(Vec::with_capacity(n), Vec::new()),
+                        Kind::Bytes => ColumnData::Bytes(Vec::with_capacity(n), Vec::new()),
+                        Kind::Bool => ColumnData::Bool(Vec::with_capacity(n)),
+                    },
+                }
             })
             .collect();
         self.targets.push(TargetBuf { name: name.to_string(), rows: 0, columns });
@@ -289,7 +306,7 @@ impl Output {
                     .into_iter()
                     .map(|c| wit::Column {
                         name: c.name,
-                        nulls: if c.any_null { c.nulls } else { Vec::new() },
+                        nulls: c.nulls,
                         data: match c.data {
                             ColumnData::Int64(v) => wit::ColumnData::Int64(v),
                             ColumnData::Float64(v) => wit::ColumnData::Float64(v),
@@ -325,8 +342,7 @@ impl Row<'_> {
             .get_mut(self.column)
             .unwrap_or_else(|| panic!("row for target `{target_name}` has more than {count} values"));
         self.column += 1;
-        column.nulls.push(is_null as u8);
-        column.any_null |= is_null;
+        column.mark(self.target.rows as usize, is_null);
         column
     }
 
@@ -441,7 +457,7 @@ pub fn __process<T: Transform>(
         },
         raw,
     };
-    let mut out = Output::default();
+    let mut out = Output { rows_hint: batch.len(), ..Output::default() };
     STATE.with(|s| {
         let state = s.borrow();
         let transform = state
