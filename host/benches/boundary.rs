@@ -17,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 const BATCH: usize = 10_000;
-const ROUNDS: usize = 30;
+const ROUNDS: usize = 50;
 
 fn batch() -> (Plan, Records) {
     let users = ["ann", "bob", "cid", "dee", "eve"];
@@ -47,18 +47,21 @@ fn batch() -> (Plan, Records) {
     (Plan::new("bench", vec![range], "m", "p", 0), records)
 }
 
-/// Best time of `ROUNDS` runs of `f` (the least disturbed by other load on
-/// a shared machine; both sides of every ratio are measured the same way).
-fn measure(mut f: impl FnMut() -> u64) -> Duration {
-    let mut times: Vec<Duration> = (0..ROUNDS)
-        .map(|_| {
-            let t = Instant::now();
-            std::hint::black_box(f());
-            t.elapsed()
-        })
-        .collect();
-    times.sort();
-    times[0]
+/// Best times of `ROUNDS` runs of `a` and `b`, interleaved so that both
+/// sides of a ratio see the same machine (the best run is the least
+/// disturbed by other load on a shared machine).
+fn measure_pair(mut a: impl FnMut() -> u64, mut b: impl FnMut() -> u64) -> (Duration, Duration) {
+    let time = |f: &mut dyn FnMut() -> u64| {
+        let t = Instant::now();
+        std::hint::black_box(f());
+        t.elapsed()
+    };
+    let (mut best_a, mut best_b) = (Duration::MAX, Duration::MAX);
+    for _ in 0..ROUNDS {
+        best_a = best_a.min(time(&mut a));
+        best_b = best_b.min(time(&mut b));
+    }
+    (best_a, best_b)
 }
 
 fn ns_per_record(d: Duration) -> f64 {
@@ -157,19 +160,23 @@ fn main() {
     let (plan, records) = batch();
     let bytes_per_value = records.values.len() / BATCH;
 
-    let native_id = measure(|| native_identity(&records).row_count());
-    let wasm_id = measure(|| rt.run(&identity, "{}", &plan, &records).expect("identity").row_count());
+    let (native_id, wasm_id) = measure_pair(
+        || native_identity(&records).row_count(),
+        || rt.run(&identity, "{}", &plan, &records).expect("identity").row_count(),
+    );
     let params = r#"{"event":"purchase","min_amount":10.0}"#;
     assert_eq!(
         native_json_filter(&records).digest(),
         rt.run(&json, params, &plan, &records).unwrap().digest(),
         "native and Wasm json-filter must agree"
     );
-    let native_json = measure(|| native_json_filter(&records).row_count());
-    let wasm_json = measure(|| rt.run(&json, params, &plan, &records).expect("json").row_count());
+    let (native_json, wasm_json) = measure_pair(
+        || native_json_filter(&records).row_count(),
+        || rt.run(&json, params, &plan, &records).expect("json").row_count(),
+    );
 
     let empty = Records::default();
-    let fixed = measure(|| rt.run(&identity, "{}", &plan, &empty).expect("empty").row_count());
+    let (fixed, _) = measure_pair(|| rt.run(&identity, "{}", &plan, &empty).expect("empty").row_count(), || 0);
     println!("per-batch fixed cost (fresh instance, init, empty process): {:.1} us", fixed.as_secs_f64() * 1e6);
     println!("batches of {BATCH} records, ~{bytes_per_value}-byte values, best of {ROUNDS} runs");
     println!(

@@ -157,43 +157,72 @@ impl Batch {
     }
 
     /// All records, in partition order then offset order.
-    pub fn records(&self) -> impl Iterator<Item = Record<'_>> + '_ {
-        let raw = &self.raw;
-        let mut key_at = 0usize;
-        let mut value_at = 0usize;
-        let mut header_at = 0usize;
-        let mut name_at = 0usize;
-        let mut hvalue_at = 0usize;
-        raw.slices.iter().flat_map(move |slice| {
-            let first = slice.first as usize;
-            (first..first + slice.count as usize).map(move |i| (slice, i))
-        })
-        .map(move |(slice, i)| {
-            let key = take(&raw.keys, &mut key_at, raw.key_lengths[i]);
-            let value = take(&raw.values, &mut value_at, raw.value_lengths[i]);
-            let count = raw.header_counts.get(i).copied().unwrap_or(0) as usize;
-            let headers = HeaderCursor {
-                batch: raw,
-                first: header_at,
-                count,
-                name_start: name_at,
-                value_start: hvalue_at,
-            };
-            for h in header_at..header_at + count {
-                name_at += raw.header_name_lengths[h] as usize;
-                hvalue_at += raw.header_value_lengths[h].max(0) as usize;
+    pub fn records(&self) -> Records<'_> {
+        Records {
+            batch: &self.raw,
+            slice: 0,
+            index: 0,
+            key_at: 0,
+            value_at: 0,
+            header_at: 0,
+            name_at: 0,
+            hvalue_at: 0,
+        }
+    }
+}
+
+/// Iterator over a batch's records (a plain loop over the columns: this is
+/// the hot path of every transform).
+pub struct Records<'a> {
+    batch: &'a wit::RecordBatch,
+    slice: usize,
+    index: usize,
+    key_at: usize,
+    value_at: usize,
+    header_at: usize,
+    name_at: usize,
+    hvalue_at: usize,
+}
+
+impl<'a> Iterator for Records<'a> {
+    type Item = Record<'a>;
+
+    #[inline]
+    fn next(&mut self) -> Option<Record<'a>> {
+        let raw = self.batch;
+        let slice = loop {
+            let slice = raw.slices.get(self.slice)?;
+            if self.index < (slice.first + slice.count) as usize {
+                break slice;
             }
-            header_at += count;
-            Record {
-                index: i as u32,
-                topic: &slice.topic,
-                partition: slice.partition,
-                offset: raw.offsets[i],
-                timestamp: raw.timestamps[i],
-                key,
-                value,
-                headers,
-            }
+            self.slice += 1;
+        };
+        let i = self.index.max(slice.first as usize);
+        self.index = i + 1;
+        let key = take(&raw.keys, &mut self.key_at, raw.key_lengths[i]);
+        let value = take(&raw.values, &mut self.value_at, raw.value_lengths[i]);
+        let count = raw.header_counts.get(i).copied().unwrap_or(0) as usize;
+        let headers = HeaderCursor {
+            batch: raw,
+            first: self.header_at,
+            count,
+            name_start: self.name_at,
+            value_start: self.hvalue_at,
+        };
+        for h in self.header_at..self.header_at + count {
+            self.name_at += raw.header_name_lengths[h] as usize;
+            self.hvalue_at += raw.header_value_lengths[h].max(0) as usize;
+        }
+        self.header_at += count;
+        Some(Record {
+            index: i as u32,
+            topic: &slice.topic,
+            partition: slice.partition,
+            offset: raw.offsets[i],
+            timestamp: raw.timestamps[i],
+            key,
+            value,
+            headers,
         })
     }
 }
