@@ -9,8 +9,9 @@ rustup target list --installed | grep -q '^wasm32-unknown-unknown$' \
 command -v wasm-tools >/dev/null || cargo install wasm-tools --version 1.243.0 --locked \
   --no-default-features --features component
 cargo build --quiet --release --target wasm32-unknown-unknown
+out="${CARGO_TARGET_DIR:-$root/plugins/target}/wasm32-unknown-unknown/release"
 mkdir -p dist
-for core in target/wasm32-unknown-unknown/release/*.wasm; do
+for core in "$out"/*.wasm; do
   name="$(basename "$core" .wasm | tr _ -)"
   wasm-tools component new "$core" -o "dist/$name.wasm"
 done

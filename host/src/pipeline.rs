@@ -20,7 +20,7 @@ use crate::config::OnTrap;
 use crate::output::Output;
 use crate::runtime::RunError;
 use crate::sink::{Commit, CommitOutcome, DeadLetter, DeadLetterKind, SinkError};
-use crate::source::{KafkaSource, Ownership, SourceError};
+use crate::source::{KafkaSource, SourceError};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -120,10 +120,7 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
         while !shutdown.is_cancelled() {
             let wait = self.options.batch_interval;
-            let changes = tokio::task::block_in_place(|| self.source.poll(wait))?;
-            if !changes.is_empty() {
-                self.on_ownership(&changes).await?;
-            }
+            tokio::task::block_in_place(|| self.source.poll(wait))?;
             self.start_unstarted().await?;
             let ranges = self.source.plan_ranges();
             if ranges.is_empty() {
@@ -137,15 +134,6 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         }
         tracing::info!(stats = ?self.stats, "pipeline stopped");
         Ok(self.stats)
-    }
-
-    async fn on_ownership(&mut self, changes: &[Ownership]) -> Result<(), PipelineError> {
-        for c in changes {
-            if let Ownership::Revoked(tps) = c {
-                tracing::info!(?tps, "no longer reading revoked partitions");
-            }
-        }
-        Ok(())
     }
 
     /// Reads the checkpoint of every newly assigned partition and seeks there.

@@ -48,13 +48,6 @@ pub enum SourceError {
     Kafka(String),
 }
 
-/// A change in which partitions this instance owns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Ownership {
-    Assigned(Vec<TopicPartition>),
-    Revoked(Vec<TopicPartition>),
-}
-
 /// Read state of one owned partition.
 #[derive(Debug)]
 struct PartitionState {
@@ -123,12 +116,12 @@ impl KafkaSource {
         })
     }
 
-    /// Reads for up to `wait` (less once some partition has a full batch)
-    /// and reports ownership changes. Newly assigned partitions are paused
-    /// until [`KafkaSource::start_partition`] gives their checkpoint.
-    pub fn poll(&mut self, wait: Duration) -> Result<Vec<Ownership>, SourceError> {
+    /// Reads for up to `wait` (less once some partition has a full batch or
+    /// ownership changed). Newly assigned partitions stay paused until
+    /// [`KafkaSource::start_partition`] gives their checkpoint; see
+    /// [`KafkaSource::unstarted`].
+    pub fn poll(&mut self, wait: Duration) -> Result<(), SourceError> {
         let deadline = Instant::now() + wait;
-        let mut changes = Vec::new();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let message = self.consumer.poll(left.min(Duration::from_millis(50)));
@@ -137,23 +130,23 @@ impl KafkaSource {
                 Some(Err(e)) => self.on_error(e)?,
                 None => {}
             }
-            changes.extend(self.take_ownership_events());
-            if Instant::now() >= deadline || self.some_batch_full() || !changes.is_empty() {
+            let ownership_changed = self.apply_ownership_events();
+            if Instant::now() >= deadline || self.some_batch_full() || ownership_changed {
                 break;
             }
         }
-        self.refresh_positions()?;
-        Ok(changes)
+        self.refresh_positions()
     }
 
-    fn take_ownership_events(&mut self) -> Vec<Ownership> {
+    /// Applies assignments and revocations from the rebalance callbacks;
+    /// true if there were any.
+    fn apply_ownership_events(&mut self) -> bool {
         let events = self.consumer.context().take_events();
-        events
-            .into_iter()
-            .map(|e| match e {
+        for event in &events {
+            match event {
                 OwnershipEvent::Assigned(tps) => {
                     self.assigned_once = true;
-                    for tp in &tps {
+                    for tp in tps {
                         self.partitions.entry(tp.clone()).or_insert(PartitionState {
                             next: None,
                             position: 0,
@@ -161,16 +154,15 @@ impl KafkaSource {
                             end_at_start: None,
                         });
                     }
-                    Ownership::Assigned(tps)
                 }
                 OwnershipEvent::Revoked(tps) => {
-                    for tp in &tps {
+                    for tp in tps {
                         self.partitions.remove(tp);
                     }
-                    Ownership::Revoked(tps)
                 }
-            })
-            .collect()
+            }
+        }
+        !events.is_empty()
     }
 
     fn on_error(&self, e: KafkaError) -> Result<(), SourceError> {
