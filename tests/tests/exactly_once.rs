@@ -244,3 +244,39 @@ async fn committed_batches(db: &std::path::Path) -> i64 {
     let pool = sqlite(db).await;
     sqlx::query_scalar("SELECT count(*) FROM sluice_batches").fetch_one(&pool).await.unwrap_or(0)
 }
+
+/// Two instances of one pipeline split the partitions through the consumer
+/// group, hand them over when one stops, and together deliver every record
+/// exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_share_partitions_exactly_once() {
+    let brokers = shared_broker();
+    let topic = "shared";
+    create_topic(brokers, topic, 4);
+    produce(brokers, topic, &numbered("shared", 40_000, 4));
+    let dir = TempDir::new("shared");
+    let db = dir.path().join("shared.db");
+    let config = write_config(dir.path(), &identity_config("shared", brokers, topic, &db, 250));
+    let spawn = || {
+        Command::new(sluice_bin())
+            .args(["run", "--until-caught-up"])
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn")
+    };
+    let first = spawn();
+    std::thread::sleep(Duration::from_millis(1_500));
+    let second = spawn();
+    for child in [first, second] {
+        let out = child.wait_with_output().expect("wait");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Whatever the two left (a partition revoked late), a last run finishes.
+    let out = run_until_caught_up(&config, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let pool = sqlite(&db).await;
+    assert_eq!(identity_rows(&pool).await, read_committed(brokers, topic, 4));
+    assert_contiguous_lineage(&pool, "shared").await;
+}

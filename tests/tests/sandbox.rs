@@ -207,3 +207,40 @@ fn unreachable_broker_is_a_clear_error() {
     assert!(!out.status.success());
     assert!(err.contains("cannot reach Kafka brokers at 127.0.0.1:9"), "{err}");
 }
+
+#[test]
+fn compiled_modules_are_cached_by_digest_and_engine() {
+    let dir = TempDir::new("cache");
+    let bytes = std::fs::read(plugin("identity")).unwrap();
+    let rt = runtime(LimitsConfig::default());
+    let first = rt.load(&bytes, Some(dir.path())).expect("compile and cache");
+    let cached: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(cached.len(), 1, "one artifact: {cached:?}");
+    let name = cached[0].to_string_lossy().into_owned();
+    assert!(name.starts_with(&first.digest) && name.ends_with(".cwasm"), "{name}");
+    // A second runtime loads the artifact instead of compiling, with the same result.
+    let rt2 = runtime(LimitsConfig::default());
+    let second = rt2.load(&bytes, Some(dir.path())).expect("load cached");
+    let (plan, batch) = records(100);
+    assert_eq!(
+        rt.run(&first, "{}", &plan, &batch).unwrap().digest(),
+        rt2.run(&second, "{}", &plan, &batch).unwrap().digest()
+    );
+    // A damaged artifact is ignored and rebuilt, never trusted.
+    std::fs::write(dir.path().join(&name), b"damaged").unwrap();
+    let third = rt2.load(&bytes, Some(dir.path())).expect("recompile");
+    assert_eq!(rt2.run(&third, "{}", &plan, &batch).unwrap().row_count(), 100);
+}
+
+#[test]
+fn unreachable_database_is_a_clear_error() {
+    let dir = TempDir::new("nodb");
+    let text = config_with_module(&plugin("identity").display().to_string())
+        .replace("sqlite://bad.db", "sqlite:///nonexistent-dir/sub/x.db")
+        .replace("name = \"t\"\ncolumns = { a = \"integer\" }", "name = \"records\"\ncolumns = { partition = \"integer\", offset = \"integer\", key = \"blob\", value = \"blob\" }");
+    let path = write_config(dir.path(), &text);
+    let out = run_until_caught_up(&path, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot open sqlite:///nonexistent-dir/sub/x.db"), "{err}");
+}

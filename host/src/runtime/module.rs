@@ -92,12 +92,14 @@ fn compile_cached(
         return compile(engine, bytes);
     };
     let path = dir.join(format!("{digest}-{}.cwasm", engine_hash(engine)));
-    if path.exists() {
+    // Read into memory rather than mmap the file: a cache file truncated
+    // under a running host would otherwise crash it (SIGBUS).
+    if let Ok(artifact) = std::fs::read(&path) {
         // SAFETY: files in the cache directory are written only by
         // `compile_cached` below, from `Component::serialize` of this same
         // engine configuration (the file name carries its compatibility
         // hash); wasmtime also checks the artifact's header on load.
-        match unsafe { Component::deserialize_file(engine, &path) } {
+        match unsafe { Component::deserialize(engine, &artifact) } {
             Ok(c) => return Ok(c),
             Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable cached module: {e:#}"),
         }
