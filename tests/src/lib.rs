@@ -222,10 +222,9 @@ pub struct Seen {
     pub value: String,
 }
 
-/// Everything a `read_committed` consumer sees in `topic` (all partitions,
-/// from the start until each partition reports its end): the broker's own
-/// view of what is committed, used to compute expected results.
-pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> {
+/// A `read_committed` consumer assigned to every partition of `topic` from
+/// the start, reporting partition ends; no consumer group offsets involved.
+pub fn committed_reader(brokers: &str, topic: &str, partitions: i32) -> BaseConsumer {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("verify-{}", std::process::id()))
@@ -239,6 +238,14 @@ pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> 
         tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
     }
     c.assign(&tpl).expect("assign");
+    c
+}
+
+/// Everything a `read_committed` consumer sees in `topic` (all partitions,
+/// from the start until each partition reports its end): the broker's own
+/// view of what is committed, used to compute expected results.
+pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> {
+    let c = committed_reader(brokers, topic, partitions);
     let mut done = std::collections::BTreeSet::new();
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -194,20 +194,20 @@ fn bad_inputs_get_clear_errors() {
     assert!(err.contains("does not implement the sluice:plugin/transform"), "{err}");
 }
 
+/// Runs an identity pipeline that must fail; returns its stderr.
+fn run_failing(dir: &TempDir, brokers: &str, db: &std::path::Path) -> String {
+    let path = write_config(dir.path(), &identity_config("fails", brokers, "t", db, 100));
+    let out = run_until_caught_up(&path, Duration::from_secs(60));
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn unreachable_broker_is_a_clear_error() {
     let dir = TempDir::new("unreachable");
-    let text = config_with_module(&plugin("identity").display().to_string())
-        .replace("127.0.0.1:1", "127.0.0.1:9")
-        .replace("bad.db", &dir.path().join("x.db").display().to_string())
-        .replace("name = \"t\"\ncolumns = { a = \"integer\" }", "name = \"records\"\ncolumns = { partition = \"integer\", offset = \"integer\", key = \"blob\", value = \"blob\" }");
-    let path = write_config(dir.path(), &text);
-    let out = run_until_caught_up(&path, Duration::from_secs(60));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = run_failing(&dir, "127.0.0.1:9", &dir.path().join("x.db"));
     assert!(err.contains("cannot reach Kafka brokers at 127.0.0.1:9"), "{err}");
 }
-
 #[test]
 fn compiled_modules_are_cached_by_digest_and_engine() {
     let dir = TempDir::new("cache");
@@ -235,12 +235,6 @@ fn compiled_modules_are_cached_by_digest_and_engine() {
 #[test]
 fn unreachable_database_is_a_clear_error() {
     let dir = TempDir::new("nodb");
-    let text = config_with_module(&plugin("identity").display().to_string())
-        .replace("sqlite://bad.db", "sqlite:///nonexistent-dir/sub/x.db")
-        .replace("name = \"t\"\ncolumns = { a = \"integer\" }", "name = \"records\"\ncolumns = { partition = \"integer\", offset = \"integer\", key = \"blob\", value = \"blob\" }");
-    let path = write_config(dir.path(), &text);
-    let out = run_until_caught_up(&path, Duration::from_secs(60));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = run_failing(&dir, "127.0.0.1:9", std::path::Path::new("/nonexistent-dir/sub/x.db"));
     assert!(err.contains("cannot open sqlite:///nonexistent-dir/sub/x.db"), "{err}");
 }

@@ -6,29 +6,15 @@
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-e2e && target/release/bench-e2e [RECORDS]`
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_tests::*;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 4;
 
 fn raw_consume(brokers: &str, topic: &str) -> (usize, Duration) {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", "bench-raw")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
     let started = Instant::now();
-    c.assign(&tpl).unwrap();
+    let c = committed_reader(brokers, topic, PARTITIONS);
     let (mut n, mut eof) = (0usize, 0);
     while eof < PARTITIONS {
         match c.poll(Duration::from_millis(100)) {
