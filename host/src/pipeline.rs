@@ -148,10 +148,8 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
     /// Re-reads checkpoints of `partitions` and restarts reading there.
     async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
         let checkpoints = self.checkpoints_with_retry(partitions).await?;
-        for tp in partitions {
-            let from = checkpoints.get(tp).copied();
-            tokio::task::block_in_place(|| self.source.start_partition(tp, from))?;
-        }
+        let starts: Vec<_> = partitions.iter().map(|tp| (tp.clone(), checkpoints.get(tp).copied())).collect();
+        tokio::task::block_in_place(|| self.source.start_partitions(&starts))?;
         Ok(())
     }
 

@@ -77,6 +77,9 @@ impl KafkaSource {
     /// Connects, checks the topics exist and joins the consumer group.
     pub fn connect(config: &SourceConfig, group_id: &str) -> Result<KafkaSource, SourceError> {
         let mut client = ClientConfig::new();
+        // Defaults a user may override: a crashed instance's partitions move
+        // to the others after 10 s instead of librdkafka's 45 s.
+        client.set("session.timeout.ms", "10000").set("heartbeat.interval.ms", "1000");
         for (k, v) in &config.properties {
             client.set(k, v);
         }
@@ -118,7 +121,7 @@ impl KafkaSource {
 
     /// Reads for up to `wait` (less once some partition has a full batch or
     /// ownership changed). Newly assigned partitions stay paused until
-    /// [`KafkaSource::start_partition`] gives their checkpoint; see
+    /// [`KafkaSource::start_partitions`] gives their checkpoint; see
     /// [`KafkaSource::unstarted`].
     pub fn poll(&mut self, wait: Duration) -> Result<(), SourceError> {
         let deadline = Instant::now() + wait;
@@ -254,16 +257,47 @@ impl KafkaSource {
         self.partitions.iter().filter(|(_, s)| s.next.is_none()).map(|(tp, _)| tp.clone()).collect()
     }
 
-    /// Starts (or restarts) reading `tp` at `checkpoint`, or where the config
-    /// says if it has none. Drops anything buffered for it.
-    pub fn start_partition(
-        &mut self,
-        tp: &TopicPartition,
-        checkpoint: Option<i64>,
-    ) -> Result<(), SourceError> {
-        if !self.partitions.contains_key(tp) {
-            return Ok(()); // revoked meanwhile
+    /// Starts (or restarts) reading each partition at its checkpoint, or
+    /// where the config says if it has none; drops anything buffered for
+    /// them. Partitions revoked meanwhile are skipped.
+    pub fn start_partitions(&mut self, starts: &[(TopicPartition, Option<i64>)]) -> Result<(), SourceError> {
+        let starts: Vec<_> = starts.iter().filter(|(tp, _)| self.partitions.contains_key(tp)).collect();
+        if starts.is_empty() {
+            return Ok(());
         }
+        let kafka = |e: KafkaError| SourceError::Kafka(e.to_string());
+        let mut all = TopicPartitionList::new();
+        for (tp, _) in &starts {
+            all.add_partition(&tp.topic, tp.partition);
+        }
+        // Paused partitions have no fetch in flight, so the watermark queries
+        // below are not queued behind long-polling fetches on the connection.
+        self.consumer.pause(&all).map_err(kafka)?;
+        let mut seeks = TopicPartitionList::new();
+        let mut froms = Vec::new();
+        for (tp, checkpoint) in &starts {
+            let from = self.start_offset(tp, *checkpoint)?;
+            seeks.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from)).map_err(kafka)?;
+            froms.push((tp, from));
+        }
+        self.consumer
+            .seek_partitions(seeks, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Kafka(format!("seek to the checkpoints: {e}")))?;
+        self.consumer.resume(&all).map_err(kafka)?;
+        for (tp, from) in froms {
+            let state = self.partitions.get_mut(tp).expect("filtered above");
+            state.next = Some(from);
+            state.position = from;
+            state.buffer.clear();
+            tracing::info!(partition = %tp, from, "reading partition");
+        }
+        Ok(())
+    }
+
+    /// The offset a partition starts at, refusing one below the log start.
+    /// (The log end is checked on the fetch path instead: ListOffsets(latest)
+    /// is wrong on some brokers, the fetch response's high watermark is not.)
+    fn start_offset(&self, tp: &TopicPartition, checkpoint: Option<i64>) -> Result<i64, SourceError> {
         let (low, high) = self
             .consumer
             .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
@@ -273,25 +307,11 @@ impl KafkaSource {
             (None, StartPosition::Earliest) => low,
             (None, StartPosition::Latest) => high,
         };
-        // The log end is checked on the fetch path instead: ListOffsets(latest)
-        // is wrong on some brokers, the fetch response's high watermark is not.
         if from < low.max(0) {
             let partition = tp.to_string();
             return Err(SourceError::OutOfRange { partition, from, low, high, what: "below the log start" });
         }
-        let mut tpl = TopicPartitionList::new();
-        tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
-        self.consumer
-            .seek_partitions(tpl.clone(), BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Kafka(format!("seek {tp} to {from}: {e}")))?;
-        self.consumer.resume(&tpl).map_err(|e| SourceError::Kafka(e.to_string()))?;
-        let state = self.partitions.get_mut(tp).expect("checked above");
-        state.next = Some(from);
-        state.position = from;
-        state.buffer.clear();
-        tracing::info!(partition = %tp, from, "reading partition");
-        Ok(())
+        Ok(from)
     }
 
     /// Cuts the next ranges: per started partition, from its checkpoint up to
