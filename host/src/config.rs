@@ -60,9 +60,10 @@ pub struct SourceConfig {
     #[serde(default)]
     pub start: StartPosition,
     /// Extra librdkafka properties, passed through as given (for example
-    /// `"security.protocol" = "ssl"`). Properties sluice relies on for
-    /// exactly-once (`isolation.level`, `enable.auto.commit`,
-    /// `auto.offset.reset`, `group.id`) cannot be overridden.
+    /// `"security.protocol" = "ssl"`). sluice defaults `session.timeout.ms`
+    /// to 10000 and `heartbeat.interval.ms` to 1000; both may be set here.
+    /// Properties sluice relies on for exactly-once (see
+    /// [`RESERVED_PROPERTIES`]) are refused.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
 }
