@@ -43,7 +43,12 @@ fn batch() -> (Plan, Records) {
         .collect();
     let mut records = Records::default();
     records.push_slice("bench", 0, &owned);
-    let range = OffsetRange { topic: "bench".into(), partition: 0, from: 0, until: BATCH as i64 };
+    let range = OffsetRange {
+        topic: "bench".into(),
+        partition: 0,
+        from: 0,
+        until: BATCH as i64,
+    };
     (Plan::new("bench", vec![range], "m", "p", 0), records)
 }
 
@@ -76,8 +81,16 @@ fn var_column(name: &str, cells: impl Iterator<Item = Option<Vec<u8>>>, text: bo
         lengths.push(c.len() as u32);
         data.extend_from_slice(&c);
     }
-    let data = if text { ColumnData::Text { lengths, data } } else { ColumnData::Bytes { lengths, data } };
-    Column { name: name.into(), nulls, data }
+    let data = if text {
+        ColumnData::Text { lengths, data }
+    } else {
+        ColumnData::Bytes { lengths, data }
+    };
+    Column {
+        name: name.into(),
+        nulls,
+        data,
+    }
 }
 
 /// The identity plugin's work, natively: every record out as a row.
@@ -99,7 +112,11 @@ fn native_identity(records: &Records) -> Output {
                     data: ColumnData::Int64(rows.iter().map(|r| r.offset).collect()),
                 },
                 var_column("key", rows.iter().map(|r| r.key.map(<[u8]>::to_vec)), false),
-                var_column("value", rows.iter().map(|r| r.value.map(<[u8]>::to_vec)), false),
+                var_column(
+                    "value",
+                    rows.iter().map(|r| r.value.map(<[u8]>::to_vec)),
+                    false,
+                ),
             ],
         }],
         rejections: vec![],
@@ -138,9 +155,24 @@ fn native_json_filter(records: &Records) -> Output {
             target: "purchases".into(),
             rows: ids.len() as u32,
             columns: vec![
-                Column { name: "id".into(), nulls: vec![], data: ColumnData::Int64(ids) },
-                Column { name: "user".into(), nulls: vec![], data: ColumnData::Text { lengths: user_lengths, data: users } },
-                Column { name: "amount".into(), nulls: vec![], data: ColumnData::Float64(amounts) },
+                Column {
+                    name: "id".into(),
+                    nulls: vec![],
+                    data: ColumnData::Int64(ids),
+                },
+                Column {
+                    name: "user".into(),
+                    nulls: vec![],
+                    data: ColumnData::Text {
+                        lengths: user_lengths,
+                        data: users,
+                    },
+                },
+                Column {
+                    name: "amount".into(),
+                    nulls: vec![],
+                    data: ColumnData::Float64(amounts),
+                },
             ],
         }],
         rejections: vec![],
@@ -162,7 +194,11 @@ fn main() {
 
     let (native_id, wasm_id) = measure_pair(
         || native_identity(&records).row_count(),
-        || rt.run(&identity, "{}", &plan, &records).expect("identity").row_count(),
+        || {
+            rt.run(&identity, "{}", &plan, &records)
+                .expect("identity")
+                .row_count()
+        },
     );
     let params = r#"{"event":"purchase","min_amount":10.0}"#;
     assert_eq!(
@@ -172,12 +208,26 @@ fn main() {
     );
     let (native_json, wasm_json) = measure_pair(
         || native_json_filter(&records).row_count(),
-        || rt.run(&json, params, &plan, &records).expect("json").row_count(),
+        || {
+            rt.run(&json, params, &plan, &records)
+                .expect("json")
+                .row_count()
+        },
     );
 
     let empty = Records::default();
-    let (fixed, _) = measure_pair(|| rt.run(&identity, "{}", &plan, &empty).expect("empty").row_count(), || 0);
-    println!("per-batch fixed cost (fresh instance, init, empty process): {:.1} us", fixed.as_secs_f64() * 1e6);
+    let (fixed, _) = measure_pair(
+        || {
+            rt.run(&identity, "{}", &plan, &empty)
+                .expect("empty")
+                .row_count()
+        },
+        || 0,
+    );
+    println!(
+        "per-batch fixed cost (fresh instance, init, empty process): {:.1} us",
+        fixed.as_secs_f64() * 1e6
+    );
     println!("batches of {BATCH} records, ~{bytes_per_value}-byte values, best of {ROUNDS} runs");
     println!(
         "identity:    native {:7.1} ns/record   wasm {:7.1} ns/record   boundary cost {:6.1} ns/record   ratio {:.2}x",

@@ -32,15 +32,24 @@ pub enum AppError {
 /// Loads and validates the configured module (no network).
 pub fn load_transform(config: &PipelineConfig) -> Result<WasmTransform, AppError> {
     let path = config.module.path.display().to_string();
-    let runtime = Runtime::new(Limits::from_config(&config.limits))
-        .map_err(|source| AppError::Module { path: path.clone(), source })?;
+    let runtime =
+        Runtime::new(Limits::from_config(&config.limits)).map_err(|source| AppError::Module {
+            path: path.clone(),
+            source,
+        })?;
     let bytes = std::fs::read(&config.module.path).map_err(|source| AppError::Module {
         path: path.clone(),
-        source: ModuleError::Read { path: config.module.path.clone(), source },
+        source: ModuleError::Read {
+            path: config.module.path.clone(),
+            source,
+        },
     })?;
     let module = runtime
         .load(&bytes, config.module.cache_dir.as_deref())
-        .map_err(|source| AppError::Module { path: path.clone(), source })?;
+        .map_err(|source| AppError::Module {
+            path: path.clone(),
+            source,
+        })?;
     WasmTransform::new(Arc::new(runtime), module, config.params_json())
         .map_err(|source| AppError::Params { path, source })
 }
@@ -55,15 +64,16 @@ pub async fn run(
     let sink = SqliteSink::open(&config.sink).await?;
     let group = config.group_id();
     let source_config = config.source.clone();
-    let source =
-        tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))
-            .await
-            .expect("source connect task")?;
+    let source = tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))
+        .await
+        .expect("source connect task")?;
     let options = RunOptions {
         pipeline: config.pipeline.clone(),
         batch_interval: Duration::from_millis(config.source.batch_interval_ms),
         on_trap: config.limits.on_trap,
         until_caught_up,
     };
-    Ok(Pipeline::new(options, source, sink, transform).run(shutdown).await?)
+    Ok(Pipeline::new(options, source, sink, transform)
+        .run(shutdown)
+        .await?)
 }

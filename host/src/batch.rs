@@ -32,7 +32,10 @@ pub struct OffsetRange {
 
 impl OffsetRange {
     pub fn topic_partition(&self) -> TopicPartition {
-        TopicPartition { topic: self.topic.clone(), partition: self.partition }
+        TopicPartition {
+            topic: self.topic.clone(),
+            partition: self.partition,
+        }
     }
 }
 
@@ -64,7 +67,10 @@ impl Plan {
         let mut h = Sha256::new();
         h.update(pipeline.as_bytes());
         for r in &ranges {
-            h.update(format!("\0{}\0{}\0{}\0{}", r.topic, r.partition, r.from, r.until));
+            h.update(format!(
+                "\0{}\0{}\0{}\0{}",
+                r.topic, r.partition, r.from, r.until
+            ));
         }
         let batch_id = hex::encode(&h.finalize()[..12]);
         Plan {
@@ -170,10 +176,21 @@ impl Records {
     ) {
         let first = self.offsets.len() as u32;
         for r in records {
-            self.push(r.offset, r.timestamp, r.key.as_deref(), r.value.as_deref(), &r.headers);
+            self.push(
+                r.offset,
+                r.timestamp,
+                r.key.as_deref(),
+                r.value.as_deref(),
+                &r.headers,
+            );
         }
         let count = self.offsets.len() as u32 - first;
-        self.slices.push(Slice { topic: topic.to_string(), partition, first, count });
+        self.slices.push(Slice {
+            topic: topic.to_string(),
+            partition,
+            first,
+            count,
+        });
     }
 
     fn push(
@@ -192,7 +209,11 @@ impl Records {
         for (name, value) in headers {
             self.header_name_lengths.push(name.len() as u32);
             self.header_names.extend_from_slice(name.as_bytes());
-            push_bytes(&mut self.header_value_lengths, &mut self.header_values, value.as_deref());
+            push_bytes(
+                &mut self.header_value_lengths,
+                &mut self.header_values,
+                value.as_deref(),
+            );
         }
     }
 
@@ -205,7 +226,13 @@ impl Records {
             .map(move |(s, i)| {
                 let key = take(&self.keys, &mut key_at, self.key_lengths[i]);
                 let value = take(&self.values, &mut value_at, self.value_lengths[i]);
-                RecordRef { topic: &s.topic, partition: s.partition, offset: self.offsets[i], key, value }
+                RecordRef {
+                    topic: &s.topic,
+                    partition: s.partition,
+                    offset: self.offsets[i],
+                    key,
+                    value,
+                }
             })
     }
 
@@ -238,15 +265,26 @@ impl Records {
                 let headers = (header_at..header_at + self.header_counts[i] as usize)
                     .map(|h| {
                         let len = self.header_name_lengths[h] as usize;
-                        let name = String::from_utf8_lossy(&self.header_names[name_at..name_at + len])
-                            .into_owned();
+                        let name =
+                            String::from_utf8_lossy(&self.header_names[name_at..name_at + len])
+                                .into_owned();
                         name_at += len;
-                        let v = take(&self.header_values, &mut hvalue_at, self.header_value_lengths[h]);
+                        let v = take(
+                            &self.header_values,
+                            &mut hvalue_at,
+                            self.header_value_lengths[h],
+                        );
                         (name, v.map(<[u8]>::to_vec))
                     })
                     .collect();
                 header_at += self.header_counts[i] as usize;
-                OwnedRecord { offset: self.offsets[i], timestamp: self.timestamps[i], key, value, headers }
+                OwnedRecord {
+                    offset: self.offsets[i],
+                    timestamp: self.timestamps[i],
+                    key,
+                    value,
+                    headers,
+                }
             })
             .collect()
     }
@@ -277,7 +315,14 @@ mod tests {
 
     #[test]
     fn batch_id_depends_only_on_ranges() {
-        let r = |from| vec![OffsetRange { topic: "t".into(), partition: 0, from, until: from + 5 }];
+        let r = |from| {
+            vec![OffsetRange {
+                topic: "t".into(),
+                partition: 0,
+                from,
+                until: from + 5,
+            }]
+        };
         let a = Plan::new("p", r(0), "m1", "p1", 1);
         let b = Plan::new("p", r(0), "m2", "p2", 2);
         let c = Plan::new("p", r(5), "m1", "p1", 1);
@@ -296,7 +341,10 @@ mod tests {
         records.push_slice("t", 1, &p1);
         let (sub, map) = records.select(&[1, 2]);
         assert_eq!(map, vec![1, 2]);
-        let values: Vec<_> = sub.iter().map(|r| (r.partition, r.offset, r.value.unwrap())).collect();
+        let values: Vec<_> = sub
+            .iter()
+            .map(|r| (r.partition, r.offset, r.value.unwrap()))
+            .collect();
         assert_eq!(values, vec![(0, 1, &b"b"[..]), (1, 7, &b"c"[..])]);
         assert_eq!(sub.header_counts, vec![1, 1]);
         assert_eq!(sub.header_values, b"xx");

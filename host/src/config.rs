@@ -12,7 +12,10 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("invalid config {path}: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("invalid config: {0}")]
@@ -232,12 +235,15 @@ impl PipelineConfig {
     /// Reads, parses and validates a config file; relative paths in it are
     /// resolved against the file's directory.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_owned(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
         let mut config = Self::parse(&text).map_err(|e| match e {
-            ConfigError::Parse { message, .. } => {
-                ConfigError::Parse { path: path.to_owned(), message }
-            }
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_owned(),
+                message,
+            },
             other => other,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -259,8 +265,16 @@ impl PipelineConfig {
         if self.module.path.is_relative() {
             self.module.path = base.join(&self.module.path);
         }
-        let cache = self.module.cache_dir.take().unwrap_or_else(|| PathBuf::from(".sluice-cache"));
-        self.module.cache_dir = Some(if cache.is_relative() { base.join(cache) } else { cache });
+        let cache = self
+            .module
+            .cache_dir
+            .take()
+            .unwrap_or_else(|| PathBuf::from(".sluice-cache"));
+        self.module.cache_dir = Some(if cache.is_relative() {
+            base.join(cache)
+        } else {
+            cache
+        });
         if let Some(rest) = self.sink.url.strip_prefix("sqlite://") {
             let file = Path::new(rest.split('?').next().unwrap_or(rest));
             if file.is_relative() && !rest.starts_with(":memory:") {
@@ -271,7 +285,10 @@ impl PipelineConfig {
 
     /// The consumer group this pipeline's instances share.
     pub fn group_id(&self) -> String {
-        self.source.group_id.clone().unwrap_or_else(|| format!("sluice-{}", self.pipeline))
+        self.source
+            .group_id
+            .clone()
+            .unwrap_or_else(|| format!("sluice-{}", self.pipeline))
     }
 
     /// The module parameters as the JSON text `init` receives.

@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
-#[command(name = "sluice", version, about = "Exactly-once Kafka pipelines with sandboxed Wasm transforms")]
+#[command(
+    name = "sluice",
+    version,
+    about = "Exactly-once Kafka pipelines with sandboxed Wasm transforms"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,7 +48,10 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
     match runtime.block_on(execute(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
@@ -56,7 +63,10 @@ fn main() -> std::process::ExitCode {
 
 async fn execute(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Run { config, until_caught_up } => {
+        Command::Run {
+            config,
+            until_caught_up,
+        } => {
             let config = sluice::config::PipelineConfig::load(&config)?;
             let shutdown = CancellationToken::new();
             tokio::spawn(stop_on_signal(shutdown.clone()));

@@ -101,7 +101,11 @@ impl Column {
                 .collect(),
             ColumnData::Bytes { lengths, data } => split(lengths, data).map(Value::Bytes).collect(),
         };
-        cells.into_iter().enumerate().map(|(i, v)| if null(i) { Value::Null } else { v }).collect()
+        cells
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| if null(i) { Value::Null } else { v })
+            .collect()
     }
 }
 
@@ -122,7 +126,10 @@ impl Output {
             let mut seen = std::collections::BTreeSet::new();
             for c in &t.columns {
                 if !seen.insert(&c.name) {
-                    return Err(format!("target `{}` has column `{}` twice", t.target, c.name));
+                    return Err(format!(
+                        "target `{}` has column `{}` twice",
+                        t.target, c.name
+                    ));
                 }
                 let rows = t.rows as usize;
                 if c.data.len() != rows || !(c.nulls.is_empty() || c.nulls.len() == rows) {
@@ -147,18 +154,25 @@ impl Output {
                         ));
                     }
                 }
-                if let ColumnData::Text { lengths, data } = &c.data {
-                    if split(lengths, data).any(|b| std::str::from_utf8(b).is_err()) {
-                        return Err(format!(
-                            "target `{}` column `{}` holds text that is not UTF-8",
-                            t.target, c.name
-                        ));
-                    }
+                if let ColumnData::Text { lengths, data } = &c.data
+                    && split(lengths, data).any(|b| std::str::from_utf8(b).is_err())
+                {
+                    return Err(format!(
+                        "target `{}` column `{}` holds text that is not UTF-8",
+                        t.target, c.name
+                    ));
                 }
             }
         }
-        if let Some(r) = self.rejections.iter().find(|r| r.index as usize >= batch_len) {
-            return Err(format!("rejection of record {} in a batch of {batch_len}", r.index));
+        if let Some(r) = self
+            .rejections
+            .iter()
+            .find(|r| r.index as usize >= batch_len)
+        {
+            return Err(format!(
+                "rejection of record {} in a batch of {batch_len}",
+                r.index
+            ));
         }
         Ok(())
     }
@@ -177,10 +191,11 @@ impl Output {
                 _ => self.targets.push(t),
             }
         }
-        self.rejections.extend(other.rejections.into_iter().map(|r| Rejection {
-            index: index_map[r.index as usize] as u32,
-            reason: r.reason,
-        }));
+        self.rejections
+            .extend(other.rejections.into_iter().map(|r| Rejection {
+                index: index_map[r.index as usize] as u32,
+                reason: r.reason,
+            }));
     }
 
     /// sha256 over a canonical encoding of the whole output: the same rows
@@ -197,7 +212,9 @@ impl Output {
                 put_bytes(&mut h, &c.nulls);
                 match &c.data {
                     ColumnData::Int64(v) => v.iter().for_each(|x| h.update(x.to_le_bytes())),
-                    ColumnData::Float64(v) => v.iter().for_each(|x| h.update(x.to_bits().to_le_bytes())),
+                    ColumnData::Float64(v) => {
+                        v.iter().for_each(|x| h.update(x.to_bits().to_le_bytes()))
+                    }
                     ColumnData::Bool(v) => put_bytes(&mut h, v),
                     ColumnData::Text { lengths, data } | ColumnData::Bytes { lengths, data } => {
                         lengths.iter().for_each(|l| h.update(l.to_le_bytes()));
@@ -226,7 +243,10 @@ fn put_bytes(h: &mut Sha256, b: &[u8]) {
 
 fn same_shape(a: &TargetRows, b: &TargetRows) -> bool {
     a.columns.len() == b.columns.len()
-        && a.columns.iter().zip(&b.columns).all(|(x, y)| x.name == y.name && x.data.tag() == y.data.tag())
+        && a.columns
+            .iter()
+            .zip(&b.columns)
+            .all(|(x, y)| x.name == y.name && x.data.tag() == y.data.tag())
 }
 
 fn append_rows(into: &mut TargetRows, from: TargetRows) {
@@ -242,8 +262,20 @@ fn append_rows(into: &mut TargetRows, from: TargetRows) {
             (ColumnData::Int64(x), ColumnData::Int64(y)) => x.extend(y),
             (ColumnData::Float64(x), ColumnData::Float64(y)) => x.extend(y),
             (ColumnData::Bool(x), ColumnData::Bool(y)) => x.extend(y),
-            (ColumnData::Text { lengths: l, data: d }, ColumnData::Text { lengths, data })
-            | (ColumnData::Bytes { lengths: l, data: d }, ColumnData::Bytes { lengths, data }) => {
+            (
+                ColumnData::Text {
+                    lengths: l,
+                    data: d,
+                },
+                ColumnData::Text { lengths, data },
+            )
+            | (
+                ColumnData::Bytes {
+                    lengths: l,
+                    data: d,
+                },
+                ColumnData::Bytes { lengths, data },
+            ) => {
                 l.extend(lengths);
                 d.extend(data);
             }
@@ -262,7 +294,11 @@ mod tests {
             targets: vec![TargetRows {
                 target: target.into(),
                 rows: v.len() as u32,
-                columns: vec![Column { name: "n".into(), nulls: vec![], data: ColumnData::Int64(v) }],
+                columns: vec![Column {
+                    name: "n".into(),
+                    nulls: vec![],
+                    data: ColumnData::Int64(v),
+                }],
             }],
             rejections: vec![],
         }
@@ -270,8 +306,14 @@ mod tests {
 
     #[test]
     fn digest_is_order_sensitive_and_stable() {
-        assert_eq!(ints("t", vec![1, 2]).digest(), ints("t", vec![1, 2]).digest());
-        assert_ne!(ints("t", vec![1, 2]).digest(), ints("t", vec![2, 1]).digest());
+        assert_eq!(
+            ints("t", vec![1, 2]).digest(),
+            ints("t", vec![1, 2]).digest()
+        );
+        assert_ne!(
+            ints("t", vec![1, 2]).digest(),
+            ints("t", vec![2, 1]).digest()
+        );
         assert_ne!(ints("t", vec![1]).digest(), ints("u", vec![1]).digest());
     }
 
@@ -279,11 +321,17 @@ mod tests {
     fn absorb_appends_rows_and_remaps_rejections() {
         let mut a = ints("t", vec![1]);
         let mut b = ints("t", vec![2, 3]);
-        b.rejections.push(Rejection { index: 1, reason: "bad".into() });
+        b.rejections.push(Rejection {
+            index: 1,
+            reason: "bad".into(),
+        });
         a.absorb(b, &[4, 9]);
         assert_eq!(a, {
             let mut e = ints("t", vec![1, 2, 3]);
-            e.rejections.push(Rejection { index: 9, reason: "bad".into() });
+            e.rejections.push(Rejection {
+                index: 9,
+                reason: "bad".into(),
+            });
             e
         });
     }

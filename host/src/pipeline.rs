@@ -28,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 /// Times a retryable transform failure (timeout, retryable declared error)
 /// is retried before the pipeline stops.
 const TRANSFORM_RETRIES: u32 = 3;
+/// How long to wait for a first assignment before warning about it.
+const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long an unreachable sink is retried before the pipeline stops.
 const SINK_RETRY_FOR: Duration = Duration::from_secs(300);
 
@@ -62,7 +64,11 @@ pub enum PipelineError {
     #[error(transparent)]
     Sink(#[from] SinkError),
     #[error("batch {batch_id} ({ranges}): {error}")]
-    Transform { batch_id: String, ranges: String, error: RunError },
+    Transform {
+        batch_id: String,
+        ranges: String,
+        error: RunError,
+    },
 }
 
 /// How the loop runs.
@@ -112,13 +118,32 @@ fn describe(ranges: &[OffsetRange]) -> String {
 impl<S: Sink, T: Transform> Pipeline<S, T> {
     pub fn new(options: RunOptions, source: KafkaSource, sink: S, transform: T) -> Self {
         let params_digest = sha256_hex(transform.params().as_bytes());
-        Pipeline { options, source, sink, transform, params_digest, stats: RunStats::default() }
+        Pipeline {
+            options,
+            source,
+            sink,
+            transform,
+            params_digest,
+            stats: RunStats::default(),
+        }
     }
 
     /// Runs batches until `shutdown` fires (the batch in flight is finished
     /// first) or, with `until_caught_up`, until caught up.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
+        let started = Instant::now();
+        let mut warned_unassigned = false;
         while !shutdown.is_cancelled() {
+            if !warned_unassigned
+                && !self.source.assigned_once()
+                && started.elapsed() > ASSIGNMENT_PATIENCE
+            {
+                warned_unassigned = true;
+                tracing::warn!(
+                    "no partitions assigned by the consumer group after {ASSIGNMENT_PATIENCE:?}; \
+                     still waiting (is the group coordinator healthy?)"
+                );
+            }
             let wait = self.options.batch_interval;
             tokio::task::block_in_place(|| self.source.poll(wait))?;
             self.start_unstarted().await?;
@@ -148,7 +173,10 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
     /// Re-reads checkpoints of `partitions` and restarts reading there.
     async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
         let checkpoints = self.checkpoints_with_retry(partitions).await?;
-        let starts: Vec<_> = partitions.iter().map(|tp| (tp.clone(), checkpoints.get(tp).copied())).collect();
+        let starts: Vec<_> = partitions
+            .iter()
+            .map(|tp| (tp.clone(), checkpoints.get(tp).copied()))
+            .collect();
         tokio::task::block_in_place(|| self.source.start_partitions(&starts))?;
         Ok(())
     }
@@ -160,7 +188,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.sink.checkpoints(&self.options.pipeline, partitions).await {
+            match self
+                .sink
+                .checkpoints(&self.options.pipeline, partitions)
+                .await
+            {
                 Ok(c) => return Ok(c),
                 Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
                     tracing::warn!("reading checkpoints: {e}; retrying in {backoff:?}");
@@ -182,7 +214,9 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             now_ms(),
         );
         let records = self.source.records(&plan.ranges);
-        let (output, dead_letters) = self.transform_batch(&plan, &records)?;
+        // CPU-bound: keep the async workers free for signals and timers.
+        let (output, dead_letters) =
+            tokio::task::block_in_place(|| self.transform_batch(&plan, &records))?;
         let digest = output.digest();
         let commit = Commit {
             plan: &plan,
@@ -208,8 +242,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             );
         } else {
             self.stats.fenced += 1;
-            let partitions: Vec<TopicPartition> =
-                plan.ranges.iter().map(OffsetRange::topic_partition).collect();
+            let partitions: Vec<TopicPartition> = plan
+                .ranges
+                .iter()
+                .map(OffsetRange::topic_partition)
+                .collect();
             self.restart(&partitions).await?;
         }
         Ok(())
@@ -245,18 +282,23 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                     let mut output = Output::default();
                     let mut dead = Vec::new();
                     let all: Vec<usize> = (0..records.len()).collect();
-                    self.bisect(plan, records, all, &mut output, &mut dead).map_err(fail)?;
+                    self.bisect(plan, records, all, &mut output, &mut dead)
+                        .map_err(fail)?;
                     break (output, dead);
                 }
                 Err(e) => return Err(fail(e)),
             }
         };
         let mut seen = std::collections::HashSet::new();
-        let rejected = output.rejections.iter().filter(|r| seen.insert(r.index)).map(|r| DeadLetter {
-            index: r.index as usize,
-            reason: r.reason.clone(),
-            kind: DeadLetterKind::Rejected,
-        });
+        let rejected = output
+            .rejections
+            .iter()
+            .filter(|r| seen.insert(r.index))
+            .map(|r| DeadLetter {
+                index: r.index as usize,
+                reason: r.reason.clone(),
+                kind: DeadLetterKind::Rejected,
+            });
         dead.extend(rejected.collect::<Vec<_>>());
         dead.sort_by_key(|d| d.index);
         dead.dedup_by_key(|d| d.index);
@@ -280,7 +322,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 Ok(())
             }
             Err(RunError::Trap(msg)) if indices.len() == 1 => {
-                dead.push(DeadLetter { index: indices[0], reason: msg, kind: DeadLetterKind::Trap });
+                dead.push(DeadLetter {
+                    index: indices[0],
+                    reason: msg,
+                    kind: DeadLetterKind::Trap,
+                });
                 Ok(())
             }
             Err(RunError::Trap(_)) => {
@@ -302,7 +348,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             let result = self.sink.commit(commit).await;
             match result {
                 Ok(CommitOutcome::Committed) => return Ok(true),
-                Ok(CommitOutcome::Fenced { partition, expected, found }) => {
+                Ok(CommitOutcome::Fenced {
+                    partition,
+                    expected,
+                    found,
+                }) => {
                     tracing::warn!(
                         batch = %commit.plan.batch_id,
                         %partition, expected, ?found,
@@ -332,14 +382,22 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
     /// `from` everywhere (nothing landed), `Some(false)` otherwise (someone
     /// else moved it: treat as fenced).
     async fn resolve_unknown(&self, plan: &Plan) -> Result<Option<bool>, PipelineError> {
-        let partitions: Vec<TopicPartition> = plan.ranges.iter().map(OffsetRange::topic_partition).collect();
+        let partitions: Vec<TopicPartition> = plan
+            .ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect();
         let stored = self.checkpoints_with_retry(&partitions).await?;
         let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
         if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
             tracing::info!(batch = %plan.batch_id, "commit had landed");
             return Ok(Some(true));
         }
-        if plan.ranges.iter().all(|r| at(r).is_none_or(|o| o == r.from)) {
+        if plan
+            .ranges
+            .iter()
+            .all(|r| at(r).is_none_or(|o| o == r.from))
+        {
             return Ok(None);
         }
         Ok(Some(false))

@@ -20,13 +20,22 @@ use std::time::{Duration, Instant};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
 }
 
 /// A component built from `plugins/` by `scripts/build-plugins.sh`.
 pub fn plugin(name: &str) -> PathBuf {
-    let path = repo_root().join("plugins/dist").join(format!("{name}.wasm"));
-    assert!(path.exists(), "{} missing: run scripts/build-plugins.sh", path.display());
+    let path = repo_root()
+        .join("plugins/dist")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.exists(),
+        "{} missing: run scripts/build-plugins.sh",
+        path.display()
+    );
     path
 }
 
@@ -38,14 +47,26 @@ pub fn sluice_bin() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let dir = exe.parent().expect("exe dir");
     // Tests live in target/<profile>/deps, tools in target/<profile>.
-    let profile_dir = if dir.ends_with("deps") { dir.parent().expect("profile dir") } else { dir };
+    let profile_dir = if dir.ends_with("deps") {
+        dir.parent().expect("profile dir")
+    } else {
+        dir
+    };
     let bin = profile_dir.join("sluice");
-    assert!(bin.exists(), "{} missing: run `cargo build -p sluice` first", bin.display());
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p sluice` first",
+        bin.display()
+    );
     bin
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
 }
 
 /// A Tansu broker process on a free port, killed on drop.
@@ -77,7 +98,13 @@ impl Broker {
             }
         }
         let child = command
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(Stdio::from(std::fs::File::create(&log).expect("log file")))
             .stderr(Stdio::null())
@@ -86,7 +113,10 @@ impl Broker {
         let brokers = format!("127.0.0.1:{port}");
         let deadline = Instant::now() + Duration::from_secs(20);
         while std::net::TcpStream::connect(&brokers).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not start on {brokers}");
+            assert!(
+                Instant::now() < deadline,
+                "tansu did not start on {brokers}"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         Broker { brokers, child }
@@ -128,18 +158,27 @@ fn tansu_bin() -> PathBuf {
         .arg("path")
         .output()
         .expect("scripts/tansu.sh path");
-    assert!(out.status.success(), "installing tansu failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "installing tansu failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     PathBuf::from(String::from_utf8(out.stdout).expect("utf8").trim())
 }
 
 /// Creates `topic` with `partitions` partitions.
 pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> =
-        ClientConfig::new().set("bootstrap.servers", brokers).create().expect("admin");
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .expect("admin");
     // A thread of its own: callers may be inside a tokio runtime already.
     let result = std::thread::scope(|s| {
         s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("rt");
             rt.block_on(admin.create_topics(
                 &[NewTopic::new(topic, partitions, TopicReplication::Fixed(1))],
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
@@ -161,9 +200,14 @@ pub struct Produce {
     pub value: String,
 }
 
-fn producer(brokers: &str, transactional_id: Option<&str>) -> ThreadedProducer<DefaultProducerContext> {
+fn producer(
+    brokers: &str,
+    transactional_id: Option<&str>,
+) -> ThreadedProducer<DefaultProducerContext> {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers).set("linger.ms", "5").set("enable.idempotence", "true");
+    c.set("bootstrap.servers", brokers)
+        .set("linger.ms", "5")
+        .set("enable.idempotence", "true");
     if let Some(id) = transactional_id {
         c.set("transactional.id", id);
     }
@@ -171,7 +215,9 @@ fn producer(brokers: &str, transactional_id: Option<&str>) -> ThreadedProducer<D
 }
 
 fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, r: &Produce) {
-    let mut rec = BaseRecord::<str, str>::to(topic).partition(r.partition).payload(&r.value);
+    let mut rec = BaseRecord::<str, str>::to(topic)
+        .partition(r.partition)
+        .payload(&r.value);
     if let Some(k) = &r.key {
         rec = rec.key(k);
     }
@@ -179,7 +225,10 @@ fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, r: &Produce) 
     loop {
         match p.send(rec) {
             Ok(()) => return,
-            Err((KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull), back)) => {
+            Err((
+                KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
+                back,
+            )) => {
                 rec = back;
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -198,16 +247,24 @@ pub fn produce(brokers: &str, topic: &str, records: &[Produce]) {
 }
 
 /// Produces `records` in one transaction, committed or aborted.
-pub fn produce_transaction(brokers: &str, topic: &str, id: &str, records: &[Produce], commit: bool) {
+pub fn produce_transaction(
+    brokers: &str,
+    topic: &str,
+    id: &str,
+    records: &[Produce],
+    commit: bool,
+) {
     let p = producer(brokers, Some(id));
-    p.init_transactions(Duration::from_secs(30)).expect("init_transactions");
+    p.init_transactions(Duration::from_secs(30))
+        .expect("init_transactions");
     p.begin_transaction().expect("begin");
     for r in records {
         send(&p, topic, r);
     }
     p.flush(Duration::from_secs(60)).expect("flush");
     if commit {
-        p.commit_transaction(Duration::from_secs(30)).expect("commit");
+        p.commit_transaction(Duration::from_secs(30))
+            .expect("commit");
     } else {
         p.abort_transaction(Duration::from_secs(30)).expect("abort");
     }
@@ -235,7 +292,8 @@ pub fn committed_reader(brokers: &str, topic: &str, partitions: i32) -> BaseCons
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).expect("tpl");
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .expect("tpl");
     }
     c.assign(&tpl).expect("assign");
     c
@@ -250,7 +308,10 @@ pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> 
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
     while done.len() < partitions as usize {
-        assert!(Instant::now() < deadline, "read_committed did not reach the end of {topic}");
+        assert!(
+            Instant::now() < deadline,
+            "read_committed did not reach the end of {topic}"
+        );
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 done.remove(&m.partition());
@@ -277,7 +338,11 @@ pub struct TempDir(pub PathBuf);
 
 impl TempDir {
     pub fn new(name: &str) -> TempDir {
-        let dir = std::env::temp_dir().join(format!("sluice-{name}-{}-{}", std::process::id(), free_port()));
+        let dir = std::env::temp_dir().join(format!(
+            "sluice-{name}-{}-{}",
+            std::process::id(),
+            free_port()
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         TempDir(dir)
     }
@@ -305,7 +370,10 @@ pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Outp
     let mut child = Command::new(sluice_bin())
         .args(["run", "--until-caught-up"])
         .arg(config)
-        .env("SLUICE_LOG", "warn")
+        .env(
+            "SLUICE_LOG",
+            std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -330,7 +398,11 @@ pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Outp
 /// Opens the pipeline's SQLite database.
 pub async fn sqlite(path: &Path) -> sqlx::SqlitePool {
     let url = format!("sqlite://{}", path.display());
-    sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect(&url).await.expect("open sqlite")
+    sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .expect("open sqlite")
 }
 
 /// Asserts lineage rows form contiguous ranges per partition: each range
@@ -347,10 +419,16 @@ pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {
     assert!(!rows.is_empty(), "no lineage rows");
     let mut last: Option<(String, i64, i64)> = None;
     for (topic, partition, from, until) in rows {
-        assert!(until > from, "empty range {topic}[{partition}] {from}..{until}");
+        assert!(
+            until > from,
+            "empty range {topic}[{partition}] {from}..{until}"
+        );
         if let Some((t, p, prev_until)) = &last {
             if *t == topic && *p == partition {
-                assert_eq!(from, *prev_until, "lineage gap or overlap in {topic}[{partition}]");
+                assert_eq!(
+                    from, *prev_until,
+                    "lineage gap or overlap in {topic}[{partition}]"
+                );
             }
         }
         last = Some((topic, partition, until));
@@ -360,7 +438,13 @@ pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {
 /// Config of a pipeline that copies every record of `topic` into the
 /// `records` table of `db` with the identity plugin (append mode): the
 /// strongest check of exactly-once, one row per delivered record.
-pub fn identity_config(pipeline: &str, brokers: &str, topic: &str, db: &Path, max_records: u32) -> String {
+pub fn identity_config(
+    pipeline: &str,
+    brokers: &str,
+    topic: &str,
+    db: &Path,
+    max_records: u32,
+) -> String {
     format!(
         r#"
 pipeline = "{pipeline}"

@@ -38,11 +38,17 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     create_topic(&broker.brokers, topic, PARTITIONS);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     let sent = produce_mixed_input(&broker.brokers, topic, &mut rng);
-    assert!(sent >= 100_000, "the test needs at least 100k committed records, sent {sent}");
+    assert!(
+        sent >= 100_000,
+        "the test needs at least 100k committed records, sent {sent}"
+    );
 
     let dir = TempDir::new("crash");
     let db = dir.path().join("crash.db");
-    let config = write_config(dir.path(), &identity_config("crash", &broker.brokers, topic, &db, 700));
+    let config = write_config(
+        dir.path(),
+        &identity_config("crash", &broker.brokers, topic, &db, 700),
+    );
 
     let mut kills = 0;
     let started = Instant::now();
@@ -63,22 +69,45 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         child.kill().expect("SIGKILL"); // std's kill() is SIGKILL on Unix
         child.wait().expect("reap");
         kills += 1;
-        assert!(started.elapsed() < Duration::from_secs(900), "crash loop took too long");
+        assert!(
+            started.elapsed() < Duration::from_secs(900),
+            "crash loop took too long"
+        );
     }
-    assert!(kills >= 20, "only {kills} kills happened before the pipeline finished; make batches smaller");
+    assert!(
+        kills >= 20,
+        "only {kills} kills happened before the pipeline finished; make batches smaller"
+    );
 
     let out = run_until_caught_up(&config, Duration::from_secs(600));
-    assert!(out.status.success(), "final run failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "final run failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let expected = read_committed(&broker.brokers, topic, PARTITIONS);
     let pool = sqlite(&db).await;
     let actual = identity_rows(&pool).await;
-    assert_eq!(actual.len(), expected.len(), "row count differs from the committed input");
-    assert!(actual == expected, "rows differ from the read_committed input");
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "row count differs from the committed input"
+    );
+    assert!(
+        actual == expected,
+        "rows differ from the read_committed input"
+    );
     assert_contiguous_lineage(&pool, "crash").await;
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_dead_letters").fetch_one(&pool).await.unwrap();
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(dead, 0);
-    println!("{kills} SIGKILLs, {} records delivered exactly once", actual.len());
+    println!(
+        "{kills} SIGKILLs, {} records delivered exactly once",
+        actual.len()
+    );
 }
 
 /// Word count accumulates into SQLite across SIGKILLs: the totals equal the
@@ -93,7 +122,12 @@ async fn word_count_totals_survive_sigkill() {
         .map(|i| Produce {
             partition: i % PARTITIONS,
             key: None,
-            value: format!("{} {} {}", words[i as usize % 5], words[(i as usize / 5) % 5], i % 7),
+            value: format!(
+                "{} {} {}",
+                words[i as usize % 5],
+                words[(i as usize / 5) % 5],
+                i % 7
+            ),
         })
         .collect();
     produce(brokers, topic, &lines[..10_000]);
@@ -141,17 +175,27 @@ columns = {{ word = "text", n = "integer" }}
         let _ = child.wait();
     }
     let out = run_until_caught_up(&config, Duration::from_secs(300));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let mut expected = std::collections::BTreeMap::<String, i64>::new();
     for seen in read_committed(brokers, topic, PARTITIONS) {
-        for w in seen.value.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+        for w in seen
+            .value
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+        {
             *expected.entry(w.to_lowercase()).or_default() += 1;
         }
     }
     let pool = sqlite(&db).await;
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT word, n FROM word_counts ORDER BY word").fetch_all(&pool).await.unwrap();
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM word_counts ORDER BY word")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     let actual: std::collections::BTreeMap<String, i64> = rows.into_iter().collect();
     assert_eq!(actual, expected);
     assert_contiguous_lineage(&pool, "wc-crash").await;
@@ -170,16 +214,36 @@ fn broker_defect_aborted_records_visible_to_read_committed() {
     let mut aborted_values = std::collections::HashSet::new();
     for t in 0..12 {
         let records: Vec<Produce> = (0..300)
-            .map(|i| Produce { partition: 0, key: None, value: format!("aborted-{t}-{i}") })
+            .map(|i| Produce {
+                partition: 0,
+                key: None,
+                value: format!("aborted-{t}-{i}"),
+            })
             .collect();
         aborted_values.extend(records.iter().map(|r| r.value.clone()));
-        produce_transaction(&broker.brokers, topic, &format!("leak-{t}"), &records, false);
-        let committed = vec![Produce { partition: 0, key: None, value: format!("committed-{t}") }];
+        produce_transaction(
+            &broker.brokers,
+            topic,
+            &format!("leak-{t}"),
+            &records,
+            false,
+        );
+        let committed = vec![Produce {
+            partition: 0,
+            key: None,
+            value: format!("committed-{t}"),
+        }];
         produce_transaction(&broker.brokers, topic, &format!("ok-{t}"), &committed, true);
     }
     let seen = read_committed(&broker.brokers, topic, 1);
-    let committed = seen.iter().filter(|s| s.value.starts_with("committed-")).count();
-    let leaked = seen.iter().filter(|s| aborted_values.contains(&s.value)).count();
+    let committed = seen
+        .iter()
+        .filter(|s| s.value.starts_with("committed-"))
+        .count();
+    let leaked = seen
+        .iter()
+        .filter(|s| aborted_values.contains(&s.value))
+        .count();
     println!("read_committed saw {committed} committed and {leaked} aborted records (of 3600)");
     assert_eq!(committed, 12, "committed records must all be visible");
     assert!(
@@ -199,7 +263,10 @@ async fn sigterm_drains_the_batch_in_flight() {
     produce(brokers, topic, &numbered("drain", 60_000, 2));
     let dir = TempDir::new("drain");
     let db = dir.path().join("drain.db");
-    let config = write_config(dir.path(), &identity_config("drain", brokers, topic, &db, 200));
+    let config = write_config(
+        dir.path(),
+        &identity_config("drain", brokers, topic, &db, 200),
+    );
 
     let child = Command::new(sluice_bin())
         .arg("run")
@@ -227,14 +294,29 @@ async fn sigterm_drains_the_batch_in_flight() {
     assert!(!stored.is_empty(), "some batches committed before SIGTERM");
     let below_checkpoints: Vec<Seen> = expected
         .iter()
-        .filter(|s| stored.iter().any(|(p, next)| *p == s.partition && s.offset < *next))
+        .filter(|s| {
+            stored
+                .iter()
+                .any(|(p, next)| *p == s.partition && s.offset < *next)
+        })
         .cloned()
         .collect();
-    assert!(below_checkpoints.len() < expected.len(), "stopped before the end");
-    assert_eq!(identity_rows(&pool).await, below_checkpoints, "exactly the committed ranges, no half batch");
+    assert!(
+        below_checkpoints.len() < expected.len(),
+        "stopped before the end"
+    );
+    assert_eq!(
+        identity_rows(&pool).await,
+        below_checkpoints,
+        "exactly the committed ranges, no half batch"
+    );
 
     let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(identity_rows(&pool).await, expected);
     assert_contiguous_lineage(&pool, "drain").await;
 }
@@ -242,7 +324,10 @@ async fn sigterm_drains_the_batch_in_flight() {
 /// Batches committed so far (0 while the tables do not exist yet).
 async fn committed_batches(db: &std::path::Path) -> i64 {
     let pool = sqlite(db).await;
-    sqlx::query_scalar("SELECT count(*) FROM sluice_batches").fetch_one(&pool).await.unwrap_or(0)
+    sqlx::query_scalar("SELECT count(*) FROM sluice_batches")
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(0)
 }
 
 /// Two instances of one pipeline split the partitions through the consumer
@@ -256,7 +341,10 @@ async fn two_instances_share_partitions_exactly_once() {
     produce(brokers, topic, &numbered("shared", 40_000, 4));
     let dir = TempDir::new("shared");
     let db = dir.path().join("shared.db");
-    let config = write_config(dir.path(), &identity_config("shared", brokers, topic, &db, 250));
+    let config = write_config(
+        dir.path(),
+        &identity_config("shared", brokers, topic, &db, 250),
+    );
     let spawn = || {
         Command::new(sluice_bin())
             .args(["run", "--until-caught-up"])
@@ -271,12 +359,33 @@ async fn two_instances_share_partitions_exactly_once() {
     let second = spawn();
     for child in [first, second] {
         let out = child.wait_with_output().expect("wait");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     // Whatever the two left (a partition revoked late), a last run finishes.
-    let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // It joins under another consumer group: the group only splits work, the
+    // checkpoint lives in the sink. (Joining the old group again sometimes
+    // waits forever on Tansu after two members left: a broker defect noted
+    // in the issue, not reproduced minimally yet.)
+    let final_config = write_config(
+        dir.path(),
+        &std::fs::read_to_string(&config)
+            .unwrap()
+            .replace("[source]", "[source]\ngroup_id = \"sluice-shared-final\""),
+    );
+    let out = run_until_caught_up(&final_config, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pool = sqlite(&db).await;
-    assert_eq!(identity_rows(&pool).await, read_committed(brokers, topic, 4));
+    assert_eq!(
+        identity_rows(&pool).await,
+        read_committed(brokers, topic, 4)
+    );
     assert_contiguous_lineage(&pool, "shared").await;
 }

@@ -11,7 +11,10 @@ fn adapt_config(example: &Path, brokers: &str, dir: &Path) -> std::path::PathBuf
     let text = std::fs::read_to_string(example.join("pipeline.toml")).expect("example config");
     let text = text
         .replace("127.0.0.1:19092", brokers)
-        .replace("../../plugins/dist/", &format!("{}/", repo_root().join("plugins/dist").display()))
+        .replace(
+            "../../plugins/dist/",
+            &format!("{}/", repo_root().join("plugins/dist").display()),
+        )
         .replace("sqlite://", &format!("sqlite://{}/", dir.display()));
     write_config(dir, &text)
 }
@@ -21,7 +24,11 @@ fn produce_lines(brokers: &str, topic: &str, file: &Path, partitions: i32) {
     let records: Vec<Produce> = text
         .lines()
         .enumerate()
-        .map(|(i, l)| Produce { partition: i as i32 % partitions, key: Some(i.to_string()), value: l.into() })
+        .map(|(i, l)| Produce {
+            partition: i as i32 % partitions,
+            key: Some(i.to_string()),
+            value: l.into(),
+        })
         .collect();
     produce(brokers, topic, &records);
 }
@@ -35,10 +42,16 @@ async fn word_count_example_gives_expected_counts() {
     let dir = TempDir::new("ex-wc");
     let config = adapt_config(&example, brokers, dir.path());
     let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pool = sqlite(&dir.path().join("word-count.db")).await;
-    let rows: Vec<(String, i64)> =
-        sqlx::query_as("SELECT word, n FROM word_counts ORDER BY word").fetch_all(&pool).await.unwrap();
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM word_counts ORDER BY word")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     let actual: String = rows.iter().map(|(w, n)| format!("{w} {n}\n")).collect();
     let expected = std::fs::read_to_string(example.join("expected.txt")).unwrap();
     assert_eq!(actual, expected);
@@ -53,15 +66,28 @@ async fn json_filter_example_gives_expected_rows_and_dead_letter() {
     let dir = TempDir::new("ex-json");
     let config = adapt_config(&example, brokers, dir.path());
     let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pool = sqlite(&dir.path().join("json-filter.db")).await;
     let rows: Vec<(i64, String, f64)> =
-        sqlx::query_as("SELECT id, user, amount FROM purchases ORDER BY id").fetch_all(&pool).await.unwrap();
-    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_dead_letters").fetch_one(&pool).await.unwrap();
+        sqlx::query_as("SELECT id, user, amount FROM purchases ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let dead: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     let mut actual = String::from("id user amount\n");
     for (id, user, amount) in rows {
         actual.push_str(&format!("{id} {user} {amount:?}\n"));
     }
     actual.push_str(&format!("dead_letters {dead}\n"));
-    assert_eq!(actual, std::fs::read_to_string(example.join("expected.txt")).unwrap());
+    assert_eq!(
+        actual,
+        std::fs::read_to_string(example.join("expected.txt")).unwrap()
+    );
 }

@@ -12,16 +12,27 @@ async fn run_identity(pipeline: &str, topic: &str, partitions: i32) -> (TempDir,
     let brokers = shared_broker();
     let dir = TempDir::new(pipeline);
     let db = dir.path().join("out.db");
-    let config = write_config(dir.path(), &identity_config(pipeline, brokers, topic, &db, 1000));
+    let config = write_config(
+        dir.path(),
+        &identity_config(pipeline, brokers, topic, &db, 1000),
+    );
     let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(out.status.success(), "sluice failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "sluice failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let _ = partitions;
     let pool = sqlite(&db).await;
     (dir, pool)
 }
 
 fn one(partition: i32, value: &str) -> Produce {
-    Produce { partition, key: None, value: value.to_string() }
+    Produce {
+        partition,
+        key: None,
+        value: value.to_string(),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -30,10 +41,22 @@ async fn aborted_records_in_the_middle_and_range_ending_on_a_marker() {
     let topic = "gap-middle";
     create_topic(brokers, topic, 1);
     produce(brokers, topic, &[one(0, "a"), one(0, "b")]);
-    produce_transaction(brokers, topic, "gap-mid-abort", &[one(0, "x"), one(0, "y")], false);
+    produce_transaction(
+        brokers,
+        topic,
+        "gap-mid-abort",
+        &[one(0, "x"), one(0, "y")],
+        false,
+    );
     produce(brokers, topic, &[one(0, "c")]);
     // The log ends on this transaction's commit marker.
-    produce_transaction(brokers, topic, "gap-mid-commit", &[one(0, "d"), one(0, "e")], true);
+    produce_transaction(
+        brokers,
+        topic,
+        "gap-mid-commit",
+        &[one(0, "d"), one(0, "e")],
+        true,
+    );
 
     let (_dir, pool) = run_identity("gap-middle", topic, 1).await;
     let expected = read_committed(brokers, topic, 1);
@@ -63,7 +86,10 @@ async fn empty_partition_and_zero_record_range() {
     assert_eq!(cps.iter().find(|(p, _)| *p == 0).map(|c| c.1), Some(1));
     // Record at offset 0 and the abort marker at 1: the range is 0..2.
     assert_eq!(cps.iter().find(|(p, _)| *p == 1).map(|c| c.1), Some(2));
-    assert!(cps.iter().all(|(p, _)| *p != 2), "an empty partition gets no range");
+    assert!(
+        cps.iter().all(|(p, _)| *p != 2),
+        "an empty partition gets no range"
+    );
     if !expected.iter().any(|s| s.partition == 1) {
         let records: i64 = sqlx::query_scalar(
             "SELECT records FROM sluice_batch_ranges WHERE pipeline = 'gap-empty' AND partition = 1",
@@ -71,23 +97,34 @@ async fn empty_partition_and_zero_record_range() {
         .fetch_one(&pool)
         .await
         .unwrap();
-        assert_eq!(records, 0, "the range over an aborted transaction holds no records");
+        assert_eq!(
+            records, 0,
+            "the range over an aborted transaction holds no records"
+        );
     }
 }
 
 async fn set_checkpoint(pool: &sqlx::SqlitePool, pipeline: &str, partition: i32, offset: i64) {
-    sqlx::query("UPDATE sluice_checkpoints SET next_offset = ? WHERE pipeline = ? AND partition = ?")
-        .bind(offset)
-        .bind(pipeline)
-        .bind(partition)
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE sluice_checkpoints SET next_offset = ? WHERE pipeline = ? AND partition = ?",
+    )
+    .bind(offset)
+    .bind(pipeline)
+    .bind(partition)
+    .execute(pool)
+    .await
+    .unwrap();
 }
 
 async fn table_counts(pool: &sqlx::SqlitePool) -> (i64, i64) {
-    let rows = sqlx::query_scalar("SELECT count(*) FROM records").fetch_one(pool).await.unwrap();
-    let batches = sqlx::query_scalar("SELECT count(*) FROM sluice_batches").fetch_one(pool).await.unwrap();
+    let rows = sqlx::query_scalar("SELECT count(*) FROM records")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let batches = sqlx::query_scalar("SELECT count(*) FROM sluice_batches")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     (rows, batches)
 }
 
@@ -110,7 +147,10 @@ async fn checkpoint_beyond_log_end_fails_loudly_and_writes_nothing() {
     let out = run_until_caught_up(&config, Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "sluice must fail");
-    assert!(stderr.contains("gap-beyond[0]"), "error names the partition: {stderr}");
+    assert!(
+        stderr.contains("gap-beyond[0]"),
+        "error names the partition: {stderr}"
+    );
     assert!(stderr.contains("5000"), "error names the offset: {stderr}");
     assert!(stderr.contains("beyond the log end"), "{stderr}");
     assert_eq!(table_counts(&pool).await, before, "nothing may be written");
@@ -140,8 +180,14 @@ async fn checkpoint_below_log_start_fails_loudly_and_writes_nothing() {
     let out = run_until_caught_up(&config, Duration::from_secs(60));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "sluice must fail");
-    assert!(stderr.contains("gap-below[0]"), "error names the partition: {stderr}");
-    assert!(stderr.contains(&checkpoint.to_string()), "error names the offset: {stderr}");
+    assert!(
+        stderr.contains("gap-below[0]"),
+        "error names the partition: {stderr}"
+    );
+    assert!(
+        stderr.contains(&checkpoint.to_string()),
+        "error names the offset: {stderr}"
+    );
     assert!(stderr.contains("below the log start"), "{stderr}");
     assert_eq!(table_counts(&pool).await, before, "nothing may be written");
 }
@@ -150,13 +196,19 @@ async fn checkpoint_below_log_start_fails_loudly_and_writes_nothing() {
 fn delete_records(brokers: &str, topic: &str, partition: i32, before: i64) -> bool {
     use rdkafka::admin::{AdminClient, AdminOptions};
     use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> =
-        rdkafka::ClientConfig::new().set("bootstrap.servers", brokers).create().unwrap();
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
     let mut tpl = rdkafka::TopicPartitionList::new();
-    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(before)).unwrap();
+    tpl.add_partition_offset(topic, partition, rdkafka::Offset::Offset(before))
+        .unwrap();
     let result = std::thread::scope(|s| {
         s.spawn(|| {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(admin.delete_records(
                 &tpl,
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
@@ -209,17 +261,28 @@ columns = {{ offset = "integer", value = "text" }}
         ),
     );
     let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pool = sqlite(&db).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo").fetch_one(&pool).await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
     assert_eq!(rows, 198);
-    let dead: Vec<(String, String, Vec<u8>)> =
-        sqlx::query_as("SELECT kind, reason, record_value FROM sluice_dead_letters ORDER BY record_value")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let dead: Vec<(String, String, Vec<u8>)> = sqlx::query_as(
+        "SELECT kind, reason, record_value FROM sluice_dead_letters ORDER BY record_value",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(dead.len(), 2);
-    assert!(dead.iter().all(|(kind, reason, _)| kind == "trap" && reason.contains("poison record")));
+    assert!(
+        dead.iter()
+            .all(|(kind, reason, _)| kind == "trap" && reason.contains("poison record"))
+    );
     assert_eq!(dead[0].2, b"more poison here");
     assert_eq!(dead[1].2, b"this is poison");
 }

@@ -21,8 +21,16 @@ fn records(n: usize) -> (Plan, Records) {
         .collect();
     let mut batch = Records::default();
     batch.push_slice("t", 0, &owned);
-    let range = OffsetRange { topic: "t".into(), partition: 0, from: 0, until: n as i64 };
-    (Plan::new("p", vec![range], "m", "params", 1_700_000_000_000), batch)
+    let range = OffsetRange {
+        topic: "t".into(),
+        partition: 0,
+        from: 0,
+        until: n as i64,
+    };
+    (
+        Plan::new("p", vec![range], "m", "params", 1_700_000_000_000),
+        batch,
+    )
 }
 
 fn runtime(limits: LimitsConfig) -> Runtime {
@@ -30,7 +38,8 @@ fn runtime(limits: LimitsConfig) -> Runtime {
 }
 
 fn load(rt: &Runtime, name: &str) -> sluice::runtime::LoadedModule {
-    rt.load(&std::fs::read(plugin(name)).unwrap(), None).expect("load")
+    rt.load(&std::fs::read(plugin(name)).unwrap(), None)
+        .expect("load")
 }
 
 #[test]
@@ -46,18 +55,24 @@ fn same_batch_gives_identical_output_digests_in_fresh_instances() {
         assert_eq!(a.digest(), b.digest(), "{name} is deterministic");
         // Another runtime (another engine) gives the same bytes too.
         let rt2 = runtime(LimitsConfig::default());
-        let c = rt2.run(&load(&rt2, name), params, &plan, &batch).expect("run in new engine");
+        let c = rt2
+            .run(&load(&rt2, name), params, &plan, &batch)
+            .expect("run in new engine");
         assert_eq!(a.digest(), c.digest());
     }
 }
 
 #[test]
 fn running_out_of_fuel_fails_the_same_way_every_time() {
-    let rt = runtime(LimitsConfig { fuel_per_batch: 5_000_000, ..LimitsConfig::default() });
+    let rt = runtime(LimitsConfig {
+        fuel_per_batch: 5_000_000,
+        ..LimitsConfig::default()
+    });
     let m = load(&rt, "hostile");
     let (plan, batch) = records(10);
-    let errors: Vec<RunError> =
-        (0..3).map(|_| rt.run(&m, r#"{"mode":"spin"}"#, &plan, &batch).unwrap_err()).collect();
+    let errors: Vec<RunError> = (0..3)
+        .map(|_| rt.run(&m, r#"{"mode":"spin"}"#, &plan, &batch).unwrap_err())
+        .collect();
     assert_eq!(errors[0], RunError::OutOfFuel(5_000_000));
     assert!(errors.iter().all(|e| *e == errors[0]));
     assert!(!errors[0].is_retryable());
@@ -65,14 +80,22 @@ fn running_out_of_fuel_fails_the_same_way_every_time() {
 
 #[test]
 fn memory_bomb_is_stopped_and_the_host_keeps_running() {
-    let rt = runtime(LimitsConfig { max_memory_mib: 32, ..LimitsConfig::default() });
+    let rt = runtime(LimitsConfig {
+        max_memory_mib: 32,
+        ..LimitsConfig::default()
+    });
     let hostile = load(&rt, "hostile");
     let (plan, batch) = records(10);
-    let err = rt.run(&hostile, r#"{"mode":"bomb"}"#, &plan, &batch).unwrap_err();
+    let err = rt
+        .run(&hostile, r#"{"mode":"bomb"}"#, &plan, &batch)
+        .unwrap_err();
     assert_eq!(err, RunError::MemoryExceeded(32));
     // The same runtime still runs healthy modules.
     let identity = load(&rt, "identity");
-    assert_eq!(rt.run(&identity, "{}", &plan, &batch).unwrap().row_count(), 10);
+    assert_eq!(
+        rt.run(&identity, "{}", &plan, &batch).unwrap().row_count(),
+        10
+    );
 }
 
 #[test]
@@ -99,11 +122,23 @@ fn declared_errors_are_not_traps_and_traps_carry_the_panic() {
     let err = rt.run(&m, r#"{"mode":"fail"}"#, &plan, &batch).unwrap_err();
     assert_eq!(
         err,
-        RunError::Declared { message: "hostile plugin refuses this batch".into(), retryable: false }
+        RunError::Declared {
+            message: "hostile plugin refuses this batch".into(),
+            retryable: false
+        }
     );
-    let poisoned = OwnedRecord { offset: 3, timestamp: 0, key: None, value: Some(b"poison".to_vec()), headers: vec![] };
+    let poisoned = OwnedRecord {
+        offset: 3,
+        timestamp: 0,
+        key: None,
+        value: Some(b"poison".to_vec()),
+        headers: vec![],
+    };
     batch.push_slice("t", 1, [&poisoned]);
-    match rt.run(&m, r#"{"mode":"poison"}"#, &plan, &batch).unwrap_err() {
+    match rt
+        .run(&m, r#"{"mode":"poison"}"#, &plan, &batch)
+        .unwrap_err()
+    {
         RunError::Trap(msg) => assert!(msg.contains("poison record at offset 3"), "{msg}"),
         other => panic!("expected a trap, got {other:?}"),
     }
@@ -125,7 +160,13 @@ fn json_filter_projects_and_rejects() {
     let owned: Vec<OwnedRecord> = values
         .iter()
         .enumerate()
-        .map(|(i, v)| OwnedRecord { offset: i as i64, timestamp: 0, key: None, value: Some(v.as_bytes().to_vec()), headers: vec![] })
+        .map(|(i, v)| OwnedRecord {
+            offset: i as i64,
+            timestamp: 0,
+            key: None,
+            value: Some(v.as_bytes().to_vec()),
+            headers: vec![],
+        })
         .collect();
     let mut batch = Records::default();
     batch.push_slice("t", 0, &owned);
@@ -139,8 +180,15 @@ fn json_filter_projects_and_rejects() {
 fn check(config_text: &str) -> (bool, String) {
     let dir = TempDir::new("check");
     let path = write_config(dir.path(), config_text);
-    let out = Command::new(sluice_bin()).arg("check").arg(&path).output().expect("run sluice check");
-    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(sluice_bin())
+        .arg("check")
+        .arg(&path)
+        .output()
+        .expect("run sluice check");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 fn config_with_module(module: &str) -> String {
@@ -163,20 +211,31 @@ columns = {{ a = "integer" }}
 
 #[test]
 fn bad_inputs_get_clear_errors() {
-    let (ok, err) = check(&config_with_module(&plugin("identity").display().to_string()));
+    let (ok, err) = check(&config_with_module(
+        &plugin("identity").display().to_string(),
+    ));
     assert!(ok, "a good config passes: {err}");
 
     let (ok, err) = check("pipeline = \"x\"\n[source]\nbrokers = 1\n");
     assert!(!ok);
-    assert!(err.contains("invalid config") && err.contains("brokers"), "{err}");
+    assert!(
+        err.contains("invalid config") && err.contains("brokers"),
+        "{err}"
+    );
 
-    let (ok, err) = check(&config_with_module(&plugin("identity").display().to_string()).replace("[sink]", "[sink]\ncolour = \"red\""));
+    let (ok, err) = check(
+        &config_with_module(&plugin("identity").display().to_string())
+            .replace("[sink]", "[sink]\ncolour = \"red\""),
+    );
     assert!(!ok);
     assert!(err.contains("unknown field `colour`"), "{err}");
 
     let (ok, err) = check(&config_with_module("/nonexistent/module.wasm"));
     assert!(!ok);
-    assert!(err.contains("cannot read module") && err.contains("/nonexistent/module.wasm"), "{err}");
+    assert!(
+        err.contains("cannot read module") && err.contains("/nonexistent/module.wasm"),
+        "{err}"
+    );
 
     let dir = TempDir::new("garbage");
     let garbage = dir.path().join("garbage.wasm");
@@ -185,13 +244,20 @@ fn bad_inputs_get_clear_errors() {
     assert!(!ok);
     assert!(err.contains("not a WebAssembly component"), "{err}");
 
-    let (ok, err) = check(&config_with_module(&plugin("forbidden-import").display().to_string()));
+    let (ok, err) = check(&config_with_module(
+        &plugin("forbidden-import").display().to_string(),
+    ));
     assert!(!ok);
     assert!(err.contains("imports `test:evil/net`"), "{err}");
 
-    let (ok, err) = check(&config_with_module(&plugin("other-world").display().to_string()));
+    let (ok, err) = check(&config_with_module(
+        &plugin("other-world").display().to_string(),
+    ));
     assert!(!ok);
-    assert!(err.contains("does not implement the sluice:plugin/transform"), "{err}");
+    assert!(
+        err.contains("does not implement the sluice:plugin/transform"),
+        "{err}"
+    );
 }
 
 /// Runs an identity pipeline that must fail; returns its stderr.
@@ -206,18 +272,29 @@ fn run_failing(dir: &TempDir, brokers: &str, db: &std::path::Path) -> String {
 fn unreachable_broker_is_a_clear_error() {
     let dir = TempDir::new("unreachable");
     let err = run_failing(&dir, "127.0.0.1:9", &dir.path().join("x.db"));
-    assert!(err.contains("cannot reach Kafka brokers at 127.0.0.1:9"), "{err}");
+    assert!(
+        err.contains("cannot reach Kafka brokers at 127.0.0.1:9"),
+        "{err}"
+    );
 }
 #[test]
 fn compiled_modules_are_cached_by_digest_and_engine() {
     let dir = TempDir::new("cache");
     let bytes = std::fs::read(plugin("identity")).unwrap();
     let rt = runtime(LimitsConfig::default());
-    let first = rt.load(&bytes, Some(dir.path())).expect("compile and cache");
-    let cached: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let first = rt
+        .load(&bytes, Some(dir.path()))
+        .expect("compile and cache");
+    let cached: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
     assert_eq!(cached.len(), 1, "one artifact: {cached:?}");
     let name = cached[0].to_string_lossy().into_owned();
-    assert!(name.starts_with(&first.digest) && name.ends_with(".cwasm"), "{name}");
+    assert!(
+        name.starts_with(&first.digest) && name.ends_with(".cwasm"),
+        "{name}"
+    );
     // A second runtime loads the artifact instead of compiling, with the same result.
     let rt2 = runtime(LimitsConfig::default());
     let second = rt2.load(&bytes, Some(dir.path())).expect("load cached");
@@ -229,12 +306,22 @@ fn compiled_modules_are_cached_by_digest_and_engine() {
     // A damaged artifact is ignored and rebuilt, never trusted.
     std::fs::write(dir.path().join(&name), b"damaged").unwrap();
     let third = rt2.load(&bytes, Some(dir.path())).expect("recompile");
-    assert_eq!(rt2.run(&third, "{}", &plan, &batch).unwrap().row_count(), 100);
+    assert_eq!(
+        rt2.run(&third, "{}", &plan, &batch).unwrap().row_count(),
+        100
+    );
 }
 
 #[test]
 fn unreachable_database_is_a_clear_error() {
     let dir = TempDir::new("nodb");
-    let err = run_failing(&dir, "127.0.0.1:9", std::path::Path::new("/nonexistent-dir/sub/x.db"));
-    assert!(err.contains("cannot open sqlite:///nonexistent-dir/sub/x.db"), "{err}");
+    let err = run_failing(
+        &dir,
+        "127.0.0.1:9",
+        std::path::Path::new("/nonexistent-dir/sub/x.db"),
+    );
+    assert!(
+        err.contains("cannot open sqlite:///nonexistent-dir/sub/x.db"),
+        "{err}"
+    );
 }

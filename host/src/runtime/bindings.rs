@@ -28,7 +28,10 @@ pub struct BatchState {
 
 impl BatchState {
     pub fn new(max_memory_bytes: usize) -> Self {
-        BatchState { limiter: MemoryCap::new(max_memory_bytes), logs: Vec::new() }
+        BatchState {
+            limiter: MemoryCap::new(max_memory_bytes),
+            logs: Vec::new(),
+        }
     }
 }
 
@@ -51,9 +54,7 @@ impl self::sluice::plugin::log::Host for BatchState {
 impl self::sluice::plugin::types::Host for BatchState {}
 
 /// Adds the world's imports (and nothing else) to the linker.
-pub fn add_to_linker(
-    linker: &mut wasmtime::component::Linker<BatchState>,
-) -> wasmtime::Result<()> {
+pub fn add_to_linker(linker: &mut wasmtime::component::Linker<BatchState>) -> wasmtime::Result<()> {
     Transform::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)
 }
 
@@ -102,12 +103,14 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, S
                     data: match c.data {
                         wit::ColumnData::Int64(v) => host::ColumnData::Int64(v),
                         wit::ColumnData::Float64(v) => host::ColumnData::Float64(v),
-                        wit::ColumnData::Text(v) => {
-                            host::ColumnData::Text { lengths: v.lengths, data: v.data }
-                        }
-                        wit::ColumnData::Bytes(v) => {
-                            host::ColumnData::Bytes { lengths: v.lengths, data: v.data }
-                        }
+                        wit::ColumnData::Text(v) => host::ColumnData::Text {
+                            lengths: v.lengths,
+                            data: v.data,
+                        },
+                        wit::ColumnData::Bytes(v) => host::ColumnData::Bytes {
+                            lengths: v.lengths,
+                            data: v.data,
+                        },
                         wit::ColumnData::Boolean(v) => host::ColumnData::Bool(v),
                     },
                 })
@@ -117,9 +120,15 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, S
     let rejections = out
         .rejections
         .into_iter()
-        .map(|r| host::Rejection { index: r.index, reason: r.reason })
+        .map(|r| host::Rejection {
+            index: r.index,
+            reason: r.reason,
+        })
         .collect();
-    let output = host::Output { targets, rejections };
+    let output = host::Output {
+        targets,
+        rejections,
+    };
     output.check(batch_len)?;
     Ok(output)
 }

@@ -53,7 +53,10 @@ pub struct MemoryCap {
 
 impl MemoryCap {
     pub fn new(max_bytes: usize) -> Self {
-        MemoryCap { max_bytes, hit: false }
+        MemoryCap {
+            max_bytes,
+            hit: false,
+        }
     }
 
     pub fn hit_cap(&self) -> bool {

@@ -61,7 +61,14 @@ pub enum RunError {
 impl RunError {
     /// True if running the same batch again may succeed.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, RunError::Timeout(_) | RunError::Declared { retryable: true, .. })
+        matches!(
+            self,
+            RunError::Timeout(_)
+                | RunError::Declared {
+                    retryable: true,
+                    ..
+                }
+        )
     }
 }
 
@@ -88,7 +95,12 @@ impl Runtime {
         bindings::add_to_linker(&mut linker).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let stop_ticker = Arc::new(AtomicBool::new(false));
         spawn_epoch_ticker(engine.clone(), stop_ticker.clone());
-        Ok(Runtime { engine, linker, limits, stop_ticker })
+        Ok(Runtime {
+            engine,
+            linker,
+            limits,
+            stop_ticker,
+        })
     }
 
     pub fn limits(&self) -> &Limits {
@@ -137,7 +149,10 @@ impl Runtime {
         }
         match result {
             Ok(Ok(out)) => bindings::into_output(out, records.len()).map_err(RunError::BadOutput),
-            Ok(Err(e)) => Err(RunError::Declared { message: e.message, retryable: e.retryable }),
+            Ok(Err(e)) => Err(RunError::Declared {
+                message: e.message,
+                retryable: e.retryable,
+            }),
             Err(e) => Err(with_panic_message(self.classify(&store, e), &logs)),
         }
     }
@@ -156,9 +171,14 @@ impl Runtime {
     }
 
     fn new_store(&self) -> Store<BatchState> {
-        let mut store = Store::new(&self.engine, BatchState::new(self.limits.max_memory_bytes()));
+        let mut store = Store::new(
+            &self.engine,
+            BatchState::new(self.limits.max_memory_bytes()),
+        );
         store.limiter(|s| &mut s.limiter);
-        store.set_fuel(self.limits.fuel_per_batch).expect("fuel is enabled");
+        store
+            .set_fuel(self.limits.fuel_per_batch)
+            .expect("fuel is enabled");
         let ticks = self.limits.batch_timeout.as_millis() / EPOCH_TICK.as_millis();
         store.set_epoch_deadline(ticks.max(1) as u64);
         store.epoch_deadline_trap();
@@ -172,9 +192,17 @@ impl Runtime {
         }
         match e.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => RunError::OutOfFuel(self.limits.fuel_per_batch),
-            Some(Trap::Interrupt) => RunError::Timeout(self.limits.batch_timeout.as_millis() as u64),
+            Some(Trap::Interrupt) => {
+                RunError::Timeout(self.limits.batch_timeout.as_millis() as u64)
+            }
             Some(trap) => RunError::Trap(format!("wasm trap: {trap}")),
-            None => RunError::Trap(format!("{e:#}").lines().next().unwrap_or_default().to_string()),
+            None => RunError::Trap(
+                format!("{e:#}")
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
         }
     }
 }
@@ -239,9 +267,17 @@ pub struct WasmTransform {
 
 impl WasmTransform {
     /// Binds `module` to `params`, checking `init` accepts them.
-    pub fn new(runtime: Arc<Runtime>, module: LoadedModule, params: String) -> Result<Self, RunError> {
+    pub fn new(
+        runtime: Arc<Runtime>,
+        module: LoadedModule,
+        params: String,
+    ) -> Result<Self, RunError> {
         runtime.check_params(&module, &params)?;
-        Ok(WasmTransform { runtime, module, params })
+        Ok(WasmTransform {
+            runtime,
+            module,
+            params,
+        })
     }
 }
 

@@ -5,8 +5,8 @@
 //! compatibility hash). It must only ever deserialize artifacts this host
 //! compiled and wrote itself: deserializing is unsafe for foreign bytes.
 
-use super::bindings::{BatchState, Transform, TransformPre};
 use super::RunError;
+use super::bindings::{BatchState, Transform, TransformPre};
 use crate::batch::sha256_hex;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
@@ -20,7 +20,10 @@ const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/l
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
     #[error("cannot read module {path}: {source}")]
-    Read { path: std::path::PathBuf, source: std::io::Error },
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
     #[error("not a WebAssembly component: {0}")]
     NotAComponent(String),
     #[error("module imports `{0}`, which is outside the sluice:plugin world (allowed: {allowed})", allowed = ALLOWED_IMPORTS.join(", "))]
@@ -30,7 +33,10 @@ pub enum ModuleError {
     #[error("wasm engine: {0}")]
     Engine(String),
     #[error("module cache {path}: {source}")]
-    Cache { path: std::path::PathBuf, source: std::io::Error },
+    Cache {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// A validated, compiled, pre-instantiated module version.
@@ -42,7 +48,9 @@ pub struct LoadedModule {
 
 impl LoadedModule {
     pub(super) fn instantiate(&self, store: &mut Store<BatchState>) -> Result<Transform, RunError> {
-        self.pre.instantiate(store).map_err(|e| RunError::Instantiate(format!("{e:#}")))
+        self.pre
+            .instantiate(store)
+            .map_err(|e| RunError::Instantiate(format!("{e:#}")))
     }
 }
 
@@ -101,13 +109,20 @@ fn compile_cached(
         // hash); wasmtime also checks the artifact's header on load.
         match unsafe { Component::deserialize(engine, &artifact) } {
             Ok(c) => return Ok(c),
-            Err(e) => tracing::warn!(path = %path.display(), "ignoring unusable cached module: {e:#}"),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "ignoring unusable cached module: {e:#}")
+            }
         }
     }
     let component = compile(engine, bytes)?;
-    let cache_err = |source| ModuleError::Cache { path: path.clone(), source };
+    let cache_err = |source| ModuleError::Cache {
+        path: path.clone(),
+        source,
+    };
     std::fs::create_dir_all(dir).map_err(cache_err)?;
-    let artifact = component.serialize().map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+    let artifact = component
+        .serialize()
+        .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, artifact).map_err(cache_err)?;
     std::fs::rename(&tmp, &path).map_err(cache_err)?;

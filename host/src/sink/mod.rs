@@ -32,7 +32,10 @@ pub enum SinkError {
 
 impl SinkError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, SinkError::Unavailable(_) | SinkError::CommitUnknown(_))
+        matches!(
+            self,
+            SinkError::Unavailable(_) | SinkError::CommitUnknown(_)
+        )
     }
 }
 
@@ -77,7 +80,11 @@ pub enum CommitOutcome {
     /// Outputs and offsets landed together.
     Committed,
     /// Another owner moved the offsets first: nothing was written.
-    Fenced { partition: String, expected: i64, found: Option<i64> },
+    Fenced {
+        partition: String,
+        expected: i64,
+        found: Option<i64>,
+    },
 }
 
 /// Quotes an identifier from configuration for SQL (`"` doubled), after

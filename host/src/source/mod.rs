@@ -42,7 +42,13 @@ pub enum SourceError {
         "partition {partition}: checkpoint offset {from} is {what} (log holds offsets {low}..{high}); \
          records were deleted or the topic was re-created, refusing to skip"
     )]
-    OutOfRange { partition: String, from: i64, low: i64, high: i64, what: &'static str },
+    OutOfRange {
+        partition: String,
+        from: i64,
+        low: i64,
+        high: i64,
+        what: &'static str,
+    },
     /// Any other Kafka error.
     #[error("kafka: {0}")]
     Kafka(String),
@@ -79,7 +85,9 @@ impl KafkaSource {
         let mut client = ClientConfig::new();
         // Defaults a user may override: a crashed instance's partitions move
         // to the others after 10 s instead of librdkafka's 45 s.
-        client.set("session.timeout.ms", "10000").set("heartbeat.interval.ms", "1000");
+        client
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000");
         for (k, v) in &config.properties {
             client.set(k, v);
         }
@@ -100,7 +108,9 @@ impl KafkaSource {
             brokers: config.brokers.clone(),
             message: e.to_string(),
         };
-        let metadata = consumer.fetch_metadata(None, BROKER_TIMEOUT).map_err(unreachable)?;
+        let metadata = consumer
+            .fetch_metadata(None, BROKER_TIMEOUT)
+            .map_err(unreachable)?;
         for topic in &config.topics {
             let known = metadata.topics().iter().find(|t| t.name() == topic);
             if known.is_none_or(|t| t.partitions().is_empty()) {
@@ -108,7 +118,9 @@ impl KafkaSource {
             }
         }
         let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics).map_err(|e| SourceError::Kafka(e.to_string()))?;
+        consumer
+            .subscribe(&topics)
+            .map_err(|e| SourceError::Kafka(e.to_string()))?;
         Ok(KafkaSource {
             consumer,
             brokers: config.brokers.clone(),
@@ -169,10 +181,10 @@ impl KafkaSource {
     }
 
     fn on_error(&self, e: KafkaError) -> Result<(), SourceError> {
-        if let KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code) = &e {
-            if *code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset {
-                return Err(self.out_of_range_error(&e));
-            }
+        if let KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code) = &e
+            && *code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset
+        {
+            return Err(self.out_of_range_error(&e));
         }
         if let KafkaError::MessageConsumptionFatal(_) = e {
             return Err(SourceError::Kafka(e.to_string()));
@@ -202,7 +214,13 @@ impl KafkaSource {
         } else {
             return None;
         };
-        Some(SourceError::OutOfRange { partition: tp.to_string(), from, low, high, what })
+        Some(SourceError::OutOfRange {
+            partition: tp.to_string(),
+            from,
+            low,
+            high,
+            what,
+        })
     }
 
     /// The log start and end as the last fetch response reported them (right
@@ -211,24 +229,34 @@ impl KafkaSource {
         if let Some(w) = cached_watermarks(&self.consumer, tp) {
             return Some(w);
         }
-        self.consumer.fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT).ok()
+        self.consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .ok()
     }
 
     fn some_batch_full(&self) -> bool {
-        self.partitions
-            .values()
-            .any(|s| s.next.is_some_and(|n| s.position >= n + self.max_per_partition))
+        self.partitions.values().any(|s| {
+            s.next
+                .is_some_and(|n| s.position >= n + self.max_per_partition)
+        })
     }
 
     /// Folds in the consumer's position, which also moves past transaction
     /// markers and aborted records that never reach us as messages.
     fn refresh_positions(&mut self) -> Result<(), SourceError> {
-        let active: Vec<TopicPartition> =
-            self.partitions.iter().filter(|(_, s)| s.next.is_some()).map(|(tp, _)| tp.clone()).collect();
+        let active: Vec<TopicPartition> = self
+            .partitions
+            .iter()
+            .filter(|(_, s)| s.next.is_some())
+            .map(|(tp, _)| tp.clone())
+            .collect();
         if active.is_empty() {
             return Ok(());
         }
-        let positions = self.consumer.position().map_err(|e| SourceError::Kafka(e.to_string()))?;
+        let positions = self
+            .consumer
+            .position()
+            .map_err(|e| SourceError::Kafka(e.to_string()))?;
         for tp in &active {
             let reported = positions
                 .find_partition(&tp.topic, tp.partition)
@@ -241,7 +269,8 @@ impl KafkaSource {
             }
             if let Some((low, high)) = watermarks {
                 let from = state.next.expect("active");
-                if state.buffer.is_empty() && state.position == from && (from < low || from > high) {
+                if state.buffer.is_empty() && state.position == from && (from < low || from > high)
+                {
                     return Err(self.range_violation(tp, from).expect("outside the bounds"));
                 }
                 if state.end_at_start.is_none() && state.position >= high {
@@ -252,16 +281,31 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// True once the consumer group has assigned partitions (maybe none).
+    pub fn assigned_once(&self) -> bool {
+        self.assigned_once
+    }
+
     /// Partitions assigned but not started yet.
     pub fn unstarted(&self) -> Vec<TopicPartition> {
-        self.partitions.iter().filter(|(_, s)| s.next.is_none()).map(|(tp, _)| tp.clone()).collect()
+        self.partitions
+            .iter()
+            .filter(|(_, s)| s.next.is_none())
+            .map(|(tp, _)| tp.clone())
+            .collect()
     }
 
     /// Starts (or restarts) reading each partition at its checkpoint, or
     /// where the config says if it has none; drops anything buffered for
     /// them. Partitions revoked meanwhile are skipped.
-    pub fn start_partitions(&mut self, starts: &[(TopicPartition, Option<i64>)]) -> Result<(), SourceError> {
-        let starts: Vec<_> = starts.iter().filter(|(tp, _)| self.partitions.contains_key(tp)).collect();
+    pub fn start_partitions(
+        &mut self,
+        starts: &[(TopicPartition, Option<i64>)],
+    ) -> Result<(), SourceError> {
+        let starts: Vec<_> = starts
+            .iter()
+            .filter(|(tp, _)| self.partitions.contains_key(tp))
+            .collect();
         if starts.is_empty() {
             return Ok(());
         }
@@ -277,7 +321,9 @@ impl KafkaSource {
         let mut froms = Vec::new();
         for (tp, checkpoint) in &starts {
             let from = self.start_offset(tp, *checkpoint)?;
-            seeks.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from)).map_err(kafka)?;
+            seeks
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
+                .map_err(kafka)?;
             froms.push((tp, from));
         }
         self.consumer
@@ -297,11 +343,18 @@ impl KafkaSource {
     /// The offset a partition starts at, refusing one below the log start.
     /// (The log end is checked on the fetch path instead: ListOffsets(latest)
     /// is wrong on some brokers, the fetch response's high watermark is not.)
-    fn start_offset(&self, tp: &TopicPartition, checkpoint: Option<i64>) -> Result<i64, SourceError> {
+    fn start_offset(
+        &self,
+        tp: &TopicPartition,
+        checkpoint: Option<i64>,
+    ) -> Result<i64, SourceError> {
         let (low, high) = self
             .consumer
             .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Unreachable { brokers: self.brokers.clone(), message: e.to_string() })?;
+            .map_err(|e| SourceError::Unreachable {
+                brokers: self.brokers.clone(),
+                message: e.to_string(),
+            })?;
         let from = match (checkpoint, self.start) {
             (Some(offset), _) => offset,
             (None, StartPosition::Earliest) => low,
@@ -309,7 +362,13 @@ impl KafkaSource {
         };
         if from < low.max(0) {
             let partition = tp.to_string();
-            return Err(SourceError::OutOfRange { partition, from, low, high, what: "below the log start" });
+            return Err(SourceError::OutOfRange {
+                partition,
+                from,
+                low,
+                high,
+                what: "below the log start",
+            });
         }
         Ok(from)
     }
@@ -339,8 +398,13 @@ impl KafkaSource {
     pub fn records(&self, ranges: &[OffsetRange]) -> Records {
         let mut records = Records::default();
         for r in ranges {
-            let Some(state) = self.partitions.get(&r.topic_partition()) else { continue };
-            let chosen = state.buffer.iter().filter(|m| m.offset >= r.from && m.offset < r.until);
+            let Some(state) = self.partitions.get(&r.topic_partition()) else {
+                continue;
+            };
+            let chosen = state
+                .buffer
+                .iter()
+                .filter(|m| m.offset >= r.from && m.offset < r.until);
             records.push_slice(&r.topic, r.partition, chosen);
         }
         records
@@ -368,20 +432,30 @@ impl KafkaSource {
     /// when it was first reached, with nothing left buffered.
     pub fn caught_up(&self) -> bool {
         self.assigned_once
-            && self.partitions.values().all(|s| match (s.next, s.end_at_start) {
-                (Some(next), Some(end)) => next >= end && s.buffer.is_empty(),
-                _ => false,
-            })
+            && self
+                .partitions
+                .values()
+                .all(|s| match (s.next, s.end_at_start) {
+                    (Some(next), Some(end)) => next >= end && s.buffer.is_empty(),
+                    _ => false,
+                })
     }
 }
 
-
 /// Appends a fetched record to its partition's buffer (ignored for
 /// partitions not owned or not started).
-fn buffer(partitions: &mut BTreeMap<TopicPartition, PartitionState>, m: &rdkafka::message::BorrowedMessage<'_>) {
-    let tp = TopicPartition { topic: m.topic().to_string(), partition: m.partition() };
-    let Some(state) = partitions.get_mut(&tp) else { return };
-        let Some(_) = state.next else { return };
+fn buffer(
+    partitions: &mut BTreeMap<TopicPartition, PartitionState>,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) {
+    let tp = TopicPartition {
+        topic: m.topic().to_string(),
+        partition: m.partition(),
+    };
+    let Some(state) = partitions.get_mut(&tp) else {
+        return;
+    };
+    let Some(_) = state.next else { return };
     // After a seek librdkafka drops messages fetched before it; this
     // check only guards the invariant that the buffer is in offset order.
     if m.offset() < state.position {
@@ -389,7 +463,11 @@ fn buffer(partitions: &mut BTreeMap<TopicPartition, PartitionState>, m: &rdkafka
     }
     let headers = m
         .headers()
-        .map(|hs| hs.iter().map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec))).collect())
+        .map(|hs| {
+            hs.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
         .unwrap_or_default();
     state.buffer.push_back(OwnedRecord {
         offset: m.offset(),
@@ -403,7 +481,10 @@ fn buffer(partitions: &mut BTreeMap<TopicPartition, PartitionState>, m: &rdkafka
 
 /// librdkafka's cached watermarks from the last fetch response (not wrapped
 /// by the rdkafka crate). Unlike ListOffsets they are right on every broker.
-fn cached_watermarks(consumer: &BaseConsumer<OwnershipContext>, tp: &TopicPartition) -> Option<(i64, i64)> {
+fn cached_watermarks(
+    consumer: &BaseConsumer<OwnershipContext>,
+    tp: &TopicPartition,
+) -> Option<(i64, i64)> {
     let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;
     let (mut low, mut high) = (-1i64, -1i64);
     // SAFETY: the client pointer is valid for the consumer's lifetime, the
@@ -418,6 +499,8 @@ fn cached_watermarks(consumer: &BaseConsumer<OwnershipContext>, tp: &TopicPartit
             &mut high,
         )
     };
-    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && low >= 0 && high >= 0)
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        && low >= 0
+        && high >= 0)
         .then_some((low, high))
 }

@@ -31,7 +31,10 @@ impl OwnershipContext {
 fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
     tpl.elements()
         .iter()
-        .map(|e| TopicPartition { topic: e.topic().to_string(), partition: e.partition() })
+        .map(|e| TopicPartition {
+            topic: e.topic().to_string(),
+            partition: e.partition(),
+        })
         .collect()
 }
 
@@ -44,15 +47,26 @@ impl ConsumerContext for OwnershipContext {
     /// `auto.offset.reset=error` a missing one would be an error. Nothing is
     /// read from there: the partitions are paused right away and seeked to
     /// the sink's checkpoint before they resume.
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 if let Err(e) = tpl.set_all_offsets(Offset::Beginning) {
                     tracing::warn!("cannot set start offsets: {e}");
                 }
-                let result =
-                    if cooperative { consumer.incremental_assign(tpl) } else { consumer.assign(tpl) };
+                let result = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
                 if let Err(e) = result {
                     tracing::error!("cannot take assigned partitions: {e}");
                 }
@@ -60,8 +74,11 @@ impl ConsumerContext for OwnershipContext {
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
                 self.pre_rebalance(consumer, &Rebalance::Revoke(tpl));
-                let result =
-                    if cooperative { consumer.incremental_unassign(tpl) } else { consumer.unassign() };
+                let result = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
                 if let Err(e) = result {
                     tracing::error!("cannot release revoked partitions: {e}");
                 }
@@ -74,7 +91,10 @@ impl ConsumerContext for OwnershipContext {
         if let Rebalance::Revoke(tpl) = rebalance {
             let lost = partitions(tpl);
             tracing::info!(partitions = ?lost, "partitions revoked");
-            self.events.lock().expect("not poisoned").push(OwnershipEvent::Revoked(lost));
+            self.events
+                .lock()
+                .expect("not poisoned")
+                .push(OwnershipEvent::Revoked(lost));
         }
     }
 
@@ -87,7 +107,10 @@ impl ConsumerContext for OwnershipContext {
                 }
                 let got = partitions(tpl);
                 tracing::info!(partitions = ?got, "partitions assigned");
-                self.events.lock().expect("not poisoned").push(OwnershipEvent::Assigned(got));
+                self.events
+                    .lock()
+                    .expect("not poisoned")
+                    .push(OwnershipEvent::Assigned(got));
             }
             Rebalance::Error(e) => tracing::warn!("rebalance error: {e}"),
             Rebalance::Revoke(_) => {}

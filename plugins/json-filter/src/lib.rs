@@ -47,7 +47,11 @@ impl Transform for JsonFilter {
     fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError> {
         let t = out.target(
             "purchases",
-            &[("id", Kind::Int64), ("user", Kind::Text), ("amount", Kind::Float64)],
+            &[
+                ("id", Kind::Int64),
+                ("user", Kind::Text),
+                ("amount", Kind::Float64),
+            ],
         );
         for r in batch.records() {
             let parsed = r.value.map(serde_json::from_slice::<Event<'_>>);

@@ -58,7 +58,10 @@ pub struct BatchError {
 
 impl BatchError {
     pub fn fatal(message: impl Into<String>) -> Self {
-        BatchError { message: message.into(), retryable: false }
+        BatchError {
+            message: message.into(),
+            retryable: false,
+        }
     }
 }
 
@@ -131,7 +134,11 @@ impl<'a> Record<'a> {
             let name = std::str::from_utf8(&c.batch.header_names[name_at..name_at + name_len])
                 .unwrap_or("");
             name_at += name_len;
-            let value = take(&c.batch.header_values, &mut value_at, c.batch.header_value_lengths[h]);
+            let value = take(
+                &c.batch.header_values,
+                &mut value_at,
+                c.batch.header_value_lengths[h],
+            );
             (name, value)
         })
     }
@@ -308,19 +315,29 @@ impl Output {
                 }
             })
             .collect();
-        self.targets.push(TargetBuf { name: name.to_string(), rows: 0, columns });
+        self.targets.push(TargetBuf {
+            name: name.to_string(),
+            rows: 0,
+            columns,
+        });
         TargetId(self.targets.len() - 1)
     }
 
     /// Starts a row for `target`; give every column a value, in declaration
     /// order. The row is complete when the builder is dropped.
     pub fn row(&mut self, target: TargetId) -> Row<'_> {
-        Row { target: &mut self.targets[target.0], column: 0 }
+        Row {
+            target: &mut self.targets[target.0],
+            column: 0,
+        }
     }
 
     /// Turns a record into a dead letter with `reason`.
     pub fn reject(&mut self, record: &Record<'_>, reason: impl Into<String>) {
-        self.rejections.push(wit::Rejection { index: record.index, reason: reason.into() });
+        self.rejections.push(wit::Rejection {
+            index: record.index,
+            reason: reason.into(),
+        });
     }
 
     fn into_wit(self) -> wit::Output {
@@ -351,7 +368,10 @@ impl Output {
                     .collect(),
             })
             .collect();
-        wit::Output { targets, rejections: self.rejections }
+        wit::Output {
+            targets,
+            rejections: self.rejections,
+        }
     }
 }
 
@@ -365,11 +385,9 @@ impl Row<'_> {
     fn next(&mut self, is_null: bool) -> &mut ColumnBuf {
         let target_name = &self.target.name;
         let count = self.target.columns.len();
-        let column = self
-            .target
-            .columns
-            .get_mut(self.column)
-            .unwrap_or_else(|| panic!("row for target `{target_name}` has more than {count} values"));
+        let column = self.target.columns.get_mut(self.column).unwrap_or_else(|| {
+            panic!("row for target `{target_name}` has more than {count} values")
+        });
         self.column += 1;
         column.mark(self.target.rows as usize, is_null);
         column
@@ -486,16 +504,23 @@ pub fn __process<T: Transform>(
         },
         raw,
     };
-    let mut out = Output { rows_hint: batch.len(), ..Output::default() };
-    STATE.with(|s| {
-        let state = s.borrow();
-        let transform = state
-            .as_ref()
-            .and_then(|b| b.downcast_ref::<T>())
-            .expect("the host calls init before process");
-        transform.process(&batch, &mut out)
-    })
-    .map_err(|e| wit::BatchError { message: e.message, retryable: e.retryable })?;
+    let mut out = Output {
+        rows_hint: batch.len(),
+        ..Output::default()
+    };
+    STATE
+        .with(|s| {
+            let state = s.borrow();
+            let transform = state
+                .as_ref()
+                .and_then(|b| b.downcast_ref::<T>())
+                .expect("the host calls init before process");
+            transform.process(&batch, &mut out)
+        })
+        .map_err(|e| wit::BatchError {
+            message: e.message,
+            retryable: e.retryable,
+        })?;
     Ok(out.into_wit())
 }
 

@@ -38,7 +38,10 @@ impl Transform for WordCount {
                 out.reject(&r, "value is not UTF-8 text");
                 continue;
             };
-            for word in text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()) {
+            for word in text
+                .split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+            {
                 if word.chars().count() >= self.0.min_length {
                     *counts.entry(word.to_lowercase()).or_default() += 1;
                 }

@@ -8,9 +8,18 @@ use sluice_tests::{Produce, create_topic, produce};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["create-topic", brokers, topic, partitions] => {
-            create_topic(brokers, topic, partitions.parse().expect("partitions is a number"));
+            create_topic(
+                brokers,
+                topic,
+                partitions.parse().expect("partitions is a number"),
+            );
             println!("created topic {topic}");
         }
         ["produce", brokers, topic, file] => {
@@ -29,7 +38,9 @@ fn main() {
             println!("produced {} records to {topic}", records.len());
         }
         _ => {
-            eprintln!("usage: kafka-tool create-topic BROKERS TOPIC PARTITIONS | produce BROKERS TOPIC FILE");
+            eprintln!(
+                "usage: kafka-tool create-topic BROKERS TOPIC PARTITIONS | produce BROKERS TOPIC FILE"
+            );
             std::process::exit(2);
         }
     }
@@ -44,5 +55,9 @@ fn partition_count(brokers: &str, topic: &str) -> i32 {
     let md = c
         .fetch_metadata(Some(topic), std::time::Duration::from_secs(10))
         .expect("metadata");
-    md.topics().first().map(|t| t.partitions().len() as i32).filter(|&n| n > 0).expect("topic exists")
+    md.topics()
+        .first()
+        .map(|t| t.partitions().len() as i32)
+        .filter(|&n| n > 0)
+        .expect("topic exists")
 }

@@ -85,7 +85,11 @@ impl SqliteSink {
             ranges: quote_ident(&format!("{p}batch_ranges"))?,
             dead_letters: quote_ident(&format!("{p}dead_letters"))?,
         };
-        let mut sink = SqliteSink { pool, tables, targets: HashMap::new() };
+        let mut sink = SqliteSink {
+            pool,
+            tables,
+            targets: HashMap::new(),
+        };
         sink.create_own_tables().await?;
         for t in &config.targets {
             let target = Target::new(t)?;
@@ -129,7 +133,10 @@ impl SqliteSink {
             ),
         ];
         for statement in ddl {
-            sqlx::query(&statement).execute(&self.pool).await.map_err(db_err)?;
+            sqlx::query(&statement)
+                .execute(&self.pool)
+                .await
+                .map_err(db_err)?;
         }
         Ok(())
     }
@@ -142,11 +149,15 @@ impl SqliteSink {
                 cols.push(format!("{} {}", quote_ident(name)?, sql_type(*ty)));
             }
             if !target.config.key.is_empty() {
-                let keys: Result<Vec<_>, _> = target.config.key.iter().map(|k| quote_ident(k)).collect();
+                let keys: Result<Vec<_>, _> =
+                    target.config.key.iter().map(|k| quote_ident(k)).collect();
                 cols.push(format!("PRIMARY KEY ({})", keys?.join(", ")));
             }
             let ddl = format!("CREATE TABLE IF NOT EXISTS {table} ({})", cols.join(", "));
-            sqlx::query(&ddl).execute(&self.pool).await.map_err(db_err)?;
+            sqlx::query(&ddl)
+                .execute(&self.pool)
+                .await
+                .map_err(db_err)?;
         }
         let info = sqlx::query("SELECT name FROM pragma_table_info(?)")
             .bind(target.config.table())
@@ -199,7 +210,10 @@ impl SqliteSink {
     /// `COMMIT` itself comes back as [`SinkError::CommitUnknown`].
     pub async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         let mut conn = self.pool.acquire().await.map_err(db_err)?;
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await.map_err(db_err)?;
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
         match self.write_batch(&mut conn, c).await {
             Ok(CommitOutcome::Committed) => {}
             other => {
@@ -312,14 +326,23 @@ impl SqliteSink {
                 .config
                 .key
                 .iter()
-                .map(|k| target.columns.iter().position(|c| c == k).expect("validated"))
+                .map(|k| {
+                    target
+                        .columns
+                        .iter()
+                        .position(|c| c == k)
+                        .expect("validated")
+                })
                 .collect();
             for row in 0..n {
                 let mut args = SqliteArguments::default();
                 for &k in &keys {
                     bind(&mut args, cells[k][row])?;
                 }
-                sqlx::query_with(&target.delete, args).execute(&mut *conn).await.map_err(db_err)?;
+                sqlx::query_with(&target.delete, args)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db_err)?;
             }
             return Ok(());
         }
@@ -338,7 +361,10 @@ impl SqliteSink {
                     bind(&mut args, col[row])?;
                 }
             }
-            sqlx::query_with(&sql, args).execute(&mut *conn).await.map_err(db_err)?;
+            sqlx::query_with(&sql, args)
+                .execute(&mut *conn)
+                .await
+                .map_err(db_err)?;
             start = end;
         }
         Ok(())
@@ -435,17 +461,32 @@ impl Target {
     fn new(config: &TargetConfig) -> Result<Target, SinkError> {
         let table = quote_ident(config.table())?;
         let columns: Vec<String> = config.columns.keys().cloned().collect();
-        let quoted: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect::<Result<_, _>>()?;
-        let keys: Vec<String> = config.key.iter().map(|k| quote_ident(k)).collect::<Result<_, _>>()?;
-        let non_keys: Vec<&String> =
-            columns.iter().zip(&quoted).filter(|(c, _)| !config.key.contains(c)).map(|(_, q)| q).collect();
+        let quoted: Vec<String> = columns
+            .iter()
+            .map(|c| quote_ident(c))
+            .collect::<Result<_, _>>()?;
+        let keys: Vec<String> = config
+            .key
+            .iter()
+            .map(|k| quote_ident(k))
+            .collect::<Result<_, _>>()?;
+        let non_keys: Vec<&String> = columns
+            .iter()
+            .zip(&quoted)
+            .filter(|(c, _)| !config.key.contains(c))
+            .map(|(_, q)| q)
+            .collect();
         let conflict_tail = match config.mode {
             WriteMode::Append | WriteMode::Delete => String::new(),
             _ if non_keys.is_empty() => format!(" ON CONFLICT ({}) DO NOTHING", keys.join(", ")),
             WriteMode::Upsert => format!(
                 " ON CONFLICT ({}) DO UPDATE SET {}",
                 keys.join(", "),
-                non_keys.iter().map(|c| format!("{c} = excluded.{c}")).collect::<Vec<_>>().join(", ")
+                non_keys
+                    .iter()
+                    .map(|c| format!("{c} = excluded.{c}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             WriteMode::Accumulate => format!(
                 " ON CONFLICT ({}) DO UPDATE SET {}",
@@ -463,7 +504,10 @@ impl Target {
             conflict_tail,
             delete: format!(
                 "DELETE FROM {table} WHERE {}",
-                keys.iter().map(|k| format!("{k} = ?")).collect::<Vec<_>>().join(" AND ")
+                keys.iter()
+                    .map(|k| format!("{k} = ?"))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
             ),
             columns,
         })
@@ -473,7 +517,11 @@ impl Target {
     /// module's columns match the declared ones in name and type.
     fn columns_of<'a>(&self, rows: &'a TargetRows) -> Result<Vec<Vec<Value<'a>>>, SinkError> {
         let name = &self.config.name;
-        if let Some(extra) = rows.columns.iter().find(|c| !self.config.columns.contains_key(&c.name)) {
+        if let Some(extra) = rows
+            .columns
+            .iter()
+            .find(|c| !self.config.columns.contains_key(&c.name))
+        {
             return Err(SinkError::Config(format!(
                 "module wrote column `{}` to target `{name}`, which declares only {:?}",
                 extra.name, self.columns
@@ -483,9 +531,15 @@ impl Target {
             .columns
             .iter()
             .map(|(col, ty)| {
-                let c = rows.columns.iter().find(|c| &c.name == col).ok_or_else(|| {
-                    SinkError::Config(format!("module wrote no column `{col}` for target `{name}`"))
-                })?;
+                let c = rows
+                    .columns
+                    .iter()
+                    .find(|c| &c.name == col)
+                    .ok_or_else(|| {
+                        SinkError::Config(format!(
+                            "module wrote no column `{col}` for target `{name}`"
+                        ))
+                    })?;
                 if !compatible(*ty, &c.data) {
                     return Err(SinkError::Config(format!(
                         "target `{name}` column `{col}` is {ty:?} but the module wrote {}",
@@ -501,11 +555,21 @@ impl Target {
 fn compatible(ty: ColumnType, data: &ColumnData) -> bool {
     matches!(
         (ty, data),
-        (ColumnType::Integer, ColumnData::Int64(_) | ColumnData::Bool(_))
-            | (ColumnType::Real, ColumnData::Float64(_) | ColumnData::Int64(_))
-            | (ColumnType::Text, ColumnData::Text { .. })
-            | (ColumnType::Blob, ColumnData::Bytes { .. } | ColumnData::Text { .. })
-            | (ColumnType::Boolean, ColumnData::Bool(_) | ColumnData::Int64(_))
+        (
+            ColumnType::Integer,
+            ColumnData::Int64(_) | ColumnData::Bool(_)
+        ) | (
+            ColumnType::Real,
+            ColumnData::Float64(_) | ColumnData::Int64(_)
+        ) | (ColumnType::Text, ColumnData::Text { .. })
+            | (
+                ColumnType::Blob,
+                ColumnData::Bytes { .. } | ColumnData::Text { .. }
+            )
+            | (
+                ColumnType::Boolean,
+                ColumnData::Bool(_) | ColumnData::Int64(_)
+            )
     )
 }
 

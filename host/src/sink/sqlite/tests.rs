@@ -45,7 +45,11 @@ fn words_output(words: &[(&str, i64)]) -> Output {
             target: "counts".into(),
             rows: words.len() as u32,
             columns: vec![
-                Column { name: "word".into(), nulls: vec![], data: ColumnData::Text { lengths, data } },
+                Column {
+                    name: "word".into(),
+                    nulls: vec![],
+                    data: ColumnData::Text { lengths, data },
+                },
                 Column {
                     name: "n".into(),
                     nulls: vec![],
@@ -59,11 +63,22 @@ fn words_output(words: &[(&str, i64)]) -> Output {
 
 fn batch(from: i64, until: i64) -> (Plan, Records) {
     let owned: Vec<OwnedRecord> = (from..until)
-        .map(|o| OwnedRecord { offset: o, timestamp: 0, key: None, value: Some(vec![b'x']), headers: vec![] })
+        .map(|o| OwnedRecord {
+            offset: o,
+            timestamp: 0,
+            key: None,
+            value: Some(vec![b'x']),
+            headers: vec![],
+        })
         .collect();
     let mut records = Records::default();
     records.push_slice("t", 0, &owned);
-    let range = OffsetRange { topic: "t".into(), partition: 0, from, until };
+    let range = OffsetRange {
+        topic: "t".into(),
+        partition: 0,
+        from,
+        until,
+    };
     (Plan::new("p", vec![range], "m", "params", 0), records)
 }
 
@@ -78,35 +93,69 @@ columns = { word = "text", n = "integer" }
 async fn commit(sink: &SqliteSink, from: i64, until: i64, output: &Output) -> CommitOutcome {
     let (plan, records) = batch(from, until);
     let digest = output.digest();
-    let c = Commit { plan: &plan, records: &records, output, dead_letters: &[], output_digest: &digest };
+    let c = Commit {
+        plan: &plan,
+        records: &records,
+        output,
+        dead_letters: &[],
+        output_digest: &digest,
+    };
     sink.commit(&c).await.expect("commit reaches the database")
 }
 
 async fn counts(sink: &SqliteSink) -> Vec<(String, i64)> {
-    sqlx::query_as("SELECT word, n FROM counts ORDER BY word").fetch_all(&sink.pool).await.unwrap()
+    sqlx::query_as("SELECT word, n FROM counts ORDER BY word")
+        .fetch_all(&sink.pool)
+        .await
+        .unwrap()
 }
 
 #[tokio::test]
 async fn stale_from_is_fenced_and_rolls_back_everything() {
     let db = temp_db("fence");
     let sink = SqliteSink::open(&sink_config(&db, COUNTS)).await.unwrap();
-    assert_eq!(commit(&sink, 0, 10, &words_output(&[("a", 1)])).await, CommitOutcome::Committed);
+    assert_eq!(
+        commit(&sink, 0, 10, &words_output(&[("a", 1)])).await,
+        CommitOutcome::Committed
+    );
     // A zombie that planned the same range again (its `from` is stale).
     let fenced = commit(&sink, 0, 10, &words_output(&[("a", 100), ("zombie", 1)])).await;
     assert_eq!(
         fenced,
-        CommitOutcome::Fenced { partition: "t[0]".into(), expected: 0, found: Some(10) }
+        CommitOutcome::Fenced {
+            partition: "t[0]".into(),
+            expected: 0,
+            found: Some(10)
+        }
     );
     // A zombie with an overlapping range.
-    assert!(matches!(commit(&sink, 5, 12, &words_output(&[("b", 1)])).await, CommitOutcome::Fenced { .. }));
+    assert!(matches!(
+        commit(&sink, 5, 12, &words_output(&[("b", 1)])).await,
+        CommitOutcome::Fenced { .. }
+    ));
     assert_eq!(counts(&sink).await, vec![("a".into(), 1)]);
-    let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_batches").fetch_one(&sink.pool).await.unwrap();
+    let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_batches")
+        .fetch_one(&sink.pool)
+        .await
+        .unwrap();
     assert_eq!(batches, 1, "fenced batches leave no lineage");
     // The rightful next batch goes through and accumulates.
-    assert_eq!(commit(&sink, 10, 20, &words_output(&[("a", 2), ("b", 3)])).await, CommitOutcome::Committed);
+    assert_eq!(
+        commit(&sink, 10, 20, &words_output(&[("a", 2), ("b", 3)])).await,
+        CommitOutcome::Committed
+    );
     assert_eq!(counts(&sink).await, vec![("a".into(), 3), ("b".into(), 3)]);
-    let tp = TopicPartition { topic: "t".into(), partition: 0 };
-    assert_eq!(sink.checkpoints("p", std::slice::from_ref(&tp)).await.unwrap().get(&tp), Some(&20));
+    let tp = TopicPartition {
+        topic: "t".into(),
+        partition: 0,
+    };
+    assert_eq!(
+        sink.checkpoints("p", std::slice::from_ref(&tp))
+            .await
+            .unwrap()
+            .get(&tp),
+        Some(&20)
+    );
 }
 
 #[tokio::test]
@@ -147,11 +196,15 @@ columns = { word = "text" }
     gone.targets[0].columns.truncate(1);
     out2.targets.push(gone.targets.remove(0));
     assert_eq!(commit(&sink, 1, 2, &out2).await, CommitOutcome::Committed);
-    let log: Vec<(String, i64)> =
-        sqlx::query_as("SELECT word, n FROM log ORDER BY rowid").fetch_all(&sink.pool).await.unwrap();
+    let log: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM log ORDER BY rowid")
+        .fetch_all(&sink.pool)
+        .await
+        .unwrap();
     assert_eq!(log, vec![("a".into(), 1), ("b".into(), 2), ("a".into(), 5)]);
-    let latest: Vec<(String, i64)> =
-        sqlx::query_as("SELECT word, n FROM latest ORDER BY word").fetch_all(&sink.pool).await.unwrap();
+    let latest: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM latest ORDER BY word")
+        .fetch_all(&sink.pool)
+        .await
+        .unwrap();
     assert_eq!(latest, vec![("a".into(), 5)]);
 }
 
@@ -167,14 +220,20 @@ key = ["word"]
 columns = { word = "text", n = "integer" }
 "#;
     let sink = SqliteSink::open(&sink_config(&db, targets)).await.unwrap();
-    assert_eq!(commit(&sink, 0, 1, &words_output(&[("x", 4)])).await, CommitOutcome::Committed);
-    let row = sqlx::query(r#"SELECT word, n FROM "weird ""table""; DROP TABLE sluice_checkpoints; --""#)
+    assert_eq!(
+        commit(&sink, 0, 1, &words_output(&[("x", 4)])).await,
+        CommitOutcome::Committed
+    );
+    let row =
+        sqlx::query(r#"SELECT word, n FROM "weird ""table""; DROP TABLE sluice_checkpoints; --""#)
+            .fetch_one(&sink.pool)
+            .await
+            .unwrap();
+    assert_eq!(row.get::<i64, _>(1), 4);
+    let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_checkpoints")
         .fetch_one(&sink.pool)
         .await
         .unwrap();
-    assert_eq!(row.get::<i64, _>(1), 4);
-    let checkpoints: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM sluice_checkpoints").fetch_one(&sink.pool).await.unwrap();
     assert_eq!(checkpoints, 1, "the checkpoint table survived");
 
     let bad = r#"
@@ -183,7 +242,10 @@ name = "counts"
 table = "tab\u0000le"
 columns = { word = "text" }
 "#;
-    let err = SqliteSink::open(&sink_config(&temp_db("idents-bad"), bad)).await.err().expect("rejected");
+    let err = SqliteSink::open(&sink_config(&temp_db("idents-bad"), bad))
+        .await
+        .err()
+        .expect("rejected");
     assert!(err.to_string().contains("invalid identifier"), "{err}");
 }
 
@@ -195,11 +257,27 @@ async fn output_that_does_not_fit_the_target_is_a_config_error() {
     out.targets[0].columns[1].data = ColumnData::Float64(vec![1.5]);
     let (plan, records) = batch(0, 1);
     let digest = out.digest();
-    let c = Commit { plan: &plan, records: &records, output: &out, dead_letters: &[], output_digest: &digest };
+    let c = Commit {
+        plan: &plan,
+        records: &records,
+        output: &out,
+        dead_letters: &[],
+        output_digest: &digest,
+    };
     let err = sink.commit(&c).await.unwrap_err();
-    assert!(err.to_string().contains("column `n` is Integer but the module wrote float64"), "{err}");
-    let tp = TopicPartition { topic: "t".into(), partition: 0 };
-    assert!(sink.checkpoints("p", &[tp]).await.unwrap().is_empty(), "nothing committed");
+    assert!(
+        err.to_string()
+            .contains("column `n` is Integer but the module wrote float64"),
+        "{err}"
+    );
+    let tp = TopicPartition {
+        topic: "t".into(),
+        partition: 0,
+    };
+    assert!(
+        sink.checkpoints("p", &[tp]).await.unwrap().is_empty(),
+        "nothing committed"
+    );
 }
 
 #[tokio::test]
@@ -209,8 +287,18 @@ async fn dead_letters_keep_the_record() {
     let (plan, records) = batch(0, 3);
     let out = words_output(&[]);
     let digest = out.digest();
-    let dead = [DeadLetter { index: 1, reason: "bad".into(), kind: DeadLetterKind::Rejected }];
-    let c = Commit { plan: &plan, records: &records, output: &out, dead_letters: &dead, output_digest: &digest };
+    let dead = [DeadLetter {
+        index: 1,
+        reason: "bad".into(),
+        kind: DeadLetterKind::Rejected,
+    }];
+    let c = Commit {
+        plan: &plan,
+        records: &records,
+        output: &out,
+        dead_letters: &dead,
+        output_digest: &digest,
+    };
     assert_eq!(sink.commit(&c).await.unwrap(), CommitOutcome::Committed);
     let row: (i64, Vec<u8>, String, String) =
         sqlx::query_as("SELECT \"offset\", record_value, kind, reason FROM sluice_dead_letters")

@@ -17,7 +17,6 @@ wit_bindgen::generate!({
     generate_all,
 });
 
-
 struct Evil;
 
 impl Guest for Evil {
@@ -27,7 +26,10 @@ impl Guest for Evil {
     }
 
     fn process(_ctx: BatchContext, _batch: RecordBatch) -> Result<Output, BatchError> {
-        Ok(Output { targets: Vec::new(), rejections: Vec::new() })
+        Ok(Output {
+            targets: Vec::new(),
+            rejections: Vec::new(),
+        })
     }
 }
 

@@ -57,7 +57,9 @@ impl Transform for Hostile {
             if self.mode == "poison" && value.windows(6).any(|w| w == b"poison") {
                 panic!("poison record at offset {}", r.offset);
             }
-            out.row(t).int(r.offset).text(&String::from_utf8_lossy(value));
+            out.row(t)
+                .int(r.offset)
+                .text(&String::from_utf8_lossy(value));
         }
         Ok(())
     }
