@@ -103,10 +103,6 @@ impl Runtime {
         })
     }
 
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Loads a component from `bytes`: validates its world and imports,
     /// compiles it (or reuses the cached artifact in `cache_dir`).
     pub fn load(

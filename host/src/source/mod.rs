@@ -423,11 +423,6 @@ impl KafkaSource {
         }
     }
 
-    /// Partitions currently owned.
-    pub fn owned(&self) -> Vec<TopicPartition> {
-        self.partitions.keys().cloned().collect()
-    }
-
     /// True once every owned partition has committed up to the log end seen
     /// when it was first reached, with nothing left buffered.
     pub fn caught_up(&self) -> bool {
