@@ -395,6 +395,16 @@ pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Outp
     }
 }
 
+/// Runs `sluice run CONFIG --until-caught-up` and asserts it succeeded.
+pub fn run_ok(config: &Path) {
+    let out = run_until_caught_up(config, Duration::from_secs(300));
+    assert!(
+        out.status.success(),
+        "sluice failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Opens the pipeline's SQLite database.
 pub async fn sqlite(path: &Path) -> sqlx::SqlitePool {
     let url = format!("sqlite://{}", path.display());

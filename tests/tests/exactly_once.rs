@@ -79,12 +79,7 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         "only {kills} kills happened before the pipeline finished; make batches smaller"
     );
 
-    let out = run_until_caught_up(&config, Duration::from_secs(600));
-    assert!(
-        out.status.success(),
-        "final run failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&config);
 
     let expected = read_committed(&broker.brokers, topic, PARTITIONS);
     let pool = sqlite(&db).await;
@@ -174,12 +169,7 @@ columns = {{ word = "text", n = "integer" }}
         let _ = child.kill();
         let _ = child.wait();
     }
-    let out = run_until_caught_up(&config, Duration::from_secs(300));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&config);
 
     let mut expected = std::collections::BTreeMap::<String, i64>::new();
     for seen in read_committed(brokers, topic, PARTITIONS) {
@@ -311,12 +301,7 @@ async fn sigterm_drains_the_batch_in_flight() {
         "exactly the committed ranges, no half batch"
     );
 
-    let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&config);
     assert_eq!(identity_rows(&pool).await, expected);
     assert_contiguous_lineage(&pool, "drain").await;
 }
@@ -376,12 +361,7 @@ async fn two_instances_share_partitions_exactly_once() {
             .unwrap()
             .replace("[source]", "[source]\ngroup_id = \"sluice-shared-final\""),
     );
-    let out = run_until_caught_up(&final_config, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&final_config);
     let pool = sqlite(&db).await;
     assert_eq!(
         identity_rows(&pool).await,

@@ -3,7 +3,6 @@
 
 use sluice_tests::*;
 use std::path::Path;
-use std::time::Duration;
 
 /// Copies an example's config into `dir`, pointing it at `brokers`, the
 /// example's plugin and a database in `dir`.
@@ -33,45 +32,42 @@ fn produce_lines(brokers: &str, topic: &str, file: &Path, partitions: i32) {
     produce(brokers, topic, &records);
 }
 
+/// Produces an example's sample data to its topic, runs its config until
+/// caught up and opens its database.
+async fn run_example(
+    name: &str,
+    topic: &str,
+    data: &str,
+    partitions: i32,
+) -> (TempDir, sqlx::SqlitePool) {
+    let brokers = shared_broker();
+    let example = repo_root().join("examples").join(name);
+    create_topic(brokers, topic, partitions);
+    produce_lines(brokers, topic, &example.join(data), partitions);
+    let dir = TempDir::new(name);
+    run_ok(&adapt_config(&example, brokers, dir.path()));
+    let pool = sqlite(&dir.path().join(format!("{name}.db"))).await;
+    (dir, pool)
+}
+
+fn expected(name: &str) -> String {
+    std::fs::read_to_string(repo_root().join("examples").join(name).join("expected.txt")).unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn word_count_example_gives_expected_counts() {
-    let brokers = shared_broker();
-    let example = repo_root().join("examples/word-count");
-    create_topic(brokers, "words", 4);
-    produce_lines(brokers, "words", &example.join("words.txt"), 4);
-    let dir = TempDir::new("ex-wc");
-    let config = adapt_config(&example, brokers, dir.path());
-    let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pool = sqlite(&dir.path().join("word-count.db")).await;
+    let (_dir, pool) = run_example("word-count", "words", "words.txt", 4).await;
     let rows: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM word_counts ORDER BY word")
         .fetch_all(&pool)
         .await
         .unwrap();
     let actual: String = rows.iter().map(|(w, n)| format!("{w} {n}\n")).collect();
-    let expected = std::fs::read_to_string(example.join("expected.txt")).unwrap();
-    assert_eq!(actual, expected);
+    assert_eq!(actual, expected("word-count"));
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn json_filter_example_gives_expected_rows_and_dead_letter() {
-    let brokers = shared_broker();
-    let example = repo_root().join("examples/json-filter");
-    create_topic(brokers, "events", 2);
-    produce_lines(brokers, "events", &example.join("events.jsonl"), 2);
-    let dir = TempDir::new("ex-json");
-    let config = adapt_config(&example, brokers, dir.path());
-    let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let pool = sqlite(&dir.path().join("json-filter.db")).await;
+    let (_dir, pool) = run_example("json-filter", "events", "events.jsonl", 2).await;
     let rows: Vec<(i64, String, f64)> =
         sqlx::query_as("SELECT id, user, amount FROM purchases ORDER BY id")
             .fetch_all(&pool)
@@ -86,8 +82,5 @@ async fn json_filter_example_gives_expected_rows_and_dead_letter() {
         actual.push_str(&format!("{id} {user} {amount:?}\n"));
     }
     actual.push_str(&format!("dead_letters {dead}\n"));
-    assert_eq!(
-        actual,
-        std::fs::read_to_string(example.join("expected.txt")).unwrap()
-    );
+    assert_eq!(actual, expected("json-filter"));
 }

@@ -16,12 +16,7 @@ async fn run_identity(pipeline: &str, topic: &str, partitions: i32) -> (TempDir,
         dir.path(),
         &identity_config(pipeline, brokers, topic, &db, 1000),
     );
-    let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "sluice failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&config);
     let _ = partitions;
     let pool = sqlite(&db).await;
     (dir, pool)
@@ -260,12 +255,7 @@ columns = {{ offset = "integer", value = "text" }}
             db = db.display()
         ),
     );
-    let out = run_until_caught_up(&config, Duration::from_secs(120));
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(&config);
     let pool = sqlite(&db).await;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
         .fetch_one(&pool)
