@@ -26,6 +26,9 @@ use std::time::{Duration, Instant};
 /// How long a broker may take to answer metadata, seek and watermark calls.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// Messages taken from librdkafka's queue between two looks at the clock.
+const DRAIN_PER_CLOCK_CHECK: usize = 256;
+
 /// Why the source failed. Callers act on the variant.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -139,11 +142,15 @@ impl KafkaSource {
         let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let message = self.consumer.poll(left.min(Duration::from_millis(50)));
-            match message {
-                Some(Ok(m)) => buffer(&mut self.partitions, &m),
-                Some(Err(e)) => self.on_error(e)?,
-                None => {}
+            let mut wait = left.min(Duration::from_millis(50));
+            // Drain what is queued without reading the clock per message.
+            for _ in 0..DRAIN_PER_CLOCK_CHECK {
+                match self.consumer.poll(wait) {
+                    Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                    Some(Err(e)) => self.on_error(e)?,
+                    None => break,
+                }
+                wait = Duration::ZERO;
             }
             let ownership_changed = self.apply_ownership_events();
             if Instant::now() >= deadline || self.some_batch_full() || ownership_changed {
