@@ -289,17 +289,12 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 Err(e) => return Err(fail(e)),
             }
         };
-        let mut seen = std::collections::HashSet::new();
-        let rejected = output
-            .rejections
-            .iter()
-            .filter(|r| seen.insert(r.index))
-            .map(|r| DeadLetter {
-                index: r.index as usize,
-                reason: r.reason.clone(),
-                kind: DeadLetterKind::Rejected,
-            });
-        dead.extend(rejected.collect::<Vec<_>>());
+        dead.extend(output.rejections.iter().map(|r| DeadLetter {
+            index: r.index as usize,
+            reason: r.reason.clone(),
+            kind: DeadLetterKind::Rejected,
+        }));
+        // One dead letter per record (a module may reject a record twice).
         dead.sort_by_key(|d| d.index);
         dead.dedup_by_key(|d| d.index);
         Ok((output, dead))

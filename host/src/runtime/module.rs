@@ -68,7 +68,7 @@ pub fn load(
     bytes: &[u8],
     cache_dir: Option<&Path>,
 ) -> Result<LoadedModule, ModuleError> {
-    if wasmparser_is_core_module(bytes) {
+    if is_core_module(bytes) {
         return Err(ModuleError::NotAComponent(
             "this is a core wasm module; wrap it into a component (e.g. `wasm-tools component new`)"
                 .into(),
@@ -84,7 +84,7 @@ pub fn load(
     Ok(LoadedModule { digest, pre })
 }
 
-fn wasmparser_is_core_module(bytes: &[u8]) -> bool {
+fn is_core_module(bytes: &[u8]) -> bool {
     // A core module's preamble is `\0asm` + version 1; a component's is
     // `\0asm` + version 0x0d with layer 1.
     bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
