@@ -11,6 +11,10 @@ use crate::output as host;
 wasmtime::component::bindgen!({
     path: "../wit",
     world: "transform",
+    // Parameters borrow from the host's own batch: no copy before lowering.
+    ownership: Borrowing {
+        duplicate_if_necessary: true
+    },
 });
 
 use self::sluice::plugin::types as wit;
@@ -58,32 +62,39 @@ pub fn add_to_linker(linker: &mut wasmtime::component::Linker<BatchState>) -> wa
     Transform::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)
 }
 
-/// The batch in WIT form. Copies the columns once (the guest gets its own
-/// copy anyway when the host lowers them).
-pub fn record_batch(r: &Records) -> wit::RecordBatch {
+/// The batch in WIT form, borrowing the host's columns (the canonical ABI
+/// copies them into the instance once, when lowering).
+pub fn record_batch<'a>(
+    r: &'a Records,
+    slices: &'a [wit::PartitionSlice<'a>],
+) -> wit::RecordBatch<'a> {
     wit::RecordBatch {
-        slices: r
-            .slices
-            .iter()
-            .map(|s| wit::PartitionSlice {
-                topic: s.topic.clone(),
-                partition: s.partition,
-                first: s.first,
-                count: s.count,
-            })
-            .collect(),
-        offsets: r.offsets.clone(),
-        timestamps: r.timestamps.clone(),
-        key_lengths: r.key_lengths.clone(),
-        keys: r.keys.clone(),
-        value_lengths: r.value_lengths.clone(),
-        values: r.values.clone(),
-        header_counts: r.header_counts.clone(),
-        header_name_lengths: r.header_name_lengths.clone(),
-        header_names: r.header_names.clone(),
-        header_value_lengths: r.header_value_lengths.clone(),
-        header_values: r.header_values.clone(),
+        slices,
+        offsets: &r.offsets,
+        timestamps: &r.timestamps,
+        key_lengths: &r.key_lengths,
+        keys: &r.keys,
+        value_lengths: &r.value_lengths,
+        values: &r.values,
+        header_counts: &r.header_counts,
+        header_name_lengths: &r.header_name_lengths,
+        header_names: &r.header_names,
+        header_value_lengths: &r.header_value_lengths,
+        header_values: &r.header_values,
     }
+}
+
+/// The batch's partition slices in WIT form.
+pub fn slices(r: &Records) -> Vec<wit::PartitionSlice<'_>> {
+    r.slices
+        .iter()
+        .map(|s| wit::PartitionSlice {
+            topic: &s.topic,
+            partition: s.partition,
+            first: s.first,
+            count: s.count,
+        })
+        .collect()
 }
 
 /// Converts and checks the module's output against the contract.

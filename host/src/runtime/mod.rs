@@ -132,13 +132,14 @@ impl Runtime {
         let instance = module.instantiate(&mut store)?;
         self.init(&mut store, &instance, params)?;
         let ctx = wit::BatchContext {
-            pipeline: plan.pipeline.clone(),
-            batch_id: plan.batch_id.clone(),
+            pipeline: &plan.pipeline,
+            batch_id: &plan.batch_id,
             batch_time_ms: plan.batch_time_ms,
             seed: plan.seed(),
         };
-        let batch = bindings::record_batch(records);
-        let result = instance.call_process(&mut store, &ctx, &batch);
+        let slices = bindings::slices(records);
+        let batch = bindings::record_batch(records, &slices);
+        let result = instance.call_process(&mut store, ctx, batch);
         let logs = std::mem::take(&mut store.data_mut().logs);
         for line in &logs {
             tracing::info!(batch = %plan.batch_id, "module: {line}");
