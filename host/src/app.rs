@@ -7,8 +7,8 @@
 use crate::config::PipelineConfig;
 use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
-use crate::sink::SinkError;
-use crate::sink::sqlite::SqliteSink;
+use crate::pipeline::Sink;
+use crate::sink::{SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +61,29 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
     let transform = load_transform(config)?;
-    let sink = SqliteSink::open(&config.sink).await?;
+    match SinkKind::of_url(&config.sink.url)? {
+        SinkKind::Sqlite => {
+            let sink = sqlite::open(&config.sink).await?;
+            run_with(config, transform, sink, until_caught_up, shutdown).await
+        }
+        SinkKind::Postgres => {
+            let sink = postgres::open(&config.sink).await?;
+            run_with(config, transform, sink, until_caught_up, shutdown).await
+        }
+        SinkKind::Mysql => {
+            let sink = mysql::open(&config.sink).await?;
+            run_with(config, transform, sink, until_caught_up, shutdown).await
+        }
+    }
+}
+
+async fn run_with<S: Sink>(
+    config: &PipelineConfig,
+    transform: WasmTransform,
+    sink: S,
+    until_caught_up: bool,
+    shutdown: CancellationToken,
+) -> Result<RunStats, AppError> {
     let group = config.group_id();
     let source_config = config.source.clone();
     let source = tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))

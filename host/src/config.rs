@@ -69,6 +69,14 @@ pub struct SourceConfig {
     /// [`RESERVED_PROPERTIES`]) are refused.
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Static assignment, topic -> partitions, instead of the consumer
+    /// group: the instance reads exactly these partitions whatever other
+    /// instances do. Two instances given the same partition race for every
+    /// range; the sink's offset compare-and-set lets one of them commit it
+    /// and fences the other. Meant for tests and manual recovery, not for
+    /// scaling (use the group for that).
+    #[serde(default)]
+    pub assign: Option<BTreeMap<String, Vec<i32>>>,
 }
 
 /// Where a partition without a checkpoint starts.
@@ -146,15 +154,38 @@ impl Default for LimitsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
-    /// Database URL. `sqlite://PATH` (relative to the config file; created if
-    /// missing) is the embedded default.
+    /// Database URL: `sqlite://PATH` (relative to the config file; created
+    /// if missing) is the embedded default; `postgres://user@host:port/db`
+    /// or `mysql://user:password@host:port/db` (MariaDB too). A password
+    /// may also come from the URL's usual environment (`PGPASSWORD`).
     pub url: String,
     /// Prefix of sluice's own tables (checkpoints, batches, ranges, dead
     /// letters).
     #[serde(default = "default_prefix")]
     pub table_prefix: String,
+    /// Schema (Postgres) or database (MySQL) holding sluice's tables and the
+    /// targets' tables; created if missing. Default: the connection's
+    /// current schema/database. SQLite has none.
+    #[serde(default)]
+    pub schema: Option<String>,
+    /// `exactly-once` (default): rows, dead letters, lineage and offsets in
+    /// one transaction. `at-least-once`: rows first, offsets in a second
+    /// transaction (a crash in between writes rows twice); for comparison.
+    #[serde(default)]
+    pub guarantee: Guarantee,
     /// The targets a module may write to.
     pub targets: Vec<TargetConfig>,
+}
+
+/// The delivery guarantee of a sink.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guarantee {
+    /// Outputs and offsets commit together.
+    #[default]
+    ExactlyOnce,
+    /// Outputs commit before offsets; a crash between them duplicates.
+    AtLeastOnce,
 }
 
 /// One named output target of the module, mapped to a table.
@@ -304,6 +335,20 @@ impl PipelineConfig {
         if self.source.topics.is_empty() {
             return invalid("`source.topics` must name at least one topic".into());
         }
+        if let Some(assign) = &self.source.assign {
+            for (topic, partitions) in assign {
+                if !self.source.topics.contains(topic) {
+                    return invalid(format!(
+                        "`source.assign` names topic `{topic}`, which is not in `source.topics`"
+                    ));
+                }
+                if partitions.is_empty() || partitions.iter().any(|p| *p < 0) {
+                    return invalid(format!(
+                        "`source.assign.{topic}` must list partition numbers (0 or more)"
+                    ));
+                }
+            }
+        }
         if self.source.max_records_per_partition == 0 {
             return invalid("`source.max_records_per_partition` must be at least 1".into());
         }
@@ -316,6 +361,9 @@ impl PipelineConfig {
         }
         if self.limits.fuel_per_batch == 0 || self.limits.max_memory_mib == 0 {
             return invalid("`limits` must be positive".into());
+        }
+        if let Err(e) = crate::sink::SinkKind::of_url(&self.sink.url) {
+            return invalid(e.to_string().trim_start_matches("sink configuration: ").to_string());
         }
         if self.sink.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());

@@ -3,8 +3,12 @@
 //! consumer; this module holds what every backend shares (the commit request,
 //! the error kinds) and opens the backend a URL names.
 //!
-//! Backends are directories (`sqlite/`) and never import each other.
+//! Backends are directories (`sqlite/`, `postgres/`, `mysql/`) and never
+//! import each other; what the SQL backends share is in `sql/`.
 
+pub mod mysql;
+pub mod postgres;
+pub mod sql;
 pub mod sqlite;
 
 use crate::batch::{Plan, Records};
@@ -87,13 +91,40 @@ pub enum CommitOutcome {
     },
 }
 
-/// Quotes an identifier from configuration for SQL (`"` doubled), after
-/// refusing characters no table or column name needs.
-pub fn quote_ident(name: &str) -> Result<String, SinkError> {
-    if name.is_empty() || name.len() > 128 || name.chars().any(|c| c.is_control()) {
-        return Err(SinkError::Config(format!(
-            "invalid identifier {name:?}: must be 1-128 characters without control characters"
-        )));
+/// The sink kinds a URL can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    Sqlite,
+    Postgres,
+    Mysql,
+}
+
+impl SinkKind {
+    /// The kind named by the URL's scheme.
+    pub fn of_url(url: &str) -> Result<SinkKind, SinkError> {
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "sqlite" => Ok(SinkKind::Sqlite),
+            "postgres" | "postgresql" => Ok(SinkKind::Postgres),
+            "mysql" | "mariadb" => Ok(SinkKind::Mysql),
+            _ => Err(SinkError::Config(format!(
+                "unsupported sink URL `{url}`: use sqlite://PATH, postgres://USER@HOST/DB or \
+                 mysql://USER@HOST/DB"
+            ))),
+        }
     }
-    Ok(format!("\"{}\"", name.replace('"', "\"\"")))
+}
+
+/// The URL with its password (if any) masked, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_string(),
+    }
 }

@@ -120,10 +120,16 @@ impl KafkaSource {
                 return Err(SourceError::UnknownTopic(topic.clone()));
             }
         }
-        let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
-        consumer
-            .subscribe(&topics)
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+        match &config.assign {
+            Some(assign) => ownership::assign_statically(&consumer, assign)
+                .map_err(|e| SourceError::Kafka(e.to_string()))?,
+            None => {
+                let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+                consumer
+                    .subscribe(&topics)
+                    .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            }
+        }
         Ok(KafkaSource {
             consumer,
             brokers: config.brokers.clone(),

@@ -38,6 +38,24 @@ fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
         .collect()
 }
 
+/// Takes `assign` (topic -> partitions) without the group, like a group
+/// assignment: paused at the log start until the checkpoint is known.
+pub fn assign_statically(
+    consumer: &BaseConsumer<OwnershipContext>,
+    assign: &std::collections::BTreeMap<String, Vec<i32>>,
+) -> rdkafka::error::KafkaResult<()> {
+    let mut tpl = TopicPartitionList::new();
+    for (topic, partitions) in assign {
+        for &p in partitions {
+            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
+        }
+    }
+    consumer.assign(&tpl)?;
+    tracing::info!(partitions = ?partitions(&tpl), "static assignment (no consumer group)");
+    consumer.context().post_rebalance(consumer, &Rebalance::Assign(&tpl));
+    Ok(())
+}
+
 impl ClientContext for OwnershipContext {}
 
 impl ConsumerContext for OwnershipContext {

@@ -2,12 +2,9 @@
 //!
 //! # Delivery guarantee
 //!
-//! Exactly-once. Each batch is one SQLite transaction (`BEGIN IMMEDIATE`)
-//! holding the target rows, the dead letters, the lineage rows and the offset
-//! move `from -> until` per partition, done as a compare-and-set on the
-//! checkpoint row. Zero rows moved means another owner committed first: the
-//! transaction is rolled back and the pipeline re-plans. This depends on
-//! (1) the source replaying the same records for the same range (Kafka,
+//! Exactly-once, by the shared SQL batch transaction (see `sink::sql`),
+//! here one `BEGIN IMMEDIATE` transaction per batch. It depends on (1) the
+//! source replaying the same records for the same range (Kafka,
 //! `read_committed`), (2) the module being deterministic, and (3) SQLite's
 //! atomic commit with `synchronous=FULL` in WAL mode.
 
@@ -17,4 +14,4 @@ mod sink;
 mod tests;
 
 pub use config::SqliteConfig;
-pub use sink::SqliteSink;
+pub use sink::{SqliteBackend, SqliteSink, open};

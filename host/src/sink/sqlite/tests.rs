@@ -105,7 +105,7 @@ async fn commit(sink: &SqliteSink, from: i64, until: i64, output: &Output) -> Co
 
 async fn counts(sink: &SqliteSink) -> Vec<(String, i64)> {
     sqlx::query_as("SELECT word, n FROM counts ORDER BY word")
-        .fetch_all(&sink.pool)
+        .fetch_all(&sink.backend().pool)
         .await
         .unwrap()
 }
@@ -113,7 +113,7 @@ async fn counts(sink: &SqliteSink) -> Vec<(String, i64)> {
 #[tokio::test]
 async fn stale_from_is_fenced_and_rolls_back_everything() {
     let db = temp_db("fence");
-    let sink = SqliteSink::open(&sink_config(&db, COUNTS)).await.unwrap();
+    let sink = super::open(&sink_config(&db, COUNTS)).await.unwrap();
     assert_eq!(
         commit(&sink, 0, 10, &words_output(&[("a", 1)])).await,
         CommitOutcome::Committed
@@ -135,7 +135,7 @@ async fn stale_from_is_fenced_and_rolls_back_everything() {
     ));
     assert_eq!(counts(&sink).await, vec![("a".into(), 1)]);
     let batches: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_batches")
-        .fetch_one(&sink.pool)
+        .fetch_one(&sink.backend().pool)
         .await
         .unwrap();
     assert_eq!(batches, 1, "fenced batches leave no lineage");
@@ -180,7 +180,7 @@ mode = "delete"
 key = ["word"]
 columns = { word = "text" }
 "#;
-    let sink = SqliteSink::open(&sink_config(&db, targets)).await.unwrap();
+    let sink = super::open(&sink_config(&db, targets)).await.unwrap();
     let mut out = words_output(&[("a", 1), ("b", 2)]);
     let mut latest = out.targets[0].clone();
     latest.target = "latest".into();
@@ -197,12 +197,12 @@ columns = { word = "text" }
     out2.targets.push(gone.targets.remove(0));
     assert_eq!(commit(&sink, 1, 2, &out2).await, CommitOutcome::Committed);
     let log: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM log ORDER BY rowid")
-        .fetch_all(&sink.pool)
+        .fetch_all(&sink.backend().pool)
         .await
         .unwrap();
     assert_eq!(log, vec![("a".into(), 1), ("b".into(), 2), ("a".into(), 5)]);
     let latest: Vec<(String, i64)> = sqlx::query_as("SELECT word, n FROM latest ORDER BY word")
-        .fetch_all(&sink.pool)
+        .fetch_all(&sink.backend().pool)
         .await
         .unwrap();
     assert_eq!(latest, vec![("a".into(), 5)]);
@@ -219,19 +219,19 @@ mode = "accumulate"
 key = ["word"]
 columns = { word = "text", n = "integer" }
 "#;
-    let sink = SqliteSink::open(&sink_config(&db, targets)).await.unwrap();
+    let sink = super::open(&sink_config(&db, targets)).await.unwrap();
     assert_eq!(
         commit(&sink, 0, 1, &words_output(&[("x", 4)])).await,
         CommitOutcome::Committed
     );
     let row =
         sqlx::query(r#"SELECT word, n FROM "weird ""table""; DROP TABLE sluice_checkpoints; --""#)
-            .fetch_one(&sink.pool)
+            .fetch_one(&sink.backend().pool)
             .await
             .unwrap();
     assert_eq!(row.get::<i64, _>(1), 4);
     let checkpoints: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_checkpoints")
-        .fetch_one(&sink.pool)
+        .fetch_one(&sink.backend().pool)
         .await
         .unwrap();
     assert_eq!(checkpoints, 1, "the checkpoint table survived");
@@ -242,7 +242,7 @@ name = "counts"
 table = "tab\u0000le"
 columns = { word = "text" }
 "#;
-    let err = SqliteSink::open(&sink_config(&temp_db("idents-bad"), bad))
+    let err = super::open(&sink_config(&temp_db("idents-bad"), bad))
         .await
         .err()
         .expect("rejected");
@@ -252,7 +252,7 @@ columns = { word = "text" }
 #[tokio::test]
 async fn output_that_does_not_fit_the_target_is_a_config_error() {
     let db = temp_db("mismatch");
-    let sink = SqliteSink::open(&sink_config(&db, COUNTS)).await.unwrap();
+    let sink = super::open(&sink_config(&db, COUNTS)).await.unwrap();
     let mut out = words_output(&[("a", 1)]);
     out.targets[0].columns[1].data = ColumnData::Float64(vec![1.5]);
     let (plan, records) = batch(0, 1);
@@ -283,7 +283,7 @@ async fn output_that_does_not_fit_the_target_is_a_config_error() {
 #[tokio::test]
 async fn dead_letters_keep_the_record() {
     let db = temp_db("dead");
-    let sink = SqliteSink::open(&sink_config(&db, COUNTS)).await.unwrap();
+    let sink = super::open(&sink_config(&db, COUNTS)).await.unwrap();
     let (plan, records) = batch(0, 3);
     let out = words_output(&[]);
     let digest = out.digest();
@@ -302,7 +302,7 @@ async fn dead_letters_keep_the_record() {
     assert_eq!(sink.commit(&c).await.unwrap(), CommitOutcome::Committed);
     let row: (i64, Vec<u8>, String, String) =
         sqlx::query_as("SELECT \"offset\", record_value, kind, reason FROM sluice_dead_letters")
-            .fetch_one(&sink.pool)
+            .fetch_one(&sink.backend().pool)
             .await
             .unwrap();
     assert_eq!(row, (1, b"x".to_vec(), "rejected".into(), "bad".into()));

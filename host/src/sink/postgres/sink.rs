@@ -1,0 +1,266 @@
+//! The Postgres backend of the SQL sink: connections, error kinds, and the
+//! bulk row path: one statement per target and batch, the columns bound as
+//! arrays and expanded by `UNNEST` (prepared once, reused by every batch).
+//!
+//! Delivery guarantee: see the module header in `mod.rs`. It must never
+//! report a lost `COMMIT` reply as anything but
+//! [`SinkError::CommitUnknown`], so the batch is resolved from the
+//! checkpoint and not written twice.
+
+use super::config::PostgresConfig;
+use crate::config::{ColumnType, SinkConfig, WriteMode};
+use crate::sink::{SinkError, redact_url};
+use crate::sink::sql::{Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use sqlx::postgres::{PgArguments, PgPool};
+use sqlx::{Arguments, Postgres, Row, Transaction};
+
+/// The Postgres sink.
+pub type PostgresSink = SqlSink<PostgresBackend>;
+
+/// Connects to the database named by `config.url` and prepares the tables.
+pub async fn open(config: &SinkConfig) -> Result<PostgresSink, SinkError> {
+    let PostgresConfig { options, pool } = PostgresConfig::from_url(&config.url)?;
+    let pool = pool
+        .connect_with(options)
+        .await
+        .map_err(|e| SinkError::Unavailable(format!("cannot connect to {}: {e}", redact_url(&config.url))))?;
+    SqlSink::open(PostgresBackend { pool }, config).await
+}
+
+pub struct PostgresBackend {
+    pub(super) pool: PgPool,
+}
+
+/// A target's statement (one per target: the mode decides its shape).
+pub struct Statements {
+    sql: String,
+    /// Which columns are bound, in placeholder order.
+    bound: Vec<usize>,
+}
+
+pub struct PostgresTx {
+    tx: Transaction<'static, Postgres>,
+}
+
+/// Connection trouble, server shutdown, serialization failures and
+/// deadlocks are worth retrying; everything else is not.
+fn db_err(e: sqlx::Error) -> SinkError {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => SinkError::Unavailable(e.to_string()),
+        sqlx::Error::Database(d) => {
+            let code = d.code().unwrap_or_default();
+            let retriable = code.starts_with("08")
+                || code.starts_with("57P")
+                || matches!(&*code, "40001" | "40P01" | "53300" | "55P03");
+            if retriable {
+                SinkError::Unavailable(e.to_string())
+            } else {
+                SinkError::Database(e.to_string())
+            }
+        }
+        _ => SinkError::Database(e.to_string()),
+    }
+}
+
+fn args(params: &[Param<'_>]) -> Result<PgArguments, SinkError> {
+    let mut args = PgArguments::default();
+    for p in params {
+        match *p {
+            Param::Int(x) => args.add(x),
+            Param::Text(s) => args.add(s),
+            Param::Bytes(b) => args.add(b),
+        }
+        .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))?;
+    }
+    Ok(args)
+}
+
+fn array_type(ty: ColumnType) -> &'static str {
+    match ty {
+        ColumnType::Integer => "bigint[]",
+        ColumnType::Real => "double precision[]",
+        ColumnType::Text => "text[]",
+        ColumnType::Blob => "bytea[]",
+        ColumnType::Boolean => "boolean[]",
+    }
+}
+
+/// Binds a whole column as one array parameter.
+fn bind_array(args: &mut PgArguments, column: &TypedColumn<'_>) -> Result<(), SinkError> {
+    match column {
+        TypedColumn::Integer(v) => args.add(v.as_slice()),
+        TypedColumn::Real(v) => args.add(v.as_slice()),
+        TypedColumn::Text(v) => args.add(v.as_slice()),
+        TypedColumn::Blob(v) => args.add(v.as_slice()),
+        TypedColumn::Boolean(v) => args.add(v.as_slice()),
+    }
+    .map_err(|e| SinkError::Database(format!("cannot bind column: {e}")))
+}
+
+/// `UNNEST($1::bigint[], $2::text[])` over the columns at `bound`.
+fn unnest(target: &Target, bound: &[usize]) -> String {
+    let arrays: Vec<String> = bound
+        .iter()
+        .enumerate()
+        .map(|(i, &c)| format!("${}::{}", i + 1, array_type(target.types[c])))
+        .collect();
+    format!("UNNEST({})", arrays.join(", "))
+}
+
+fn statement(target: &Target) -> Statements {
+    let table = &target.table;
+    let cols = target.quoted.join(", ");
+    let keys = target.quoted_keys().join(", ");
+    let non_keys = target.quoted_non_keys();
+    let all: Vec<usize> = (0..target.columns.len()).collect();
+    let conflict = |set: &dyn Fn(&str) -> String| {
+        if non_keys.is_empty() {
+            return format!(" ON CONFLICT ({keys}) DO NOTHING");
+        }
+        let set: Vec<String> = non_keys.iter().map(|c| format!("{c} = {}", set(c))).collect();
+        format!(" ON CONFLICT ({keys}) DO UPDATE SET {}", set.join(", "))
+    };
+    let sql = match target.config.mode {
+        WriteMode::Append => format!("INSERT INTO {table} ({cols}) SELECT * FROM {}", unnest(target, &all)),
+        // A key may come several times in one batch; ON CONFLICT may touch
+        // a row only once per statement, so the batch is folded first: the
+        // last row per key wins.
+        WriteMode::Upsert => format!(
+            "INSERT INTO {table} AS sluice_t ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {} \
+             WITH ORDINALITY AS u({cols}, sluice_ord) ORDER BY {keys}, sluice_ord DESC{}",
+            unnest(target, &all),
+            conflict(&|c| format!("EXCLUDED.{c}"))
+        ),
+        // ... and for accumulate the rows per key are summed.
+        WriteMode::Accumulate => {
+            let select: Vec<String> = (0..target.columns.len())
+                .map(|i| {
+                    let c = &target.quoted[i];
+                    if target.keys.contains(&i) { c.clone() } else { format!("sum({c})") }
+                })
+                .collect();
+            format!(
+                "INSERT INTO {table} AS sluice_t ({cols}) SELECT {} FROM {} AS u({cols}) \
+                 GROUP BY {keys}{}",
+                select.join(", "),
+                unnest(target, &all),
+                conflict(&|c| format!("coalesce(sluice_t.{c}, 0) + coalesce(EXCLUDED.{c}, 0)"))
+            )
+        }
+        WriteMode::Delete => {
+            return Statements {
+                sql: format!(
+                    "DELETE FROM {table} WHERE ({keys}) IN (SELECT * FROM {})",
+                    unnest(target, &target.keys)
+                ),
+                bound: target.keys.clone(),
+            };
+        }
+    };
+    Statements { sql, bound: all }
+}
+
+impl SqlBackend for PostgresBackend {
+    type Statements = Statements;
+    type Tx = PostgresTx;
+
+    fn dialect(&self) -> &'static Dialect {
+        &POSTGRES
+    }
+
+    async fn begin(&self) -> Result<PostgresTx, SinkError> {
+        Ok(PostgresTx {
+            tx: self.pool.begin().await.map_err(db_err)?,
+        })
+    }
+
+    async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
+        Ok(sqlx::query_with(sql, args(params)?)
+            .execute(&self.pool)
+            .await
+            .map_err(db_err)?
+            .rows_affected())
+    }
+
+    async fn query_i64(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+        let row = sqlx::query_with(sql, args(params)?)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(row.map(|r| r.get::<i64, _>(0)))
+    }
+
+    async fn table_columns(&self, schema: Option<&str>, table: &str) -> Result<Vec<String>, SinkError> {
+        let rows = sqlx::query(
+            "SELECT column_name::text FROM information_schema.columns \
+             WHERE table_schema = coalesce($1, current_schema()) AND table_name = $2",
+        )
+        .bind(schema)
+        .bind(table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+    }
+
+    fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
+        Ok(statement(target))
+    }
+}
+
+impl SqlTx<Statements> for PostgresTx {
+    async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
+        Ok(sqlx::query_with(sql, args(params)?)
+            .execute(&mut *self.tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected())
+    }
+
+    async fn query_i64(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+        let row = sqlx::query_with(sql, args(params)?)
+            .fetch_optional(&mut *self.tx)
+            .await
+            .map_err(db_err)?;
+        Ok(row.map(|r| r.get::<i64, _>(0)))
+    }
+
+    async fn write_rows(
+        &mut self,
+        _target: &Target,
+        statements: &Statements,
+        columns: &[TypedColumn<'_>],
+        rows: usize,
+    ) -> Result<(), SinkError> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let mut args = PgArguments::default();
+        for &c in &statements.bound {
+            bind_array(&mut args, &columns[c])?;
+        }
+        sqlx::query_with(&statements.sql, args)
+            .execute(&mut *self.tx)
+            .await
+            .map_err(db_err)?;
+        Ok(())
+    }
+
+    async fn commit(self) -> Result<(), SinkError> {
+        self.tx.commit().await.map_err(|e| match e {
+            // The server answered: the transaction did not commit.
+            sqlx::Error::Database(_) => db_err(e),
+            other => SinkError::CommitUnknown(other.to_string()),
+        })
+    }
+
+    async fn rollback(self) {
+        // A broken connection is closed by the pool; the server rolls back.
+        let _ = self.tx.rollback().await;
+    }
+}
