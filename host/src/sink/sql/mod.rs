@@ -29,6 +29,8 @@
 mod dialect;
 mod multirow;
 mod own_tables;
+#[cfg(test)]
+pub(crate) mod scenarios;
 mod target;
 
 pub use dialect::{Dialect, InsertIgnore, MYSQL, POSTGRES, SQLITE};
