@@ -6,6 +6,10 @@
 //! The expected results of tests come from an independent `read_committed`
 //! read of the input topic ([`read_committed`]), not from what was produced.
 
+pub mod crash;
+pub mod proxy;
+pub mod sinks;
+
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -455,6 +459,19 @@ pub fn identity_config(
     db: &Path,
     max_records: u32,
 ) -> String {
+    let sink = sinks::SinkDb::Sqlite(db.to_path_buf()).sink_toml();
+    identity_config_into(pipeline, brokers, topic, &sink, max_records)
+}
+
+/// [`identity_config`] with the `[sink]` connection lines given (see
+/// [`sinks::SinkDb::sink_toml`]).
+pub fn identity_config_into(
+    pipeline: &str,
+    brokers: &str,
+    topic: &str,
+    sink: &str,
+    max_records: u32,
+) -> String {
     format!(
         r#"
 pipeline = "{pipeline}"
@@ -470,14 +487,13 @@ properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }
 path = "{module}"
 
 [sink]
-url = "sqlite://{db}"
+{sink}
 
 [[sink.targets]]
 name = "records"
 columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
 "#,
         module = plugin("identity").display(),
-        db = db.display(),
     )
 }
 

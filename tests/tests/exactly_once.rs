@@ -11,33 +11,13 @@ use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 4;
 
-/// Produces the crash test's input: plain records, committed transactions
-/// and aborted transactions, interleaved. Returns how many records were sent
-/// outside aborted transactions.
-fn produce_mixed_input(brokers: &str, topic: &str, rng: &mut impl Rng) -> usize {
-    let mut sent = 0;
-    for round in 0..20 {
-        let plain = numbered(&format!("plain{round}"), 4_500, PARTITIONS);
-        produce(brokers, topic, &plain);
-        sent += plain.len();
-        let size = rng.gen_range(200..1_500);
-        let txn = numbered(&format!("txn{round}"), size, PARTITIONS);
-        let commit = round % 4 != 3;
-        produce_transaction(brokers, topic, &format!("crash-{round}"), &txn, commit);
-        if commit {
-            sent += txn.len();
-        }
-    }
-    sent
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     let broker = Broker::start();
     let topic = "crash-input";
     create_topic(&broker.brokers, topic, PARTITIONS);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
-    let sent = produce_mixed_input(&broker.brokers, topic, &mut rng);
+    let sent = crash::produce_mixed_input(&broker.brokers, topic, PARTITIONS, &mut rng);
     assert!(
         sent >= 100_000,
         "the test needs at least 100k committed records, sent {sent}"
@@ -50,39 +30,8 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
         &identity_config("crash", &broker.brokers, topic, &db, 200),
     );
 
-    // Each kill lands while batches are flowing: wait until this run has
-    // committed something new, then kill after a random 0-60 ms, which hits
-    // reading, transforming and committing alike.
-    let mut kills = 0;
-    let mut batches_before_final = 0;
-    let started = Instant::now();
-    while kills < 24 {
-        let mut child = Command::new(sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(&config)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn sluice");
-        while child.try_wait().expect("wait").is_none()
-            && committed_batches(&db).await <= batches_before_final
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(900),
-                "crash loop took too long"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..60))).await;
-        if child.try_wait().expect("wait").is_some() {
-            break; // finished before we could kill it: the rest is checked below
-        }
-        child.kill().expect("SIGKILL"); // std's kill() is SIGKILL on Unix
-        child.wait().expect("reap");
-        kills += 1;
-        batches_before_final = committed_batches(&db).await;
-    }
+    let sink = sinks::SinkDb::Sqlite(db.clone());
+    let (kills, batches_before_final) = crash::kill_loop(&config, &sink, 24, &mut rng).await;
     assert!(
         kills >= 20,
         "only {kills} kills happened before the pipeline finished; make batches smaller"

@@ -121,17 +121,17 @@ impl<B: SqlBackend> SqlSink<B> {
         let dialect = backend.dialect();
         let schema = config.schema.as_deref();
         if let Some(s) = schema {
-            backend.execute(&dialect.create_schema(s)?, &[]).await?;
+            create(&backend, &dialect.create_schema(s)?).await?;
         }
         let own = OwnTables::new(dialect, schema, &config.table_prefix)?;
         for ddl in own.ddl(dialect)? {
-            backend.execute(&ddl, &[]).await?;
+            create(&backend, &ddl).await?;
         }
         let mut targets = HashMap::new();
         for t in &config.targets {
             let target = Target::new(t, dialect, schema)?;
             if t.create {
-                backend.execute(&target.create_ddl(dialect), &[]).await?;
+                create(&backend, &target.create_ddl(dialect)).await?;
             }
             target.check_table(&backend.table_columns(schema, &target.table_name).await?)?;
             let statements = backend.statements(&target)?;
@@ -271,6 +271,24 @@ impl<B: SqlBackend> crate::pipeline::Sink for SqlSink<B> {
 
     async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         SqlSink::commit(self, commit).await
+    }
+}
+
+/// Runs a `CREATE ... IF NOT EXISTS`. Instances starting together race on
+/// it (Postgres may then fail one of them with a unique violation in its
+/// catalog); a second try sees the object and passes.
+async fn create<B: SqlBackend>(backend: &B, ddl: &str) -> Result<(), SinkError> {
+    let mut tries = 0;
+    loop {
+        match backend.execute(ddl, &[]).await {
+            Ok(_) => return Ok(()),
+            Err(e) if tries < 3 => {
+                tracing::debug!("{ddl}: {e}; trying again");
+                tries += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 

@@ -1,0 +1,201 @@
+//! The databases a test pipeline commits into, behind one handle: a SQLite
+//! file, a fresh Postgres schema or a fresh MariaDB database (dropped and
+//! recreated per test, so each test owns its tables), with the queries the
+//! tests check results by.
+//!
+//! Services are found by `SLUICE_TEST_POSTGRES_URL` / `SLUICE_TEST_MYSQL_URL`
+//! with the local defaults. It must not write into a pipeline's tables.
+
+use crate::Seen;
+use sqlx::AnyPool;
+use std::path::PathBuf;
+use std::sync::Once;
+
+pub fn postgres_url() -> String {
+    std::env::var("SLUICE_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into())
+}
+
+pub fn mysql_url() -> String {
+    std::env::var("SLUICE_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+}
+
+/// Where a test pipeline commits.
+#[derive(Debug, Clone)]
+pub enum SinkDb {
+    Sqlite(PathBuf),
+    Postgres { url: String, schema: String },
+    Mysql { url: String, schema: String },
+}
+
+async fn connect(url: &str) -> AnyPool {
+    static DRIVERS: Once = Once::new();
+    DRIVERS.call_once(sqlx::any::install_default_drivers);
+    sqlx::any::AnyPoolOptions::new()
+        .max_connections(2)
+        .connect(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"))
+}
+
+impl SinkDb {
+    /// A Postgres schema `name`, dropped first.
+    pub async fn fresh_postgres(name: &str) -> SinkDb {
+        let url = postgres_url();
+        let pool = connect(&url).await;
+        sqlx::raw_sql(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+            .execute(&pool)
+            .await
+            .expect("drop schema");
+        SinkDb::Postgres {
+            url,
+            schema: name.into(),
+        }
+    }
+
+    /// A MariaDB database `name`, dropped first.
+    pub async fn fresh_mysql(name: &str) -> SinkDb {
+        let url = mysql_url();
+        let pool = connect(&url).await;
+        sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{name}`"))
+            .execute(&pool)
+            .await
+            .expect("drop database");
+        SinkDb::Mysql {
+            url,
+            schema: name.into(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            SinkDb::Sqlite(path) => format!("sqlite://{}", path.display()),
+            SinkDb::Postgres { url, .. } | SinkDb::Mysql { url, .. } => url.clone(),
+        }
+    }
+
+    /// The `url = ...` (and `schema = ...`) lines of the `[sink]` table,
+    /// connecting through `url` instead when given (a fault proxy).
+    pub fn sink_toml_via(&self, url: Option<&str>) -> String {
+        let url = url.map(str::to_string).unwrap_or_else(|| self.url());
+        match self {
+            SinkDb::Sqlite(_) => format!("url = \"{url}\""),
+            SinkDb::Postgres { schema, .. } | SinkDb::Mysql { schema, .. } => {
+                format!("url = \"{url}\"\nschema = \"{schema}\"")
+            }
+        }
+    }
+
+    pub fn sink_toml(&self) -> String {
+        self.sink_toml_via(None)
+    }
+
+    /// `name` quoted (and schema-qualified for tables) in this dialect.
+    pub fn ident(&self, name: &str) -> String {
+        match self {
+            SinkDb::Mysql { .. } => format!("`{name}`"),
+            _ => format!("\"{name}\""),
+        }
+    }
+
+    pub fn table(&self, name: &str) -> String {
+        match self {
+            SinkDb::Sqlite(_) => self.ident(name),
+            SinkDb::Postgres { schema, .. } | SinkDb::Mysql { schema, .. } => {
+                format!("{}.{}", self.ident(schema), self.ident(name))
+            }
+        }
+    }
+
+    pub async fn pool(&self) -> AnyPool {
+        connect(&self.url()).await
+    }
+
+    /// One integer; `None` if the query fails (e.g. no table yet).
+    pub async fn scalar(&self, sql: &str) -> Option<i64> {
+        if let SinkDb::Sqlite(path) = self
+            && !path.exists()
+        {
+            return None;
+        }
+        let pool = self.pool().await;
+        let value = sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.ok();
+        pool.close().await;
+        value
+    }
+
+    /// How many batches the pipelines committed (0 before the first).
+    pub async fn committed_batches(&self) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.table("sluice_batches"));
+        self.scalar(&sql).await.unwrap_or(0)
+    }
+
+    pub async fn dead_letters(&self) -> i64 {
+        let sql = format!("SELECT count(*) FROM {}", self.table("sluice_dead_letters"));
+        self.scalar(&sql).await.expect("dead letters table")
+    }
+
+    /// The `records` table of an identity pipeline, in (partition, offset)
+    /// order.
+    pub async fn identity_rows(&self) -> Vec<Seen> {
+        let (p, o) = (self.ident("partition"), self.ident("offset"));
+        let sql = format!(
+            "SELECT {p}, {o}, {k}, {v} FROM {t} ORDER BY {p}, {o}",
+            k = self.ident("key"),
+            v = self.ident("value"),
+            t = self.table("records")
+        );
+        let pool = self.pool().await;
+        let rows: Vec<(i64, i64, Option<Vec<u8>>, Option<Vec<u8>>)> = sqlx::query_as(&sql)
+            .fetch_all(&pool)
+            .await
+            .expect("records table");
+        rows.into_iter()
+            .map(|(partition, offset, key, value)| Seen {
+                partition: partition as i32,
+                offset,
+                key: key.map(|k| String::from_utf8_lossy(&k).into_owned()),
+                value: String::from_utf8_lossy(&value.unwrap_or_default()).into_owned(),
+            })
+            .collect()
+    }
+
+    /// `(text, integer)` pairs of a two-column query, e.g. word counts.
+    pub async fn pairs(&self, table: &str, a: &str, b: &str) -> Vec<(String, i64)> {
+        let sql = format!(
+            "SELECT {a}, {b} FROM {t} ORDER BY {a}",
+            a = self.ident(a),
+            b = self.ident(b),
+            t = self.table(table)
+        );
+        let pool = self.pool().await;
+        sqlx::query_as(&sql).fetch_all(&pool).await.expect("query")
+    }
+
+    /// Asserts lineage rows form contiguous ranges per partition: each range
+    /// starts where the previous one ended, with no overlap and no gap.
+    pub async fn assert_contiguous_lineage(&self, pipeline: &str) {
+        let sql = format!(
+            "SELECT topic, {p}, from_offset, until_offset FROM {t} WHERE pipeline = '{pipeline}' \
+             ORDER BY topic, {p}, from_offset",
+            p = self.ident("partition"),
+            t = self.table("sluice_batch_ranges")
+        );
+        let pool = self.pool().await;
+        let rows: Vec<(String, i64, i64, i64)> =
+            sqlx::query_as(&sql).fetch_all(&pool).await.expect("lineage");
+        assert!(!rows.is_empty(), "no lineage rows");
+        let mut last: Option<(String, i64, i64)> = None;
+        for (topic, partition, from, until) in rows {
+            assert!(until > from, "empty range {topic}[{partition}] {from}..{until}");
+            if let Some((t, p, prev_until)) = &last
+                && *t == topic
+                && *p == partition
+            {
+                assert_eq!(from, *prev_until, "lineage gap or overlap in {topic}[{partition}]");
+            }
+            last = Some((topic, partition, until));
+        }
+    }
+}
