@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs one example of examples/ from scratch: starts a local Tansu broker,
+# creates the example's topic, produces its sample data, drops the example's
+# schema (SQL examples), runs the pipeline until caught up and prints where
+# the result is. Usage: scripts/example.sh NAME (see examples/).
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$root"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert}"
+case "$name" in
+  word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
+  word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
+  json-filter)         topic=events;           partitions=2; data=examples/json-filter/events.jsonl ;;
+  orders-mysql)        topic=orders;           partitions=2; data=examples/orders-mysql/orders.jsonl ;;
+  changelog-upsert)    topic=customer-changes; partitions=1; data=examples/changelog-upsert/changes.jsonl ;;
+  *) echo "unknown example $name" >&2; exit 2 ;;
+esac
+config="examples/$name/pipeline.toml"
+schema="$(sed -n 's/^schema = "\(.*\)"/\1/p' "$config")"
+case "$(sed -n 's/^url = "\([a-z]*\):.*/\1/p' "$config")" in
+  postgres) psql -q -h 127.0.0.1 -U postgres test -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" ;;
+  mysql)    mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$schema\`" ;;
+  sqlite)   rm -f "examples/$name/"*.db* ;;
+esac
+port=19092
+scripts/build-plugins.sh >/dev/null
+cargo build --quiet --release -p sluice --bin sluice -p sluice-tests --bin kafka-tool
+target="${CARGO_TARGET_DIR:-$root/target}/release"
+scripts/tansu.sh stop "$port" >/dev/null 2>&1 || true
+scripts/tansu.sh start "$port"
+trap 'scripts/tansu.sh stop "$port"' EXIT
+"$target/kafka-tool" create-topic "127.0.0.1:$port" "$topic" "$partitions"
+"$target/kafka-tool" produce "127.0.0.1:$port" "$topic" "$data"
+"$target/sluice" run --until-caught-up "$config"
+echo "done: see $config for the tables (schema ${schema:-none}); expected: examples/$name/expected.txt"
