@@ -11,12 +11,16 @@
 //! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the file).
 //! - [`batch`]: plans, offset ranges and the columnar record batch.
 //! - [`output`]: a batch's output rows, contract checks, the output digest.
-//! - [`source`]: the Kafka source: group ownership, seeking to checkpoints,
+//! - [`source`]: the Kafka source: group (or static) ownership, seeking to checkpoints,
 //!   reading and cutting ranges by consumer position.
 //! - [`runtime`]: the wasmtime engine, module loading/validation/cache, the
 //!   per-batch sandbox (fuel, deadline, memory cap).
-//! - [`sink`]: commit requests and errors shared by backends; `sink::sqlite`
-//!   is the embedded default.
+//! - [`sink`]: commit requests and errors shared by backends, the sink kind a
+//!   URL names. `sink::sql` holds what the SQL backends share (the batch
+//!   transaction with the offset compare-and-set, sluice's own tables,
+//!   dialects, target checks); `sink::sqlite` (the embedded default),
+//!   `sink::postgres` and `sink::mysql` hold one dialect's connections, error
+//!   kinds and bulk row path each.
 //! - [`pipeline`]: the batch loop (plan, read, transform, commit), the
 //!   `Sink` and `Transform` traits it consumes, retries and bisection.
 //! - [`app`]: wiring a config into a running pipeline (used by the CLI).
