@@ -81,3 +81,9 @@ async fn statements_stay_under_the_packet_limit() {
         .unwrap();
     assert_eq!(count as usize, n);
 }
+
+#[tokio::test]
+async fn awkward_values_and_nulls_round_trip() {
+    let schema = "sluice_ut_values";
+    s::values_round_trip(&open(schema, "", s::VALUES).await, Some(schema)).await;
+}

@@ -1,6 +1,8 @@
 //! The Postgres backend of the SQL sink: connections, error kinds, and the
-//! bulk row path: one statement per target and batch, the columns bound as
-//! arrays and expanded by `UNNEST` (prepared once, reused by every batch).
+//! bulk row paths: append streams the rows with `COPY ... FROM STDIN` into
+//! the target inside the batch transaction; upsert, accumulate and delete
+//! run one statement per target and batch, the columns bound as arrays and
+//! expanded by `UNNEST` (prepared once, reused by every batch).
 //!
 //! Delivery guarantee: see the module header in `mod.rs`. It must never
 //! report a lost `COMMIT` reply as anything but
@@ -10,7 +12,7 @@
 use super::config::PostgresConfig;
 use crate::config::{ColumnType, SinkConfig, WriteMode};
 use crate::sink::{SinkError, redact_url};
-use crate::sink::sql::{Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use crate::sink::sql::{Cell, Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
 use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::{Arguments, Postgres, Row, Transaction};
 
@@ -32,11 +34,19 @@ pub struct PostgresBackend {
 }
 
 /// A target's statement (one per target: the mode decides its shape).
-pub struct Statements {
-    sql: String,
-    /// Which columns are bound, in placeholder order.
-    bound: Vec<usize>,
+pub enum Statements {
+    /// `COPY t (cols) FROM STDIN` (append).
+    Copy(String),
+    /// An `UNNEST` statement binding the columns at `bound` as arrays.
+    Unnest {
+        sql: String,
+        /// Which columns are bound, in placeholder order.
+        bound: Vec<usize>,
+    },
 }
+
+/// Bytes per CopyData message.
+const COPY_CHUNK: usize = 1 << 20;
 
 pub struct PostgresTx {
     tx: Transaction<'static, Postgres>,
@@ -126,7 +136,7 @@ fn statement(target: &Target) -> Statements {
         format!(" ON CONFLICT ({keys}) DO UPDATE SET {}", set.join(", "))
     };
     let sql = match target.config.mode {
-        WriteMode::Append => format!("INSERT INTO {table} ({cols}) SELECT * FROM {}", unnest(target, &all)),
+        WriteMode::Append => return Statements::Copy(format!("COPY {table} ({cols}) FROM STDIN")),
         // A key may come several times in one batch; ON CONFLICT may touch
         // a row only once per statement, so the batch is folded first: the
         // last row per key wins.
@@ -153,7 +163,7 @@ fn statement(target: &Target) -> Statements {
             )
         }
         WriteMode::Delete => {
-            return Statements {
+            return Statements::Unnest {
                 sql: format!(
                     "DELETE FROM {table} WHERE ({keys}) IN (SELECT * FROM {})",
                     unnest(target, &target.keys)
@@ -162,7 +172,57 @@ fn statement(target: &Target) -> Statements {
             };
         }
     };
-    Statements { sql, bound: all }
+    Statements::Unnest { sql, bound: all }
+}
+
+/// The rows in COPY's text format: tab-separated, `\N` for null,
+/// backslash escapes in text, `\x` hex for bytea.
+fn copy_text(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
+    use std::io::Write;
+    let mut out = Vec::with_capacity(rows * columns.len() * 12);
+    for row in 0..rows {
+        for (i, column) in columns.iter().enumerate() {
+            if i > 0 {
+                out.push(b'\t');
+            }
+            match column.cell(row) {
+                Cell::Integer(Some(x)) => {
+                    let _ = write!(out, "{x}");
+                }
+                Cell::Real(Some(x)) if x.is_nan() => out.extend_from_slice(b"NaN"),
+                Cell::Real(Some(x)) if x.is_infinite() => {
+                    let text: &[u8] = if x > 0.0 { b"Infinity" } else { b"-Infinity" };
+                    out.extend_from_slice(text)
+                }
+                Cell::Real(Some(x)) => {
+                    let _ = write!(out, "{x:?}");
+                }
+                Cell::Text(Some(s)) => escape_text(&mut out, s.as_bytes()),
+                Cell::Blob(Some(b)) => {
+                    out.extend_from_slice(b"\\\\x");
+                    for byte in b {
+                        let _ = write!(out, "{byte:02x}");
+                    }
+                }
+                Cell::Boolean(Some(b)) => out.push(if b { b't' } else { b'f' }),
+                _ => out.extend_from_slice(b"\\N"),
+            }
+        }
+        out.push(b'\n');
+    }
+    out
+}
+
+fn escape_text(out: &mut Vec<u8>, text: &[u8]) {
+    for &byte in text {
+        match byte {
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            other => out.push(other),
+        }
+    }
 }
 
 impl SqlBackend for PostgresBackend {
@@ -240,14 +300,29 @@ impl SqlTx<Statements> for PostgresTx {
         if rows == 0 {
             return Ok(());
         }
-        let mut args = PgArguments::default();
-        for &c in &statements.bound {
-            bind_array(&mut args, &columns[c])?;
+        match statements {
+            Statements::Copy(sql) => {
+                let data = copy_text(columns, rows);
+                let mut copy = self.tx.copy_in_raw(sql).await.map_err(db_err)?;
+                for chunk in data.chunks(COPY_CHUNK) {
+                    if let Err(e) = copy.send(chunk).await {
+                        let _ = copy.abort("sluice: send failed").await;
+                        return Err(db_err(e));
+                    }
+                }
+                copy.finish().await.map_err(db_err)?;
+            }
+            Statements::Unnest { sql, bound } => {
+                let mut args = PgArguments::default();
+                for &c in bound {
+                    bind_array(&mut args, &columns[c])?;
+                }
+                sqlx::query_with(sql, args)
+                    .execute(&mut *self.tx)
+                    .await
+                    .map_err(db_err)?;
+            }
         }
-        sqlx::query_with(&statements.sql, args)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(db_err)?;
         Ok(())
     }
 

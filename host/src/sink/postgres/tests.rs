@@ -70,3 +70,9 @@ async fn unreachable_server_is_a_clear_retriable_error() {
     assert!(message.contains("cannot connect to postgres://postgres:***@127.0.0.1:1"), "{message}");
     assert!(!message.contains("secret"), "{message}");
 }
+
+#[tokio::test]
+async fn awkward_values_and_nulls_round_trip() {
+    let schema = "sluice_ut_values";
+    s::values_round_trip(&open(schema, "", s::VALUES).await, Some(schema)).await;
+}

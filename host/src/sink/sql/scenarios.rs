@@ -385,3 +385,59 @@ pub async fn at_least_once<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str
     let stored = sink.checkpoints("p", &[tp()]).await.unwrap();
     assert_eq!(stored.get(&tp()), Some(&5));
 }
+
+pub const VALUES: &str = r#"
+[[sink.targets]]
+name = "vals"
+columns = { id = "integer", txt = "text", bin = "blob", x = "real", flag = "boolean" }
+"#;
+
+/// The text that needs escaping in bulk formats.
+pub const AWKWARD_TEXT: &str = "tab\there\nnew line \\N back\\slash \"dq\" 'sq' \r COMMIT; ünï";
+pub const AWKWARD_BYTES: &[u8] = &[0, 1, 255, b'\\', b'\n', b'\t', b'N'];
+
+/// Awkward values and nulls of every type survive the bulk path unchanged.
+pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let text = AWKWARD_TEXT;
+    let out = Output {
+        targets: vec![TargetRows {
+            target: "vals".into(),
+            rows: 2,
+            columns: vec![
+                Column { name: "id".into(), nulls: vec![], data: ColumnData::Int64(vec![1, 2]) },
+                Column {
+                    name: "txt".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Text { lengths: vec![text.len() as u32, 0], data: text.as_bytes().to_vec() },
+                },
+                Column {
+                    name: "bin".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Bytes { lengths: vec![AWKWARD_BYTES.len() as u32, 0], data: AWKWARD_BYTES.to_vec() },
+                },
+                Column { name: "x".into(), nulls: vec![0, 1], data: ColumnData::Float64(vec![2.5, 0.0]) },
+                Column { name: "flag".into(), nulls: vec![0, 1], data: ColumnData::Bool(vec![1, 0]) },
+            ],
+        }],
+        rejections: vec![],
+    };
+    assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);
+    let (id, txt, bin, x, flag) = (n.col("id"), n.col("txt"), n.col("bin"), n.col("x"), n.col("flag"));
+    let vals = n.table("vals");
+    let exact = format!(
+        "SELECT count(*) FROM {vals} WHERE {id} = 1 AND {txt} = {} AND {bin} = {} AND {flag}",
+        n.d.param(1),
+        n.d.param(2)
+    );
+    let params = [Param::Text(text), Param::Bytes(Some(AWKWARD_BYTES))];
+    assert_eq!(value(sink, &exact, &params).await, Some(1), "text, bytes and boolean intact");
+    let int = if n.d.name == "MySQL" { "SIGNED" } else { "BIGINT" };
+    let doubled = format!("SELECT CAST({x} * 2 AS {int}) FROM {vals} WHERE {id} = 1");
+    assert_eq!(value(sink, &doubled, &[]).await, Some(5));
+    let nulls = format!(
+        "SELECT count(*) FROM {vals} WHERE {id} = 2 AND {txt} IS NULL AND {bin} IS NULL \
+         AND {x} IS NULL AND {flag} IS NULL"
+    );
+    assert_eq!(value(sink, &nulls, &[]).await, Some(1), "nulls stay null");
+}

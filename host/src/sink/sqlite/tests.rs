@@ -55,3 +55,8 @@ async fn sqlite_has_no_schemas() {
     let err = super::open(&config).await.err().expect("rejected");
     assert!(err.to_string().contains("has no schemas"), "{err}");
 }
+
+#[tokio::test]
+async fn awkward_values_and_nulls_round_trip() {
+    s::values_round_trip(&open("values", "", s::VALUES).await, None).await;
+}
