@@ -64,7 +64,8 @@ pub struct SourceConfig {
     pub start: StartPosition,
     /// Extra librdkafka properties, passed through as given (for example
     /// `"security.protocol" = "ssl"`). sluice defaults `session.timeout.ms`
-    /// to 10000 and `heartbeat.interval.ms` to 1000; both may be set here.
+    /// to 10000, `heartbeat.interval.ms` to 1000, `max.partition.fetch.bytes`
+    /// to 8388608 and `fetch.queue.backoff.ms` to 10; all may be set here.
     /// Properties sluice relies on for exactly-once (see
     /// [`RESERVED_PROPERTIES`]) are refused.
     #[serde(default)]

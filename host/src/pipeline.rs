@@ -145,7 +145,9 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 );
             }
             let wait = self.options.batch_interval;
+            let polling = Instant::now();
             tokio::task::block_in_place(|| self.source.poll(wait))?;
+            let poll_ms = polling.elapsed().as_millis() as u64;
             self.start_unstarted().await?;
             let ranges = self.source.plan_ranges();
             if ranges.is_empty() {
@@ -155,7 +157,7 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 }
                 continue;
             }
-            self.run_batch(ranges).await?;
+            self.run_batch(ranges, poll_ms).await?;
         }
         tracing::info!(stats = ?self.stats, "pipeline stopped");
         Ok(self.stats)
@@ -204,7 +206,9 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         }
     }
 
-    async fn run_batch(&mut self, ranges: Vec<OffsetRange>) -> Result<(), PipelineError> {
+    /// Plans, transforms and commits one batch; `poll_ms` (the last read
+    /// from Kafka) only goes into the log line.
+    async fn run_batch(&mut self, ranges: Vec<OffsetRange>, poll_ms: u64) -> Result<(), PipelineError> {
         let started = Instant::now();
         let plan = Plan::new(
             &self.options.pipeline,
@@ -214,9 +218,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             now_ms(),
         );
         let records = self.source.records(&plan.ranges);
+        let read_ms = started.elapsed().as_millis() as u64;
         // CPU-bound: keep the async workers free for signals and timers.
         let (output, dead_letters) =
             tokio::task::block_in_place(|| self.transform_batch(&plan, &records))?;
+        let transformed = Instant::now();
         let digest = output.digest();
         let commit = Commit {
             plan: &plan,
@@ -225,7 +231,9 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             dead_letters: &dead_letters,
             output_digest: &digest,
         };
-        if self.commit(&commit).await? {
+        let committed = self.commit(&commit).await?;
+        let commit_ms = transformed.elapsed().as_millis() as u64;
+        if committed {
             self.source.committed(&plan.ranges);
             self.stats.batches += 1;
             self.stats.records += records.len() as u64;
@@ -238,6 +246,9 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 rows = output.row_count(),
                 dead_letters = dead_letters.len(),
                 ms = started.elapsed().as_millis() as u64,
+                poll_ms,
+                read_ms,
+                commit_ms,
                 "batch committed"
             );
         } else {

@@ -370,8 +370,10 @@ pub fn write_config(dir: &Path, text: &str) -> PathBuf {
 }
 
 /// Runs `sluice run CONFIG --until-caught-up` to completion (with a limit).
+/// Output is read while the process runs, so verbose logs cannot fill the
+/// pipe and stall it.
 pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Output {
-    let mut child = Command::new(sluice_bin())
+    let child = Command::new(sluice_bin())
         .args(["run", "--until-caught-up"])
         .arg(config)
         .env(
@@ -382,20 +384,22 @@ pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Outp
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice");
-    let deadline = Instant::now() + limit;
-    loop {
-        if child.try_wait().expect("wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output().expect("output"));
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out,
+        Err(_) => {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            let out = rx.recv().expect("output after kill");
             panic!(
                 "sluice did not finish within {limit:?}; stderr:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

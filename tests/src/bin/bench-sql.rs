@@ -250,6 +250,15 @@ async fn postgres_copy_records(input: &[Produce]) -> Duration {
     started.elapsed()
 }
 
+/// CPU seconds (user + system) of all waited-for children so far.
+fn child_cpu() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_CHILDREN, &mut usage) };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(usage.ru_utime) + secs(usage.ru_stime)
+}
+
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -260,8 +269,26 @@ async fn pipeline_rate(brokers: &str, topic: &str, schema: &str, guarantee: &str
     let db = SinkDb::fresh_postgres(schema).await;
     let dir = TempDir::new(schema);
     let sink = format!("{}\nguarantee = \"{guarantee}\"", db.sink_toml());
-    let config = write_config(dir.path(), &identity_config_into(schema, brokers, topic, &sink, 10_000));
+    let interval = std::env::var("BENCH_BATCH_INTERVAL_MS").unwrap_or_else(|_| "100".into());
+    let max: u32 = std::env::var("BENCH_MAX_RECORDS").map(|m| m.parse().unwrap()).unwrap_or(10_000);
+    let config = identity_config_into(schema, brokers, topic, &sink, max)
+        .replace("batch_interval_ms = 100", &format!("batch_interval_ms = {interval}"))
+        .replace(
+            "\"heartbeat.interval.ms\" = \"500\"",
+            &format!(
+                "\"heartbeat.interval.ms\" = \"500\"{}",
+                std::env::var("BENCH_PROPS").unwrap_or_default()
+            ),
+        );
+    let config = write_config(dir.path(), &config);
+    let started = Instant::now();
     let out = run_until_caught_up(&config, Duration::from_secs(1800));
+    let wall = started.elapsed();
+    if std::env::var("SLUICE_TEST_LOG").is_ok() {
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+    }
+    let usage = child_cpu();
+    eprintln!("{schema}: whole process {:.2} s wall, children CPU so far {usage:.2} s", wall.as_secs_f64());
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let batches = db.table("sluice_batches");
     let first_ms = db.scalar(&format!("SELECT min(committed_at_ms) FROM {batches}")).await.unwrap();

@@ -200,9 +200,9 @@ fn copy_text(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
                 Cell::Text(Some(s)) => escape_text(&mut out, s.as_bytes()),
                 Cell::Blob(Some(b)) => {
                     out.extend_from_slice(b"\\\\x");
-                    for byte in b {
-                        let _ = write!(out, "{byte:02x}");
-                    }
+                    out.extend(b.iter().flat_map(|&byte| {
+                        [HEX[(byte >> 4) as usize], HEX[(byte & 15) as usize]]
+                    }));
                 }
                 Cell::Boolean(Some(b)) => out.push(if b { b't' } else { b'f' }),
                 _ => out.extend_from_slice(b"\\N"),
@@ -213,7 +213,13 @@ fn copy_text(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
     out
 }
 
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
 fn escape_text(out: &mut Vec<u8>, text: &[u8]) {
+    if !text.iter().any(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r')) {
+        out.extend_from_slice(text);
+        return;
+    }
     for &byte in text {
         match byte {
             b'\\' => out.extend_from_slice(b"\\\\"),
