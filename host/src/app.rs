@@ -5,9 +5,9 @@
 //! piece is missing. It must not hold batch logic: that is `pipeline`.
 
 use crate::config::PipelineConfig;
+use crate::pipeline::Sink;
 use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
-use crate::pipeline::Sink;
 use crate::sink::{SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
 use std::sync::Arc;

@@ -364,7 +364,11 @@ impl PipelineConfig {
             return invalid("`limits` must be positive".into());
         }
         if let Err(e) = crate::sink::SinkKind::of_url(&self.sink.url) {
-            return invalid(e.to_string().trim_start_matches("sink configuration: ").to_string());
+            return invalid(
+                e.to_string()
+                    .trim_start_matches("sink configuration: ")
+                    .to_string(),
+            );
         }
         if self.sink.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());

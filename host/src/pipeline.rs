@@ -208,7 +208,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
 
     /// Plans, transforms and commits one batch; `poll_ms` (the last read
     /// from Kafka) only goes into the log line.
-    async fn run_batch(&mut self, ranges: Vec<OffsetRange>, poll_ms: u64) -> Result<(), PipelineError> {
+    async fn run_batch(
+        &mut self,
+        ranges: Vec<OffsetRange>,
+        poll_ms: u64,
+    ) -> Result<(), PipelineError> {
         let started = Instant::now();
         let plan = Plan::new(
             &self.options.pipeline,

@@ -41,7 +41,12 @@ pub fn produce_mixed_input(
 /// each time 0-60 ms after the run committed a new batch, so kills hit
 /// reading, transforming and committing alike. Returns the kills done (fewer
 /// if the pipeline finished first) and the batches committed meanwhile.
-pub async fn kill_loop(config: &Path, db: &SinkDb, kills: usize, rng: &mut impl Rng) -> (usize, i64) {
+pub async fn kill_loop(
+    config: &Path,
+    db: &SinkDb,
+    kills: usize,
+    rng: &mut impl Rng,
+) -> (usize, i64) {
     let mut done = 0;
     let mut batches = 0;
     let started = Instant::now();

@@ -120,7 +120,10 @@ impl SinkDb {
             return None;
         }
         let pool = self.pool().await;
-        let value = sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.ok();
+        let value = sqlx::query_scalar::<_, i64>(sql)
+            .fetch_one(&pool)
+            .await
+            .ok();
         pool.close().await;
         value
     }
@@ -183,17 +186,25 @@ impl SinkDb {
             t = self.table("sluice_batch_ranges")
         );
         let pool = self.pool().await;
-        let rows: Vec<(String, i64, i64, i64)> =
-            sqlx::query_as(&sql).fetch_all(&pool).await.expect("lineage");
+        let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(&sql)
+            .fetch_all(&pool)
+            .await
+            .expect("lineage");
         assert!(!rows.is_empty(), "no lineage rows");
         let mut last: Option<(String, i64, i64)> = None;
         for (topic, partition, from, until) in rows {
-            assert!(until > from, "empty range {topic}[{partition}] {from}..{until}");
+            assert!(
+                until > from,
+                "empty range {topic}[{partition}] {from}..{until}"
+            );
             if let Some((t, p, prev_until)) = &last
                 && *t == topic
                 && *p == partition
             {
-                assert_eq!(from, *prev_until, "lineage gap or overlap in {topic}[{partition}]");
+                assert_eq!(
+                    from, *prev_until,
+                    "lineage gap or overlap in {topic}[{partition}]"
+                );
             }
             last = Some((topic, partition, until));
         }

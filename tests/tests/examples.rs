@@ -90,12 +90,23 @@ async fn json_filter_example_gives_expected_rows_and_dead_letter() {
 /// Runs a SQL example from its schema dropped: produces `data` (relative to
 /// the examples directory) and runs the config until caught up, with
 /// `pipeline` as the pipeline name when given (a replay from scratch).
-async fn run_sql_example(name: &str, topic: &str, data: &str, partitions: i32, pipeline: Option<&str>) {
+async fn run_sql_example(
+    name: &str,
+    topic: &str,
+    data: &str,
+    partitions: i32,
+    pipeline: Option<&str>,
+) {
     let brokers = shared_broker();
     let example = repo_root().join("examples").join(name);
     if pipeline.is_none() {
         create_topic(brokers, topic, partitions);
-        produce_lines(brokers, topic, &repo_root().join("examples").join(data), partitions);
+        produce_lines(
+            brokers,
+            topic,
+            &repo_root().join("examples").join(data),
+            partitions,
+        );
     }
     let dir = TempDir::new(name);
     let config = adapt_config(&example, brokers, dir.path());
@@ -118,15 +129,33 @@ async fn run_sql_example(name: &str, topic: &str, data: &str, partitions: i32, p
 }
 
 fn schema_of(name: &str) -> String {
-    let text = std::fs::read_to_string(repo_root().join("examples").join(name).join("pipeline.toml")).unwrap();
-    let line = text.lines().find(|l| l.starts_with("schema = ")).expect("schema line");
-    line.trim_start_matches("schema = ").trim_matches('"').to_string()
+    let text = std::fs::read_to_string(
+        repo_root()
+            .join("examples")
+            .join(name)
+            .join("pipeline.toml"),
+    )
+    .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("schema = "))
+        .expect("schema line");
+    line.trim_start_matches("schema = ")
+        .trim_matches('"')
+        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn orders_mysql_example_appends_each_order_once_with_its_offset() {
     let db = SinkDb::fresh_mysql(&schema_of("orders-mysql")).await;
-    run_sql_example("orders-mysql", "orders", "orders-mysql/orders.jsonl", 2, None).await;
+    run_sql_example(
+        "orders-mysql",
+        "orders",
+        "orders-mysql/orders.jsonl",
+        2,
+        None,
+    )
+    .await;
     let pool = db.pool().await;
     let rows: Vec<(String, String, i64, i64, i64)> = sqlx::query_as(&format!(
         // LONGTEXT comes back as a BLOB through sqlx's Any driver: cast it.
@@ -148,7 +177,14 @@ async fn orders_mysql_example_appends_each_order_once_with_its_offset() {
 #[tokio::test(flavor = "multi_thread")]
 async fn word_count_postgres_example_gives_the_sqlite_counts() {
     let db = SinkDb::fresh_postgres(&schema_of("word-count-postgres")).await;
-    run_sql_example("word-count-postgres", "words-pg", "word-count/words.txt", 4, None).await;
+    run_sql_example(
+        "word-count-postgres",
+        "words-pg",
+        "word-count/words.txt",
+        4,
+        None,
+    )
+    .await;
     let actual: String = db
         .pairs("word_counts", "word", "n")
         .await
@@ -164,7 +200,14 @@ async fn word_count_postgres_example_gives_the_sqlite_counts() {
 async fn changelog_example_converges_and_replays_to_the_same_table() {
     let db = SinkDb::fresh_postgres(&schema_of("changelog-upsert")).await;
     let name = "changelog-upsert";
-    run_sql_example(name, "customer-changes", "changelog-upsert/changes.jsonl", 1, None).await;
+    run_sql_example(
+        name,
+        "customer-changes",
+        "changelog-upsert/changes.jsonl",
+        1,
+        None,
+    )
+    .await;
     let table = || async {
         let pool = db.pool().await;
         let rows: Vec<(i64, String, Option<String>)> = sqlx::query_as(&format!(
@@ -176,12 +219,29 @@ async fn changelog_example_converges_and_replays_to_the_same_table() {
         .unwrap();
         let mut out = String::from("id name email\n");
         for (id, name, email) in rows {
-            out.push_str(&format!("{id} {name} {}\n", email.as_deref().unwrap_or("NULL")));
+            out.push_str(&format!(
+                "{id} {name} {}\n",
+                email.as_deref().unwrap_or("NULL")
+            ));
         }
         out
     };
     let first = table().await;
-    assert_eq!(format!("{first}dead_letters {}\n", db.dead_letters().await), expected(name));
-    run_sql_example(name, "customer-changes", "changelog-upsert/changes.jsonl", 1, Some("replay")).await;
-    assert_eq!(table().await, first, "a full replay converges to the same table");
+    assert_eq!(
+        format!("{first}dead_letters {}\n", db.dead_letters().await),
+        expected(name)
+    );
+    run_sql_example(
+        name,
+        "customer-changes",
+        "changelog-upsert/changes.jsonl",
+        1,
+        Some("replay"),
+    )
+    .await;
+    assert_eq!(
+        table().await,
+        first,
+        "a full replay converges to the same table"
+    );
 }

@@ -89,7 +89,13 @@ impl Db {
                 assert!(status.success(), "mariadb-admin shutdown");
                 std::thread::sleep(down);
                 let status = Command::new("start-stop-daemon")
-                    .args(["--start", "--oknodo", "--background", "--exec", "/usr/sbin/mariadbd"])
+                    .args([
+                        "--start",
+                        "--oknodo",
+                        "--background",
+                        "--exec",
+                        "/usr/sbin/mariadbd",
+                    ])
                     .status()
                     .expect("start-stop-daemon");
                 assert!(status.success(), "start mariadbd");
@@ -108,8 +114,15 @@ impl Db {
 async fn assert_exactly_once(db: &SinkDb, brokers: &str, topic: &str, pipeline: &str) -> usize {
     let expected = read_committed(brokers, topic, PARTITIONS);
     let actual = db.identity_rows().await;
-    assert_eq!(actual.len(), expected.len(), "row count differs from the committed input");
-    assert!(actual == expected, "rows differ from the read_committed input");
+    assert_eq!(
+        actual.len(),
+        expected.len(),
+        "row count differs from the committed input"
+    );
+    assert!(
+        actual == expected,
+        "rows differ from the read_committed input"
+    );
     db.assert_contiguous_lineage(pipeline).await;
     assert_eq!(db.dead_letters().await, 0);
     actual.len()
@@ -121,7 +134,10 @@ async fn sigkill_cycles(which: Db, name: &str) {
     create_topic(&broker.brokers, name, PARTITIONS);
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xdb);
     let sent = crash::produce_mixed_input(&broker.brokers, name, PARTITIONS, &mut rng);
-    assert!(sent >= 100_000, "needs at least 100k committed records, sent {sent}");
+    assert!(
+        sent >= 100_000,
+        "needs at least 100k committed records, sent {sent}"
+    );
     let db = which.fresh(name).await;
     let dir = TempDir::new(name);
     let config = write_config(
@@ -129,10 +145,15 @@ async fn sigkill_cycles(which: Db, name: &str) {
         &identity_config_into(name, &broker.brokers, name, &db.sink_toml(), 200),
     );
     let (kills, batches) = crash::kill_loop(&config, &db, 22, &mut rng).await;
-    assert!(kills >= 20, "only {kills} kills before the pipeline finished");
+    assert!(
+        kills >= 20,
+        "only {kills} kills before the pipeline finished"
+    );
     run_ok(&config);
     let rows = assert_exactly_once(&db, &broker.brokers, name, name).await;
-    println!("{which:?}: {kills} SIGKILLs, {batches} batches between kills, {rows} records exactly once");
+    println!(
+        "{which:?}: {kills} SIGKILLs, {batches} batches between kills, {rows} records exactly once"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -178,7 +199,9 @@ async fn two_owners_fence(which: Db, name: &str) {
         String::from_utf8_lossy(&b.stderr)
     );
     assert!(a.status.success() && b.status.success(), "{logs}");
-    let fenced = logs.matches("fenced: another owner moved the offsets first").count();
+    let fenced = logs
+        .matches("fenced: another owner moved the offsets first")
+        .count();
     assert!(fenced > 0, "the two owners never collided: {logs}");
     let rows = assert_exactly_once(&db, brokers, name, name).await;
     println!("{which:?}: {fenced} fenced commits rolled back; {rows} records exactly once");
@@ -217,7 +240,10 @@ async fn database_restart(which: Db, name: &str) {
         .expect("spawn sluice");
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.committed_batches().await < 5 {
-        assert!(Instant::now() < deadline, "no batches committed within 60 s");
+        assert!(
+            Instant::now() < deadline,
+            "no batches committed within 60 s"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Down longer than the pool's 10 s acquire timeout, so the pipeline's
@@ -227,8 +253,14 @@ async fn database_restart(which: Db, name: &str) {
     let out = child.wait_with_output().expect("wait");
     let logs = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{logs}");
-    assert!(logs.contains("retrying"), "the outage was not noticed: {logs}");
-    assert!(db.committed_batches().await > before, "work continued after the restart");
+    assert!(
+        logs.contains("retrying"),
+        "the outage was not noticed: {logs}"
+    );
+    assert!(
+        db.committed_batches().await > before,
+        "work continued after the restart"
+    );
     let rows = assert_exactly_once(&db, brokers, name, name).await;
     println!("{which:?}: restarted after {before} batches; {rows} records exactly once");
 }
@@ -254,7 +286,10 @@ async fn lost_commit_reply(which: Db, name: &str) {
     let proxy = FaultProxy::start(&format!("127.0.0.1:{}", which.port()), 5, 4);
     let via = db.sink_toml_via(Some(&which.url_via(proxy.port)));
     let dir = TempDir::new(name);
-    let config = write_config(dir.path(), &identity_config_into(name, brokers, name, &via, 200));
+    let config = write_config(
+        dir.path(),
+        &identity_config_into(name, brokers, name, &via, 200),
+    );
     let out = Command::new(sluice_bin())
         .args(["run", "--until-caught-up"])
         .arg(&config)
@@ -265,10 +300,18 @@ async fn lost_commit_reply(which: Db, name: &str) {
         .expect("run sluice");
     let logs = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{logs}");
-    assert!(proxy.drops() >= 3, "only {} of {} COMMIT replies dropped", proxy.drops(), proxy.commits());
+    assert!(
+        proxy.drops() >= 3,
+        "only {} of {} COMMIT replies dropped",
+        proxy.drops(),
+        proxy.commits()
+    );
     let unknown = logs.matches("commit outcome unknown").count();
     let landed = logs.matches("commit had landed").count();
-    assert!(unknown >= proxy.drops() && landed >= 3, "unknown {unknown}, landed {landed}: {logs}");
+    assert!(
+        unknown >= proxy.drops() && landed >= 3,
+        "unknown {unknown}, landed {landed}: {logs}"
+    );
     let rows = assert_exactly_once(&db, brokers, name, name).await;
     println!(
         "{which:?}: {} COMMIT replies dropped of {}; {landed} resolved as landed; {rows} records exactly once",

@@ -52,7 +52,9 @@ pub fn assign_statically(
     }
     consumer.assign(&tpl)?;
     tracing::info!(partitions = ?partitions(&tpl), "static assignment (no consumer group)");
-    consumer.context().post_rebalance(consumer, &Rebalance::Assign(&tpl));
+    consumer
+        .context()
+        .post_rebalance(consumer, &Rebalance::Assign(&tpl));
     Ok(())
 }
 

@@ -63,7 +63,11 @@ impl Transform for Changelog {
         }
         let upserts = out.target(
             "upserts",
-            &[("id", Kind::Int64), ("name", Kind::Text), ("email", Kind::Text)],
+            &[
+                ("id", Kind::Int64),
+                ("name", Kind::Text),
+                ("email", Kind::Text),
+            ],
         );
         let deletes = out.target("deletes", &[("id", Kind::Int64)]);
         for (id, change) in last {

@@ -31,7 +31,14 @@ const NARROW: usize = 100_000;
 /// Narrow rows: (id, name, n, ts).
 fn narrow_rows() -> Vec<(i64, String, i64, i64)> {
     (0..NARROW as i64)
-        .map(|i| (i, format!("name-{:06}", i % 50_000), i % 977, 1_764_000_000_000 + i))
+        .map(|i| {
+            (
+                i,
+                format!("name-{:06}", i % 50_000),
+                i % 977,
+                1_764_000_000_000 + i,
+            )
+        })
         .collect()
 }
 
@@ -109,7 +116,10 @@ async fn sink_append<B: SqlBackend>(sink: &SqlSink<B>, output: &Output, round: i
     started.elapsed()
 }
 
-async fn postgres_copy_narrow(conn: &mut sqlx::PgConnection, rows: &[(i64, String, i64, i64)]) -> Duration {
+async fn postgres_copy_narrow(
+    conn: &mut sqlx::PgConnection,
+    rows: &[(i64, String, i64, i64)],
+) -> Duration {
     let mut text = String::with_capacity(rows.len() * 48);
     for (id, name, n, ts) in rows {
         text.push_str(&format!("{id}\t{name}\t{n}\t{ts}\n"));
@@ -126,7 +136,10 @@ async fn postgres_copy_narrow(conn: &mut sqlx::PgConnection, rows: &[(i64, Strin
     started.elapsed()
 }
 
-async fn mysql_insert_narrow(conn: &mut sqlx::MySqlConnection, rows: &[(i64, String, i64, i64)]) -> Duration {
+async fn mysql_insert_narrow(
+    conn: &mut sqlx::MySqlConnection,
+    rows: &[(i64, String, i64, i64)],
+) -> Duration {
     let statements: Vec<String> = rows
         .chunks(1000)
         .map(|chunk| {
@@ -134,7 +147,10 @@ async fn mysql_insert_narrow(conn: &mut sqlx::MySqlConnection, rows: &[(i64, Str
                 .iter()
                 .map(|(id, name, n, ts)| format!("({id},'{name}',{n},{ts})"))
                 .collect();
-            format!("INSERT INTO sluice_bench_sql.raw_narrow (id, name, n, ts) VALUES {}", values.join(","))
+            format!(
+                "INSERT INTO sluice_bench_sql.raw_narrow (id, name, n, ts) VALUES {}",
+                values.join(",")
+            )
         })
         .collect();
     let started = Instant::now();
@@ -270,9 +286,14 @@ async fn pipeline_rate(brokers: &str, topic: &str, schema: &str, guarantee: &str
     let dir = TempDir::new(schema);
     let sink = format!("{}\nguarantee = \"{guarantee}\"", db.sink_toml());
     let interval = std::env::var("BENCH_BATCH_INTERVAL_MS").unwrap_or_else(|_| "100".into());
-    let max: u32 = std::env::var("BENCH_MAX_RECORDS").map(|m| m.parse().unwrap()).unwrap_or(10_000);
+    let max: u32 = std::env::var("BENCH_MAX_RECORDS")
+        .map(|m| m.parse().unwrap())
+        .unwrap_or(10_000);
     let config = identity_config_into(schema, brokers, topic, &sink, max)
-        .replace("batch_interval_ms = 100", &format!("batch_interval_ms = {interval}"))
+        .replace(
+            "batch_interval_ms = 100",
+            &format!("batch_interval_ms = {interval}"),
+        )
         .replace(
             "\"heartbeat.interval.ms\" = \"500\"",
             &format!(
@@ -288,19 +309,38 @@ async fn pipeline_rate(brokers: &str, topic: &str, schema: &str, guarantee: &str
         eprintln!("{}", String::from_utf8_lossy(&out.stderr));
     }
     let usage = child_cpu();
-    eprintln!("{schema}: whole process {:.2} s wall, children CPU so far {usage:.2} s", wall.as_secs_f64());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "{schema}: whole process {:.2} s wall, children CPU so far {usage:.2} s",
+        wall.as_secs_f64()
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let batches = db.table("sluice_batches");
-    let first_ms = db.scalar(&format!("SELECT min(committed_at_ms) FROM {batches}")).await.unwrap();
-    let last_ms = db.scalar(&format!("SELECT max(committed_at_ms) FROM {batches}")).await.unwrap();
+    let first_ms = db
+        .scalar(&format!("SELECT min(committed_at_ms) FROM {batches}"))
+        .await
+        .unwrap();
+    let last_ms = db
+        .scalar(&format!("SELECT max(committed_at_ms) FROM {batches}"))
+        .await
+        .unwrap();
     let first_records = db
         .scalar(&format!(
             "SELECT records_in FROM {batches} WHERE committed_at_ms = {first_ms} LIMIT 1"
         ))
         .await
         .unwrap();
-    let total = db.scalar(&format!("SELECT sum(records_in)::bigint FROM {batches}")).await.unwrap();
-    let count = db.scalar(&format!("SELECT count(*) FROM {batches}")).await.unwrap();
+    let total = db
+        .scalar(&format!("SELECT sum(records_in)::bigint FROM {batches}"))
+        .await
+        .unwrap();
+    let count = db
+        .scalar(&format!("SELECT count(*) FROM {batches}"))
+        .await
+        .unwrap();
     let span = (last_ms - first_ms).max(1) as f64 / 1000.0;
     ((total - first_records) as f64 / span, count)
 }
@@ -324,17 +364,34 @@ async fn end_to_end(records: usize) {
     let (seen, consume) = raw_consume(&broker.brokers, topic);
     assert_eq!(seen, records);
     let copy = postgres_copy_records(&input).await;
-    let (eo, eo_batches) = pipeline_rate(&broker.brokers, topic, "sluice_bench_eo", "exactly-once").await;
-    let (alo, alo_batches) = pipeline_rate(&broker.brokers, topic, "sluice_bench_alo", "at-least-once").await;
+    let (eo, eo_batches) =
+        pipeline_rate(&broker.brokers, topic, "sluice_bench_eo", "exactly-once").await;
+    let (alo, alo_batches) =
+        pipeline_rate(&broker.brokers, topic, "sluice_bench_alo", "at-least-once").await;
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
     let floor = rate(consume).min(rate(copy));
-    println!("{records} records of ~{} bytes over {PARTITIONS} partitions", input[0].value.len());
-    println!("raw rdkafka consume (read_committed): {:>10.0} records/s", rate(consume));
-    println!("raw Postgres COPY, one transaction:   {:>10.0} records/s", rate(copy));
+    println!(
+        "{records} records of ~{} bytes over {PARTITIONS} partitions",
+        input[0].value.len()
+    );
+    println!(
+        "raw rdkafka consume (read_committed): {:>10.0} records/s",
+        rate(consume)
+    );
+    println!(
+        "raw Postgres COPY, one transaction:   {:>10.0} records/s",
+        rate(copy)
+    );
     println!("sluice -> Postgres exactly-once:      {eo:>10.0} records/s ({eo_batches} batches)");
     println!("sluice -> Postgres at-least-once:     {alo:>10.0} records/s ({alo_batches} batches)");
-    println!("exactly-once / min(consume, COPY): {:.2} (bar 0.80)", eo / floor);
-    println!("exactly-once / at-least-once:      {:.2} (bar 0.95)", eo / alo);
+    println!(
+        "exactly-once / min(consume, COPY): {:.2} (bar 0.80)",
+        eo / floor
+    );
+    println!(
+        "exactly-once / at-least-once:      {:.2} (bar 0.95)",
+        eo / alo
+    );
 }
 
 #[tokio::main]

@@ -9,10 +9,10 @@
 
 use super::config::MysqlConfig;
 use crate::config::{SinkConfig, WriteMode};
-use crate::sink::{SinkError, redact_url};
 use crate::sink::sql::{
     Cell, Dialect, MYSQL, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
 };
+use crate::sink::{SinkError, redact_url};
 use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlPool};
 use sqlx::{Arguments, MySql, Row, Transaction};
 
@@ -25,10 +25,12 @@ pub type MysqlSink = SqlSink<MysqlBackend>;
 /// Connects to the database named by `config.url` and prepares the tables.
 pub async fn open(config: &SinkConfig) -> Result<MysqlSink, SinkError> {
     let MysqlConfig { options, pool } = MysqlConfig::from_url(&config.url)?;
-    let pool = pool
-        .connect_with(options)
-        .await
-        .map_err(|e| SinkError::Unavailable(format!("cannot connect to {}: {e}", redact_url(&config.url))))?;
+    let pool = pool.connect_with(options).await.map_err(|e| {
+        SinkError::Unavailable(format!(
+            "cannot connect to {}: {e}",
+            redact_url(&config.url)
+        ))
+    })?;
     let packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
         .fetch_one(&pool)
         .await
@@ -144,7 +146,11 @@ impl SqlBackend for MysqlBackend {
         Ok(row.map(|r| r.get::<i64, _>(0)))
     }
 
-    async fn table_columns(&self, schema: Option<&str>, table: &str) -> Result<Vec<String>, SinkError> {
+    async fn table_columns(
+        &self,
+        schema: Option<&str>,
+        table: &str,
+    ) -> Result<Vec<String>, SinkError> {
         let in_schema = if schema.is_some() { "?" } else { "DATABASE()" };
         let sql = format!(
             "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
@@ -154,7 +160,11 @@ impl SqlBackend for MysqlBackend {
         if let Some(s) = schema {
             query = query.bind(s);
         }
-        let rows = query.bind(table).fetch_all(&self.pool).await.map_err(db_err)?;
+        let rows = query
+            .bind(table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err)?;
         Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
     }
 
@@ -174,7 +184,10 @@ impl SqlBackend for MysqlBackend {
             // Nothing to update: keep the row (a no-op assignment, not
             // INSERT IGNORE, which would also swallow real errors).
             _ if non_keys.is_empty() => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", keys[0]),
-            WriteMode::Upsert => format!(" ON DUPLICATE KEY UPDATE {}", set(&|c| format!("VALUES({c})"))),
+            WriteMode::Upsert => format!(
+                " ON DUPLICATE KEY UPDATE {}",
+                set(&|c| format!("VALUES({c})"))
+            ),
             WriteMode::Accumulate => format!(
                 " ON DUPLICATE KEY UPDATE {}",
                 set(&|c| format!("COALESCE({c}, 0) + COALESCE(VALUES({c}), 0)"))
@@ -185,7 +198,10 @@ impl SqlBackend for MysqlBackend {
             insert: MultiRowInsert::new(head, target.columns.len(), tail, MAX_PARAMS),
             delete: format!(
                 "DELETE FROM {table} WHERE {}",
-                keys.iter().map(|k| format!("{k} = ?")).collect::<Vec<_>>().join(" AND ")
+                keys.iter()
+                    .map(|k| format!("{k} = ?"))
+                    .collect::<Vec<_>>()
+                    .join(" AND ")
             ),
             max_statement_bytes: self.max_statement_bytes,
         })
@@ -201,7 +217,11 @@ impl SqlTx<Statements> for MysqlTx {
             .rows_affected())
     }
 
-    async fn query_i64(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+    async fn query_i64(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<i64>, SinkError> {
         let row = sqlx::query_with(sql, args(params)?)
             .fetch_optional(&mut *self.tx)
             .await

@@ -5,11 +5,14 @@
 use crate::sink::sql::scenarios::{self as s, sink_config};
 
 pub fn url() -> String {
-    std::env::var("SLUICE_TEST_MYSQL_URL").unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
+    std::env::var("SLUICE_TEST_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".into())
 }
 
 async fn open(schema: &str, extra: &str, targets: &str) -> super::MysqlSink {
-    let pool = sqlx::MySqlPool::connect(&url()).await.expect("MariaDB is up");
+    let pool = sqlx::MySqlPool::connect(&url())
+        .await
+        .expect("MariaDB is up");
     sqlx::raw_sql(&format!("DROP DATABASE IF EXISTS `{schema}`"))
         .execute(&pool)
         .await

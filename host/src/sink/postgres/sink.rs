@@ -11,8 +11,10 @@
 
 use super::config::PostgresConfig;
 use crate::config::{ColumnType, SinkConfig, WriteMode};
+use crate::sink::sql::{
+    Cell, Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
+};
 use crate::sink::{SinkError, redact_url};
-use crate::sink::sql::{Cell, Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
 use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::{Arguments, Postgres, Row, Transaction};
 
@@ -22,10 +24,12 @@ pub type PostgresSink = SqlSink<PostgresBackend>;
 /// Connects to the database named by `config.url` and prepares the tables.
 pub async fn open(config: &SinkConfig) -> Result<PostgresSink, SinkError> {
     let PostgresConfig { options, pool } = PostgresConfig::from_url(&config.url)?;
-    let pool = pool
-        .connect_with(options)
-        .await
-        .map_err(|e| SinkError::Unavailable(format!("cannot connect to {}: {e}", redact_url(&config.url))))?;
+    let pool = pool.connect_with(options).await.map_err(|e| {
+        SinkError::Unavailable(format!(
+            "cannot connect to {}: {e}",
+            redact_url(&config.url)
+        ))
+    })?;
     SqlSink::open(PostgresBackend { pool }, config).await
 }
 
@@ -132,7 +136,10 @@ fn statement(target: &Target) -> Statements {
         if non_keys.is_empty() {
             return format!(" ON CONFLICT ({keys}) DO NOTHING");
         }
-        let set: Vec<String> = non_keys.iter().map(|c| format!("{c} = {}", set(c))).collect();
+        let set: Vec<String> = non_keys
+            .iter()
+            .map(|c| format!("{c} = {}", set(c)))
+            .collect();
         format!(" ON CONFLICT ({keys}) DO UPDATE SET {}", set.join(", "))
     };
     let sql = match target.config.mode {
@@ -151,7 +158,11 @@ fn statement(target: &Target) -> Statements {
             let select: Vec<String> = (0..target.columns.len())
                 .map(|i| {
                     let c = &target.quoted[i];
-                    if target.keys.contains(&i) { c.clone() } else { format!("sum({c})") }
+                    if target.keys.contains(&i) {
+                        c.clone()
+                    } else {
+                        format!("sum({c})")
+                    }
                 })
                 .collect();
             format!(
@@ -200,9 +211,11 @@ fn copy_text(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
                 Cell::Text(Some(s)) => escape_text(&mut out, s.as_bytes()),
                 Cell::Blob(Some(b)) => {
                     out.extend_from_slice(b"\\\\x");
-                    out.extend(b.iter().flat_map(|&byte| {
-                        [HEX[(byte >> 4) as usize], HEX[(byte & 15) as usize]]
-                    }));
+                    out.extend(
+                        b.iter().flat_map(|&byte| {
+                            [HEX[(byte >> 4) as usize], HEX[(byte & 15) as usize]]
+                        }),
+                    );
                 }
                 Cell::Boolean(Some(b)) => out.push(if b { b't' } else { b'f' }),
                 _ => out.extend_from_slice(b"\\N"),
@@ -216,7 +229,10 @@ fn copy_text(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
 fn escape_text(out: &mut Vec<u8>, text: &[u8]) {
-    if !text.iter().any(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r')) {
+    if !text
+        .iter()
+        .any(|b| matches!(b, b'\\' | b'\t' | b'\n' | b'\r'))
+    {
         out.extend_from_slice(text);
         return;
     }
@@ -261,7 +277,11 @@ impl SqlBackend for PostgresBackend {
         Ok(row.map(|r| r.get::<i64, _>(0)))
     }
 
-    async fn table_columns(&self, schema: Option<&str>, table: &str) -> Result<Vec<String>, SinkError> {
+    async fn table_columns(
+        &self,
+        schema: Option<&str>,
+        table: &str,
+    ) -> Result<Vec<String>, SinkError> {
         let rows = sqlx::query(
             "SELECT column_name::text FROM information_schema.columns \
              WHERE table_schema = coalesce($1, current_schema()) AND table_name = $2",
@@ -288,7 +308,11 @@ impl SqlTx<Statements> for PostgresTx {
             .rows_affected())
     }
 
-    async fn query_i64(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+    async fn query_i64(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<i64>, SinkError> {
         let row = sqlx::query_with(sql, args(params)?)
             .fetch_optional(&mut *self.tx)
             .await

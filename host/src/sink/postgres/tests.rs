@@ -38,7 +38,10 @@ async fn identifiers_with_quotes_spaces_and_sql_are_quoted_not_pasted() {
     s::identifiers(&open(schema, "", s::WEIRD).await, Some(schema)).await;
     let bad = super::open(&sink_config(&url(), Some(schema), "", s::BAD_IDENT)).await;
     s::bad_identifier(bad.err().expect("rejected"));
-    let long = s::COUNTS.replace("name = \"counts\"", &format!("name = \"counts\"\ntable = \"{}\"", "t".repeat(64)));
+    let long = s::COUNTS.replace(
+        "name = \"counts\"",
+        &format!("name = \"counts\"\ntable = \"{}\"", "t".repeat(64)),
+    );
     let too_long = super::open(&sink_config(&url(), Some(schema), "", &long)).await;
     s::bad_identifier(too_long.err().expect("Postgres would truncate it"));
 }
@@ -63,11 +66,22 @@ async fn at_least_once_commits_rows_before_offsets() {
 
 #[tokio::test]
 async fn unreachable_server_is_a_clear_retriable_error() {
-    let config = sink_config("postgres://postgres:secret@127.0.0.1:1/test", None, "", s::COUNTS);
-    let err = super::open(&config).await.err().expect("nothing listens on port 1");
+    let config = sink_config(
+        "postgres://postgres:secret@127.0.0.1:1/test",
+        None,
+        "",
+        s::COUNTS,
+    );
+    let err = super::open(&config)
+        .await
+        .err()
+        .expect("nothing listens on port 1");
     assert!(err.is_retryable(), "{err}");
     let message = err.to_string();
-    assert!(message.contains("cannot connect to postgres://postgres:***@127.0.0.1:1"), "{message}");
+    assert!(
+        message.contains("cannot connect to postgres://postgres:***@127.0.0.1:1"),
+        "{message}"
+    );
     assert!(!message.contains("secret"), "{message}");
 }
 

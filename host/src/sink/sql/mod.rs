@@ -80,8 +80,11 @@ pub trait SqlBackend {
 #[allow(async_fn_in_trait)]
 pub trait SqlTx<S> {
     async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError>;
-    async fn query_i64(&mut self, sql: &str, params: &[Param<'_>])
-    -> Result<Option<i64>, SinkError>;
+    async fn query_i64(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<i64>, SinkError>;
     /// Applies `rows` rows of a target (its mode decides how).
     async fn write_rows(
         &mut self,

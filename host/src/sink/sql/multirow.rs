@@ -84,7 +84,10 @@ mod tests {
     fn chunks_are_powers_of_two_within_limits() {
         let insert = MultiRowInsert::new("INSERT ".into(), 2, String::new(), 20);
         let text: Vec<Option<&str>> = vec![Some("0123456789"); 23];
-        let columns = [TypedColumn::Text(text), TypedColumn::Integer(vec![Some(1); 23])];
+        let columns = [
+            TypedColumn::Text(text),
+            TypedColumn::Integer(vec![Some(1); 23]),
+        ];
         let chunks = insert.chunks(&columns, 23, usize::MAX);
         let sizes: Vec<usize> = chunks.iter().map(|r| r.len()).collect();
         assert_eq!(sizes, vec![8, 8, 4, 2, 1]);

@@ -31,12 +31,8 @@ impl OwnTables {
         let ranges = table("batch_ranges")?;
         let dead_letters = table("dead_letters")?;
         let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
-        let (pipeline, topic, partition, next) = (
-            c("pipeline"),
-            c("topic"),
-            c("partition"),
-            c("next_offset"),
-        );
+        let (pipeline, topic, partition, next) =
+            (c("pipeline"), c("topic"), c("partition"), c("next_offset"));
         // Placeholders are numbered in order of appearance (MySQL's `?` are
         // positional).
         let key = |first: usize| {
@@ -57,7 +53,13 @@ impl OwnTables {
         };
         let cas_insert = insert_into(
             &checkpoints,
-            &["pipeline", "topic", "partition", "next_offset", "updated_at_ms"],
+            &[
+                "pipeline",
+                "topic",
+                "partition",
+                "next_offset",
+                "updated_at_ms",
+            ],
         );
         let cas_insert = match d.insert_ignore {
             InsertIgnore::OnConflictDoNothing => format!("{cas_insert} ON CONFLICT DO NOTHING"),

@@ -217,7 +217,13 @@ pub async fn fencing<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
         CommitOutcome::Committed
     );
     // A zombie that planned the same range again (its `from` is stale).
-    let fenced = commit(sink, 0, 10, &words_output("counts", &[("a", 100), ("zombie", 1)])).await;
+    let fenced = commit(
+        sink,
+        0,
+        10,
+        &words_output("counts", &[("a", 100), ("zombie", 1)]),
+    )
+    .await;
     assert_eq!(
         fenced,
         CommitOutcome::Fenced {
@@ -252,9 +258,14 @@ pub async fn fencing<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
 pub async fn write_modes<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
     let n = Names::of(sink, schema);
     let mut out = words_output("counts", &[("a", 1), ("b", 2)]);
-    out.targets
-        .push(words_output("latest", &[("a", 1), ("b", 2), ("a", 7)]).targets.remove(0));
-    let mut totals = words_output("totals", &[("a", 1), ("a", 2), ("c", 5)]).targets.remove(0);
+    out.targets.push(
+        words_output("latest", &[("a", 1), ("b", 2), ("a", 7)])
+            .targets
+            .remove(0),
+    );
+    let mut totals = words_output("totals", &[("a", 1), ("a", 2), ("c", 5)])
+        .targets
+        .remove(0);
     totals.columns.push(Column {
         name: "x".into(),
         nulls: vec![0, 1, 0],
@@ -272,12 +283,21 @@ pub async fn write_modes<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>)
     out2.targets.push(totals);
     assert_eq!(commit(sink, 1, 2, &out2).await, CommitOutcome::Committed);
 
-    let log_a = format!("{} WHERE {} = {}", n.count("log"), n.col("word"), n.d.param(1));
+    let log_a = format!(
+        "{} WHERE {} = {}",
+        n.count("log"),
+        n.col("word"),
+        n.d.param(1)
+    );
     assert_eq!(value(sink, &log_a, &[Param::Text("a")]).await, Some(2));
     assert_eq!(value(sink, &n.count("log"), &[]).await, Some(3));
     let latest = n.lookup("latest", "n", "word");
     assert_eq!(value(sink, &latest, &[Param::Text("a")]).await, Some(5));
-    assert_eq!(value(sink, &latest, &[Param::Text("b")]).await, None, "deleted");
+    assert_eq!(
+        value(sink, &latest, &[Param::Text("b")]).await,
+        None,
+        "deleted"
+    );
     let total = n.lookup("totals", "n", "word");
     assert_eq!(value(sink, &total, &[Param::Text("a")]).await, Some(6));
     assert_eq!(value(sink, &total, &[Param::Text("c")]).await, Some(10));
@@ -285,7 +305,11 @@ pub async fn write_modes<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>)
     let x = format!(
         "SELECT CAST({} * 100 AS {}) FROM {} WHERE {} = {}",
         n.col("x"),
-        if n.d.name == "MySQL" { "SIGNED" } else { "BIGINT" },
+        if n.d.name == "MySQL" {
+            "SIGNED"
+        } else {
+            "BIGINT"
+        },
         n.table("totals"),
         n.col("word"),
         n.d.param(1)
@@ -381,7 +405,11 @@ pub async fn at_least_once<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str
         commit(sink, 0, 5, &out).await,
         CommitOutcome::Fenced { .. }
     ));
-    assert_eq!(value(sink, &a, &[Param::Text("a")]).await, Some(2), "duplicated");
+    assert_eq!(
+        value(sink, &a, &[Param::Text("a")]).await,
+        Some(2),
+        "duplicated"
+    );
     let stored = sink.checkpoints("p", &[tp()]).await.unwrap();
     assert_eq!(stored.get(&tp()), Some(&5));
 }
@@ -405,25 +433,49 @@ pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<
             target: "vals".into(),
             rows: 2,
             columns: vec![
-                Column { name: "id".into(), nulls: vec![], data: ColumnData::Int64(vec![1, 2]) },
+                Column {
+                    name: "id".into(),
+                    nulls: vec![],
+                    data: ColumnData::Int64(vec![1, 2]),
+                },
                 Column {
                     name: "txt".into(),
                     nulls: vec![0, 1],
-                    data: ColumnData::Text { lengths: vec![text.len() as u32, 0], data: text.as_bytes().to_vec() },
+                    data: ColumnData::Text {
+                        lengths: vec![text.len() as u32, 0],
+                        data: text.as_bytes().to_vec(),
+                    },
                 },
                 Column {
                     name: "bin".into(),
                     nulls: vec![0, 1],
-                    data: ColumnData::Bytes { lengths: vec![AWKWARD_BYTES.len() as u32, 0], data: AWKWARD_BYTES.to_vec() },
+                    data: ColumnData::Bytes {
+                        lengths: vec![AWKWARD_BYTES.len() as u32, 0],
+                        data: AWKWARD_BYTES.to_vec(),
+                    },
                 },
-                Column { name: "x".into(), nulls: vec![0, 1], data: ColumnData::Float64(vec![2.5, 0.0]) },
-                Column { name: "flag".into(), nulls: vec![0, 1], data: ColumnData::Bool(vec![1, 0]) },
+                Column {
+                    name: "x".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Float64(vec![2.5, 0.0]),
+                },
+                Column {
+                    name: "flag".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Bool(vec![1, 0]),
+                },
             ],
         }],
         rejections: vec![],
     };
     assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);
-    let (id, txt, bin, x, flag) = (n.col("id"), n.col("txt"), n.col("bin"), n.col("x"), n.col("flag"));
+    let (id, txt, bin, x, flag) = (
+        n.col("id"),
+        n.col("txt"),
+        n.col("bin"),
+        n.col("x"),
+        n.col("flag"),
+    );
     let vals = n.table("vals");
     let exact = format!(
         "SELECT count(*) FROM {vals} WHERE {id} = 1 AND {txt} = {} AND {bin} = {} AND {flag}",
@@ -431,8 +483,16 @@ pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<
         n.d.param(2)
     );
     let params = [Param::Text(text), Param::Bytes(Some(AWKWARD_BYTES))];
-    assert_eq!(value(sink, &exact, &params).await, Some(1), "text, bytes and boolean intact");
-    let int = if n.d.name == "MySQL" { "SIGNED" } else { "BIGINT" };
+    assert_eq!(
+        value(sink, &exact, &params).await,
+        Some(1),
+        "text, bytes and boolean intact"
+    );
+    let int = if n.d.name == "MySQL" {
+        "SIGNED"
+    } else {
+        "BIGINT"
+    };
     let doubled = format!("SELECT CAST({x} * 2 AS {int}) FROM {vals} WHERE {id} = 1");
     assert_eq!(value(sink, &doubled, &[]).await, Some(5));
     let nulls = format!(

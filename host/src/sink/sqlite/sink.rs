@@ -9,7 +9,9 @@
 use super::config::SqliteConfig;
 use crate::config::{SinkConfig, WriteMode};
 use crate::sink::SinkError;
-use crate::sink::sql::{Cell, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use crate::sink::sql::{
+    Cell, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
+};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqliteArguments;
 use sqlx::{Arguments, Connection, Row, Sqlite, SqlitePool};
@@ -146,7 +148,10 @@ impl SqlBackend for SqliteBackend {
             WriteMode::Append | WriteMode::Delete => String::new(),
             _ if non_keys.is_empty() => format!(" ON CONFLICT ({keys}) DO NOTHING"),
             WriteMode::Upsert => {
-                format!(" ON CONFLICT ({keys}) DO UPDATE SET {}", set(&|c| format!("excluded.{c}")))
+                format!(
+                    " ON CONFLICT ({keys}) DO UPDATE SET {}",
+                    set(&|c| format!("excluded.{c}"))
+                )
             }
             WriteMode::Accumulate => format!(
                 " ON CONFLICT ({keys}) DO UPDATE SET {}",
@@ -178,7 +183,11 @@ impl SqlTx<Statements> for SqliteTx {
             .rows_affected())
     }
 
-    async fn query_i64(&mut self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+    async fn query_i64(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<i64>, SinkError> {
         let row = sqlx::query_with(sql, args(params)?)
             .fetch_optional(&mut *self.conn)
             .await
