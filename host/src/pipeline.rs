@@ -1,4 +1,6 @@
-//! The batch loop: plan -> read -> transform -> commit, until shut down.
+//! The batch loop: plan -> read -> transform -> commit, until shut down;
+//! while a batch commits, the source already reads the next one (on a
+//! blocking thread), so Kafka and the database work at the same time.
 //!
 //! # Delivery guarantee
 //!
@@ -10,6 +12,8 @@
 //! fenced commit (another owner moved the offsets) is rolled back and the
 //! partitions re-read from the checkpoint; a commit whose outcome is unknown
 //! is resolved by reading the checkpoint back, never by writing again.
+//! Reading ahead does not weaken this: the next batch's `from` is the
+//! committing batch's `until`, which the compare-and-set checks.
 //!
 //! Owns retry, bisection of trapping batches and the shutdown drain. It must
 //! not talk SQL, Kafka protocol or Wasm directly: it goes through `Sink`,
@@ -93,7 +97,10 @@ pub struct RunStats {
 
 pub struct Pipeline<S: Sink, T: Transform> {
     options: RunOptions,
-    source: KafkaSource,
+    /// `None` only while a poll runs on a blocking thread during a commit.
+    source: Option<KafkaSource>,
+    /// The last commit already polled for the next batch (see `commit_and_poll`).
+    polled_ahead: Option<u64>,
     sink: S,
     transform: T,
     params_digest: String,
@@ -120,7 +127,8 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         let params_digest = sha256_hex(transform.params().as_bytes());
         Pipeline {
             options,
-            source,
+            source: Some(source),
+            polled_ahead: None,
             sink,
             transform,
             params_digest,
@@ -135,7 +143,7 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         let mut warned_unassigned = false;
         while !shutdown.is_cancelled() {
             if !warned_unassigned
-                && !self.source.assigned_once()
+                && !self.source().assigned_once()
                 && started.elapsed() > ASSIGNMENT_PATIENCE
             {
                 warned_unassigned = true;
@@ -144,14 +152,19 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                      still waiting (is the group coordinator healthy?)"
                 );
             }
-            let wait = self.options.batch_interval;
-            let polling = Instant::now();
-            tokio::task::block_in_place(|| self.source.poll(wait))?;
-            let poll_ms = polling.elapsed().as_millis() as u64;
+            let poll_ms = match self.polled_ahead.take() {
+                Some(ms) => ms,
+                None => {
+                    let wait = self.options.batch_interval;
+                    let polling = Instant::now();
+                    tokio::task::block_in_place(|| self.source().poll(wait))?;
+                    polling.elapsed().as_millis() as u64
+                }
+            };
             self.start_unstarted().await?;
-            let ranges = self.source.plan_ranges();
+            let ranges = self.source().plan_ranges();
             if ranges.is_empty() {
-                if self.options.until_caught_up && self.source.caught_up() {
+                if self.options.until_caught_up && self.source().caught_up() {
                     tracing::info!("caught up with the log ends seen at start");
                     break;
                 }
@@ -165,7 +178,7 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
 
     /// Reads the checkpoint of every newly assigned partition and seeks there.
     async fn start_unstarted(&mut self) -> Result<(), PipelineError> {
-        let fresh = self.source.unstarted();
+        let fresh = self.source().unstarted();
         if fresh.is_empty() {
             return Ok(());
         }
@@ -179,7 +192,7 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             .iter()
             .map(|tp| (tp.clone(), checkpoints.get(tp).copied()))
             .collect();
-        tokio::task::block_in_place(|| self.source.start_partitions(&starts))?;
+        tokio::task::block_in_place(|| self.source().start_partitions(&starts))?;
         Ok(())
     }
 
@@ -206,8 +219,8 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         }
     }
 
-    /// Plans, transforms and commits one batch; `poll_ms` (the last read
-    /// from Kafka) only goes into the log line.
+    /// Plans, transforms and commits one batch (reading the next meanwhile);
+    /// `poll_ms` (the read that gathered this batch) only goes into the log.
     async fn run_batch(
         &mut self,
         ranges: Vec<OffsetRange>,
@@ -221,12 +234,11 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             &self.params_digest,
             now_ms(),
         );
-        let records = self.source.records(&plan.ranges);
+        let records = self.source().records(&plan.ranges);
         let read_ms = started.elapsed().as_millis() as u64;
         // CPU-bound: keep the async workers free for signals and timers.
         let (output, dead_letters) =
             tokio::task::block_in_place(|| self.transform_batch(&plan, &records))?;
-        let transformed = Instant::now();
         let digest = output.digest();
         let commit = Commit {
             plan: &plan,
@@ -235,10 +247,8 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             dead_letters: &dead_letters,
             output_digest: &digest,
         };
-        let committed = self.commit(&commit).await?;
-        let commit_ms = transformed.elapsed().as_millis() as u64;
+        let (committed, polled, commit_ms) = self.commit_and_poll(&commit).await?;
         if committed {
-            self.source.committed(&plan.ranges);
             self.stats.batches += 1;
             self.stats.records += records.len() as u64;
             self.stats.rows += output.row_count();
@@ -264,7 +274,46 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 .collect();
             self.restart(&partitions).await?;
         }
-        Ok(())
+        Ok(polled?)
+    }
+
+    fn source(&mut self) -> &mut KafkaSource {
+        self.source
+            .as_mut()
+            .expect("the source is back after every commit")
+    }
+
+    /// Commits `commit` while the source polls for the next batch on a
+    /// blocking thread, so reading overlaps the database's work.
+    ///
+    /// The source is told the ranges are committed before the commit ends,
+    /// so it gathers the next batch from their `until`. That is safe: if the
+    /// commit is fenced, the partitions are restarted from the sink's
+    /// checkpoint (dropping what was read ahead); if it fails, the pipeline
+    /// stops; and a batch planned from a wrong `from` could never pass the
+    /// sink's offset compare-and-set anyway.
+    ///
+    /// Returns whether the batch committed, the poll's own result (to be
+    /// raised after the batch is accounted for) and the commit's duration.
+    async fn commit_and_poll(
+        &mut self,
+        commit: &Commit<'_>,
+    ) -> Result<(bool, Result<(), SourceError>, u64), PipelineError> {
+        let mut source = self.source.take().expect("source present");
+        source.committed(&commit.plan.ranges);
+        let wait = self.options.batch_interval;
+        let polling = tokio::task::spawn_blocking(move || {
+            let started = Instant::now();
+            let polled = source.poll(wait);
+            (source, polled, started.elapsed().as_millis() as u64)
+        });
+        let committing = Instant::now();
+        let committed = self.commit(commit).await;
+        let commit_ms = committing.elapsed().as_millis() as u64;
+        let (source, polled, poll_ms) = polling.await.expect("poll task");
+        self.source = Some(source);
+        self.polled_ahead = Some(poll_ms);
+        Ok((committed?, polled, commit_ms))
     }
 
     /// Runs the transform with the retry and trap policy; returns the output

@@ -6,6 +6,7 @@
 //! The expected results of tests come from an independent `read_committed`
 //! read of the input topic ([`read_committed`]), not from what was produced.
 
+pub mod bench;
 pub mod crash;
 pub mod proxy;
 pub mod sinks;
@@ -290,6 +291,10 @@ pub fn committed_reader(brokers: &str, topic: &str, partitions: i32) -> BaseCons
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("verify-{}", std::process::id()))
         .set("isolation.level", "read_committed")
+        // sluice's own fetch defaults (see `KafkaSource::connect`): without
+        // them librdkafka backs fetches off for 1 s at a time.
+        .set("max.partition.fetch.bytes", "8388608")
+        .set("fetch.queue.backoff.ms", "10")
         .set("enable.partition.eof", "true")
         .set("enable.auto.commit", "false")
         .create()

@@ -1,35 +1,17 @@
 //! End-to-end throughput, as ratios measured in one run on one machine:
 //! Kafka -> Wasm (identity) -> SQLite exactly-once, against a raw
 //! `read_committed` rdkafka consume of the same topic and against SQLite's
-//! own bulk insert rate for the same rows.
+//! own bulk insert rate for the same rows. The pipeline's steady state comes
+//! from its lineage and the raw consume is timed from its first message
+//! (`sluice_tests::bench`), so start-up is left out on both sides.
 //!
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-e2e && target/release/bench-e2e [RECORDS]`
 
-use rdkafka::error::KafkaError;
 use sluice_tests::*;
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 4;
-
-fn raw_consume(brokers: &str, topic: &str) -> (usize, Duration) {
-    let started = Instant::now();
-    let c = committed_reader(brokers, topic, PARTITIONS);
-    let (mut n, mut eof) = (0usize, 0);
-    while eof < PARTITIONS {
-        match c.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => {
-                use rdkafka::message::Message;
-                std::hint::black_box(m.payload());
-                n += 1;
-            }
-            Some(Err(KafkaError::PartitionEOF(_))) => eof += 1,
-            Some(Err(e)) => panic!("{e}"),
-            None => {}
-        }
-    }
-    (n, started.elapsed())
-}
 
 async fn sqlite_bulk_insert(dir: &std::path::Path, rows: &[Produce]) -> Duration {
     let db = dir.join("raw.db");
@@ -95,7 +77,7 @@ async fn main() {
         .collect();
     produce(&broker.brokers, topic, &input);
 
-    let (seen, raw) = raw_consume(&broker.brokers, topic);
+    let (seen, raw) = bench::raw_consume(&broker.brokers, topic, PARTITIONS);
     assert_eq!(seen, records);
 
     let dir = TempDir::new("bench-e2e");
@@ -118,31 +100,7 @@ async fn main() {
         .await
         .unwrap();
     assert_eq!(rows as usize, records);
-
-    // The same process on an empty topic: start-up and consumer-group join,
-    // which a long-running pipeline pays once.
-    create_topic(&broker.brokers, "bench-empty", PARTITIONS);
-    let empty_db = dir.path().join("empty.db");
-    let empty_config = dir.path().join("empty");
-    std::fs::create_dir_all(&empty_config).unwrap();
-    let empty_config = write_config(
-        &empty_config,
-        &identity_config(
-            "bench-empty",
-            &broker.brokers,
-            "bench-empty",
-            &empty_db,
-            10_000,
-        ),
-    );
-    let started = Instant::now();
-    let out = run_until_caught_up(&empty_config, Duration::from_secs(300));
-    let startup = started.elapsed();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (steady, batches) = bench::lineage_rate(&sinks::SinkDb::Sqlite(db.clone())).await;
 
     let bulk = sqlite_bulk_insert(dir.path(), &input).await;
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
@@ -162,23 +120,10 @@ async fn main() {
         "sluice Kafka -> Wasm -> SQLite (EO):  {:>10.0} records/s (whole process, start-up included)",
         rate(e2e)
     );
-    let steady = e2e.saturating_sub(startup);
+    println!("sluice steady state (lineage):        {steady:>10.0} records/s ({batches} batches)");
     println!(
-        "sluice start-up (empty topic, group join): {:.2} s",
-        startup.as_secs_f64()
-    );
-    println!(
-        "sluice without start-up:              {:>10.0} records/s",
-        rate(steady)
-    );
-    println!(
-        "sluice / raw consume: {:.2} (whole process), {:.2} (without start-up)",
-        rate(e2e) / rate(raw),
-        rate(steady) / rate(raw)
-    );
-    println!(
-        "sluice / SQLite bulk insert: {:.2} (whole process), {:.2} (without start-up)",
-        rate(e2e) / rate(bulk),
-        rate(steady) / rate(bulk)
+        "sluice steady / raw consume: {:.2}; sluice steady / SQLite bulk insert: {:.2}",
+        steady / rate(raw),
+        steady / rate(bulk)
     );
 }

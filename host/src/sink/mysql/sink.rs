@@ -168,7 +168,7 @@ impl SqlBackend for MysqlBackend {
         Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
     }
 
-    fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
+    async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
         let table = &target.table;
         let keys = target.quoted_keys();
         let non_keys = target.quoted_non_keys();

@@ -39,8 +39,11 @@ pub struct PostgresBackend {
 
 /// A target's statement (one per target: the mode decides its shape).
 pub enum Statements {
-    /// `COPY t (cols) FROM STDIN` (append).
-    Copy(String),
+    /// `COPY t (cols) FROM STDIN` (append), in the binary format when the
+    /// table's column types are exactly the ones sluice writes (always for
+    /// tables it created), else in the text format, which the server
+    /// converts to the table's types.
+    Copy { sql: String, binary: bool },
     /// An `UNNEST` statement binding the columns at `bound` as arrays.
     Unnest {
         sql: String,
@@ -143,7 +146,12 @@ fn statement(target: &Target) -> Statements {
         format!(" ON CONFLICT ({keys}) DO UPDATE SET {}", set.join(", "))
     };
     let sql = match target.config.mode {
-        WriteMode::Append => return Statements::Copy(format!("COPY {table} ({cols}) FROM STDIN")),
+        WriteMode::Append => {
+            return Statements::Copy {
+                sql: format!("COPY {table} ({cols}) FROM STDIN"),
+                binary: false,
+            };
+        }
         // A key may come several times in one batch; ON CONFLICT may touch
         // a row only once per statement, so the batch is folded first: the
         // last row per key wins.
@@ -228,6 +236,47 @@ fn copy_text(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// Whether a column of catalog type `data_type` takes sluice's binary
+/// encoding of `ty` as is.
+fn binary_compatible(ty: ColumnType, data_type: &str) -> bool {
+    matches!(
+        (ty, data_type),
+        (ColumnType::Integer, "bigint")
+            | (ColumnType::Real, "double precision")
+            | (ColumnType::Text, "text" | "character varying")
+            | (ColumnType::Blob, "bytea")
+            | (ColumnType::Boolean, "boolean")
+    )
+}
+
+/// The rows in COPY's binary format: a header, per row the field count and
+/// per field its length (-1 = null) and big-endian value, a trailer.
+fn copy_binary(columns: &[TypedColumn<'_>], rows: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(19 + rows * (2 + columns.len() * 16));
+    out.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+    out.extend_from_slice(&0i32.to_be_bytes()); // flags
+    out.extend_from_slice(&0i32.to_be_bytes()); // header extension length
+    let field = |out: &mut Vec<u8>, bytes: &[u8]| {
+        out.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
+        out.extend_from_slice(bytes);
+    };
+    for row in 0..rows {
+        out.extend_from_slice(&(columns.len() as i16).to_be_bytes());
+        for column in columns {
+            match column.cell(row) {
+                Cell::Integer(Some(x)) => field(&mut out, &x.to_be_bytes()),
+                Cell::Real(Some(x)) => field(&mut out, &x.to_bits().to_be_bytes()),
+                Cell::Text(Some(s)) => field(&mut out, s.as_bytes()),
+                Cell::Blob(Some(b)) => field(&mut out, b),
+                Cell::Boolean(Some(b)) => field(&mut out, &[b as u8]),
+                _ => out.extend_from_slice(&(-1i32).to_be_bytes()),
+            }
+        }
+    }
+    out.extend_from_slice(&(-1i16).to_be_bytes());
+    out
+}
+
 fn escape_text(out: &mut Vec<u8>, text: &[u8]) {
     if !text
         .iter()
@@ -244,6 +293,30 @@ fn escape_text(out: &mut Vec<u8>, text: &[u8]) {
             b'\r' => out.extend_from_slice(b"\\r"),
             other => out.push(other),
         }
+    }
+}
+
+impl PostgresBackend {
+    /// (column name, `information_schema` data type) of a table; empty if
+    /// it does not exist.
+    async fn catalog(
+        &self,
+        schema: Option<&str>,
+        table: &str,
+    ) -> Result<Vec<(String, String)>, SinkError> {
+        let rows = sqlx::query(
+            "SELECT column_name::text, data_type::text FROM information_schema.columns \
+             WHERE table_schema = coalesce($1, current_schema()) AND table_name = $2",
+        )
+        .bind(schema)
+        .bind(table)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db_err)?;
+        Ok(rows
+            .iter()
+            .map(|r| (r.get::<String, _>(0), r.get::<String, _>(1)))
+            .collect())
     }
 }
 
@@ -282,20 +355,24 @@ impl SqlBackend for PostgresBackend {
         schema: Option<&str>,
         table: &str,
     ) -> Result<Vec<String>, SinkError> {
-        let rows = sqlx::query(
-            "SELECT column_name::text FROM information_schema.columns \
-             WHERE table_schema = coalesce($1, current_schema()) AND table_name = $2",
-        )
-        .bind(schema)
-        .bind(table)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db_err)?;
-        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+        let catalog = self.catalog(schema, table).await?;
+        Ok(catalog.into_iter().map(|(name, _)| name).collect())
     }
 
-    fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
-        Ok(statement(target))
+    async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
+        let statements = statement(target);
+        if let Statements::Copy { sql, .. } = statements {
+            let catalog = self
+                .catalog(target.schema.as_deref(), &target.table_name)
+                .await?;
+            let binary = target.columns.iter().zip(&target.types).all(|(c, &ty)| {
+                catalog
+                    .iter()
+                    .any(|(name, data_type)| name == c && binary_compatible(ty, data_type))
+            });
+            return Ok(Statements::Copy { sql, binary });
+        }
+        Ok(statements)
     }
 }
 
@@ -331,9 +408,12 @@ impl SqlTx<Statements> for PostgresTx {
             return Ok(());
         }
         match statements {
-            Statements::Copy(sql) => {
-                let data = copy_text(columns, rows);
-                let mut copy = self.tx.copy_in_raw(sql).await.map_err(db_err)?;
+            Statements::Copy { sql, binary } => {
+                let (sql, data) = match binary {
+                    true => (format!("{sql} (FORMAT binary)"), copy_binary(columns, rows)),
+                    false => (sql.clone(), copy_text(columns, rows)),
+                };
+                let mut copy = self.tx.copy_in_raw(&sql).await.map_err(db_err)?;
                 for chunk in data.chunks(COPY_CHUNK) {
                     if let Err(e) = copy.send(chunk).await {
                         let _ = copy.abort("sluice: send failed").await;

@@ -90,3 +90,22 @@ async fn awkward_values_and_nulls_round_trip() {
     let schema = "sluice_ut_values";
     s::values_round_trip(&open(schema, "", s::VALUES).await, Some(schema)).await;
 }
+
+#[tokio::test]
+async fn awkward_values_reach_a_table_of_other_types_through_text_copy() {
+    // A table created by the user with types sluice does not write itself
+    // (int4, varchar, float4): COPY falls back to the text format.
+    let schema = "sluice_ut_values_text";
+    let pool = sqlx::PgPool::connect(&url()).await.unwrap();
+    sqlx::raw_sql(&format!(
+        "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; \
+         CREATE TABLE {schema}.vals (id integer, txt varchar(200), bin bytea, x real, flag boolean)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let sink = super::open(&sink_config(&url(), Some(schema), "", s::VALUES))
+        .await
+        .unwrap();
+    s::values_round_trip(&sink, Some(schema)).await;
+}

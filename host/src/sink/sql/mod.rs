@@ -72,8 +72,8 @@ pub trait SqlBackend {
         schema: Option<&str>,
         table: &str,
     ) -> Result<Vec<String>, SinkError>;
-    /// Builds a target's write statements.
-    fn statements(&self, target: &Target) -> Result<Self::Statements, SinkError>;
+    /// Builds a target's write statements (may look at the table).
+    async fn statements(&self, target: &Target) -> Result<Self::Statements, SinkError>;
 }
 
 /// A batch transaction.
@@ -137,7 +137,7 @@ impl<B: SqlBackend> SqlSink<B> {
                 create(&backend, &target.create_ddl(dialect)).await?;
             }
             target.check_table(&backend.table_columns(schema, &target.table_name).await?)?;
-            let statements = backend.statements(&target)?;
+            let statements = backend.statements(&target).await?;
             targets.insert(t.name.clone(), (target, statements));
         }
         Ok(SqlSink {

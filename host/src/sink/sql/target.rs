@@ -16,8 +16,9 @@ pub struct Target {
     pub config: TargetConfig,
     /// The table, quoted and schema-qualified.
     pub table: String,
-    /// The unquoted table name (for catalog lookups).
+    /// The unquoted table name and schema (for catalog lookups).
     pub table_name: String,
+    pub schema: Option<String>,
     /// Column names in declaration order (sorted by name).
     pub columns: Vec<String>,
     /// The same, quoted.
@@ -132,6 +133,7 @@ impl Target {
         Ok(Target {
             table: dialect.qualified(schema, config.table())?,
             table_name: config.table().to_string(),
+            schema: schema.map(str::to_string),
             types: config.columns.values().copied().collect(),
             config: config.clone(),
             columns,

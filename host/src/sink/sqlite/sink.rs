@@ -133,7 +133,7 @@ impl SqlBackend for SqliteBackend {
         Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
     }
 
-    fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
+    async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
         let keys = target.quoted_keys().join(", ");
         let non_keys = target.quoted_non_keys();
         let table = &target.table;

@@ -1,0 +1,55 @@
+//! What the benchmark binaries share: the raw-consume baseline and the
+//! pipeline's steady-state rate read from its lineage.
+//!
+//! Both leave start-up out (client creation and group join on one side, the
+//! first batch on the other), so the ratios compare steady states. It must
+//! not time anything the pipeline does from outside the pipeline.
+
+use crate::committed_reader;
+use crate::sinks::SinkDb;
+use rdkafka::error::KafkaError;
+use std::time::{Duration, Instant};
+
+/// Reads the whole topic with a plain `read_committed` consumer given the
+/// fetch settings sluice's source uses by default (so the baseline is not
+/// slowed by librdkafka's 1 s fetch backoff, which sluice avoids). Timed
+/// from the first message to the last partition end.
+pub fn raw_consume(brokers: &str, topic: &str, partitions: i32) -> (usize, Duration) {
+    let c = committed_reader(brokers, topic, partitions);
+    let (mut n, mut eof) = (0usize, 0);
+    let mut first: Option<Instant> = None;
+    while eof < partitions {
+        match c.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                use rdkafka::message::Message;
+                first.get_or_insert_with(Instant::now);
+                std::hint::black_box(m.payload());
+                n += 1;
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => eof += 1,
+            Some(Err(e)) => panic!("{e}"),
+            None => {}
+        }
+    }
+    (n, first.expect("records").elapsed())
+}
+
+/// Records per second from the first to the last batch commit in the
+/// lineage (the first batch's records left out), and the batch count.
+pub async fn lineage_rate(db: &SinkDb) -> (f64, i64) {
+    let batches = db.table("sluice_batches");
+    let one = |sql: String| async move { db.scalar(&sql).await.expect(&sql) };
+    let first_ms = one(format!("SELECT min(committed_at_ms) FROM {batches}")).await;
+    let last_ms = one(format!("SELECT max(committed_at_ms) FROM {batches}")).await;
+    let first_records = one(format!(
+        "SELECT min(records_in) FROM {batches} WHERE committed_at_ms = {first_ms}"
+    ))
+    .await;
+    let total = one(format!(
+        "SELECT CAST(sum(records_in) AS BIGINT) FROM {batches}"
+    ))
+    .await;
+    let count = one(format!("SELECT count(*) FROM {batches}")).await;
+    let span = (last_ms - first_ms).max(1) as f64 / 1000.0;
+    ((total - first_records) as f64 / span, count)
+}
