@@ -1,8 +1,9 @@
 //! The Postgres backend of the SQL sink: connections, error kinds, and the
 //! bulk row paths: append streams the rows with `COPY ... FROM STDIN` into
-//! the target inside the batch transaction; upsert, accumulate and delete
-//! run one statement per target and batch, the columns bound as arrays and
-//! expanded by `UNNEST` (prepared once, reused by every batch).
+//! the target inside the batch transaction (binary format when the table's
+//! columns have exactly sluice's types, text otherwise); upsert, accumulate
+//! and delete run one statement per target and batch, the columns bound as
+//! arrays and expanded by `UNNEST` (prepared once, reused by every batch).
 //!
 //! Delivery guarantee: see the module header in `mod.rs`. It must never
 //! report a lost `COMMIT` reply as anything but
