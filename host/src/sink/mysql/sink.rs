@@ -105,6 +105,33 @@ fn args<'q>(params: &[Param<'q>]) -> Result<MySqlArguments, SinkError> {
     Ok(args)
 }
 
+/// Runs one statement on `executor` (the pool or a batch transaction);
+/// returns rows affected.
+async fn execute_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = MySql>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64, SinkError> {
+    Ok(sqlx::query_with(sql, args(params)?)
+        .execute(executor)
+        .await
+        .map_err(db_err)?
+        .rows_affected())
+}
+
+/// The first column of the first row `sql` returns on `executor`, if any.
+async fn query_i64_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = MySql>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<i64>, SinkError> {
+    let row = sqlx::query_with(sql, args(params)?)
+        .fetch_optional(executor)
+        .await
+        .map_err(db_err)?;
+    Ok(row.map(|r| r.get::<i64, _>(0)))
+}
+
 fn bind(args: &mut MySqlArguments, cell: Cell<'_>) -> Result<(), SinkError> {
     match cell {
         Cell::Integer(v) => args.add(v),
@@ -131,19 +158,11 @@ impl SqlBackend for MysqlBackend {
     }
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        Ok(sqlx::query_with(sql, args(params)?)
-            .execute(&self.pool)
-            .await
-            .map_err(db_err)?
-            .rows_affected())
+        execute_on(&self.pool, sql, params).await
     }
 
     async fn query_i64(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
-        let row = sqlx::query_with(sql, args(params)?)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db_err)?;
-        Ok(row.map(|r| r.get::<i64, _>(0)))
+        query_i64_on(&self.pool, sql, params).await
     }
 
     async fn table_columns(
@@ -169,16 +188,8 @@ impl SqlBackend for MysqlBackend {
     }
 
     async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
-        let table = &target.table;
         let keys = target.quoted_keys();
         let non_keys = target.quoted_non_keys();
-        let set = |value: &dyn Fn(&str) -> String| {
-            non_keys
-                .iter()
-                .map(|c| format!("{c} = {}", value(c)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let tail = match target.config.mode {
             WriteMode::Append | WriteMode::Delete => String::new(),
             // Nothing to update: keep the row (a no-op assignment, not
@@ -186,23 +197,16 @@ impl SqlBackend for MysqlBackend {
             _ if non_keys.is_empty() => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", keys[0]),
             WriteMode::Upsert => format!(
                 " ON DUPLICATE KEY UPDATE {}",
-                set(&|c| format!("VALUES({c})"))
+                target.assignments(|c| format!("VALUES({c})"))
             ),
             WriteMode::Accumulate => format!(
                 " ON DUPLICATE KEY UPDATE {}",
-                set(&|c| format!("COALESCE({c}, 0) + COALESCE(VALUES({c}), 0)"))
+                target.assignments(|c| format!("COALESCE({c}, 0) + COALESCE(VALUES({c}), 0)"))
             ),
         };
-        let head = format!("INSERT INTO {table} ({}) VALUES ", target.quoted.join(", "));
         Ok(Statements {
-            insert: MultiRowInsert::new(head, target.columns.len(), tail, MAX_PARAMS),
-            delete: format!(
-                "DELETE FROM {table} WHERE {}",
-                keys.iter()
-                    .map(|k| format!("{k} = ?"))
-                    .collect::<Vec<_>>()
-                    .join(" AND ")
-            ),
+            insert: MultiRowInsert::for_target(target, tail, MAX_PARAMS),
+            delete: target.delete_by_key(),
             max_statement_bytes: self.max_statement_bytes,
         })
     }
@@ -210,11 +214,7 @@ impl SqlBackend for MysqlBackend {
 
 impl SqlTx<Statements> for MysqlTx {
     async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        Ok(sqlx::query_with(sql, args(params)?)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(db_err)?
-            .rows_affected())
+        execute_on(&mut *self.tx, sql, params).await
     }
 
     async fn query_i64(
@@ -222,11 +222,7 @@ impl SqlTx<Statements> for MysqlTx {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Option<i64>, SinkError> {
-        let row = sqlx::query_with(sql, args(params)?)
-            .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(db_err)?;
-        Ok(row.map(|r| r.get::<i64, _>(0)))
+        query_i64_on(&mut *self.tx, sql, params).await
     }
 
     async fn write_rows(

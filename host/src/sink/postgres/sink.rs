@@ -98,6 +98,33 @@ fn args(params: &[Param<'_>]) -> Result<PgArguments, SinkError> {
     Ok(args)
 }
 
+/// Runs one statement on `executor` (the pool or a batch transaction);
+/// returns rows affected.
+async fn execute_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = Postgres>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64, SinkError> {
+    Ok(sqlx::query_with(sql, args(params)?)
+        .execute(executor)
+        .await
+        .map_err(db_err)?
+        .rows_affected())
+}
+
+/// The first column of the first row `sql` returns on `executor`, if any.
+async fn query_i64_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = Postgres>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<i64>, SinkError> {
+    let row = sqlx::query_with(sql, args(params)?)
+        .fetch_optional(executor)
+        .await
+        .map_err(db_err)?;
+    Ok(row.map(|r| r.get::<i64, _>(0)))
+}
+
 fn array_type(ty: ColumnType) -> &'static str {
     match ty {
         ColumnType::Integer => "bigint[]",
@@ -140,11 +167,10 @@ fn statement(target: &Target) -> Statements {
         if non_keys.is_empty() {
             return format!(" ON CONFLICT ({keys}) DO NOTHING");
         }
-        let set: Vec<String> = non_keys
-            .iter()
-            .map(|c| format!("{c} = {}", set(c)))
-            .collect();
-        format!(" ON CONFLICT ({keys}) DO UPDATE SET {}", set.join(", "))
+        format!(
+            " ON CONFLICT ({keys}) DO UPDATE SET {}",
+            target.assignments(set)
+        )
     };
     let sql = match target.config.mode {
         WriteMode::Append => {
@@ -336,19 +362,11 @@ impl SqlBackend for PostgresBackend {
     }
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        Ok(sqlx::query_with(sql, args(params)?)
-            .execute(&self.pool)
-            .await
-            .map_err(db_err)?
-            .rows_affected())
+        execute_on(&self.pool, sql, params).await
     }
 
     async fn query_i64(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
-        let row = sqlx::query_with(sql, args(params)?)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db_err)?;
-        Ok(row.map(|r| r.get::<i64, _>(0)))
+        query_i64_on(&self.pool, sql, params).await
     }
 
     async fn table_columns(
@@ -379,11 +397,7 @@ impl SqlBackend for PostgresBackend {
 
 impl SqlTx<Statements> for PostgresTx {
     async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        Ok(sqlx::query_with(sql, args(params)?)
-            .execute(&mut *self.tx)
-            .await
-            .map_err(db_err)?
-            .rows_affected())
+        execute_on(&mut *self.tx, sql, params).await
     }
 
     async fn query_i64(
@@ -391,11 +405,7 @@ impl SqlTx<Statements> for PostgresTx {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Option<i64>, SinkError> {
-        let row = sqlx::query_with(sql, args(params)?)
-            .fetch_optional(&mut *self.tx)
-            .await
-            .map_err(db_err)?;
-        Ok(row.map(|r| r.get::<i64, _>(0)))
+        query_i64_on(&mut *self.tx, sql, params).await
     }
 
     async fn write_rows(

@@ -6,7 +6,7 @@
 //! statement texts and the driver's prepared-statement cache reuses them
 //! across batches. This module must not bind or run anything.
 
-use super::TypedColumn;
+use super::{Target, TypedColumn};
 use std::ops::Range;
 
 /// One target's multi-row insert, as text pieces.
@@ -23,6 +23,16 @@ pub struct MultiRowInsert {
 }
 
 impl MultiRowInsert {
+    /// `INSERT INTO` all of `target`'s columns, followed by `tail`.
+    pub fn for_target(target: &Target, tail: String, max_params: usize) -> Self {
+        let head = format!(
+            "INSERT INTO {} ({}) VALUES ",
+            target.table,
+            target.quoted.join(", ")
+        );
+        MultiRowInsert::new(head, target.columns.len(), tail, max_params)
+    }
+
     pub fn new(head: String, width: usize, tail: String, max_params: usize) -> Self {
         MultiRowInsert {
             head,

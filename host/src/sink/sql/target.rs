@@ -155,6 +155,27 @@ impl Target {
             .collect()
     }
 
+    /// `a = value(a), b = value(b)` over the quoted non-key columns (the SET
+    /// list of an upsert).
+    pub fn assignments(&self, value: impl Fn(&str) -> String) -> String {
+        self.quoted_non_keys()
+            .iter()
+            .map(|c| format!("{c} = {}", value(c)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `DELETE FROM t WHERE k1 = ? AND ...`, for dialects with positional
+    /// `?` placeholders.
+    pub fn delete_by_key(&self) -> String {
+        let keys: Vec<String> = self
+            .quoted_keys()
+            .iter()
+            .map(|k| format!("{k} = ?"))
+            .collect();
+        format!("DELETE FROM {} WHERE {}", self.table, keys.join(" AND "))
+    }
+
     /// `CREATE TABLE IF NOT EXISTS` with the declared columns and key.
     pub fn create_ddl(&self, dialect: &Dialect) -> String {
         let mut cols: Vec<String> = (0..self.columns.len())

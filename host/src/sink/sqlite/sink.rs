@@ -76,6 +76,33 @@ fn args<'q>(params: &[Param<'q>]) -> Result<SqliteArguments<'q>, SinkError> {
     Ok(args)
 }
 
+/// Runs one statement on `executor` (the pool or a batch transaction);
+/// returns rows affected.
+async fn execute_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = Sqlite>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64, SinkError> {
+    Ok(sqlx::query_with(sql, args(params)?)
+        .execute(executor)
+        .await
+        .map_err(db_err)?
+        .rows_affected())
+}
+
+/// The first column of the first row `sql` returns on `executor`, if any.
+async fn query_i64_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = Sqlite>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<i64>, SinkError> {
+    let row = sqlx::query_with(sql, args(params)?)
+        .fetch_optional(executor)
+        .await
+        .map_err(db_err)?;
+    Ok(row.map(|r| r.get::<i64, _>(0)))
+}
+
 fn bind<'q>(args: &mut SqliteArguments<'q>, cell: Cell<'q>) -> Result<(), SinkError> {
     match cell {
         Cell::Integer(v) => args.add(v),
@@ -105,19 +132,11 @@ impl SqlBackend for SqliteBackend {
     }
 
     async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        Ok(sqlx::query_with(sql, args(params)?)
-            .execute(&self.pool)
-            .await
-            .map_err(db_err)?
-            .rows_affected())
+        execute_on(&self.pool, sql, params).await
     }
 
     async fn query_i64(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
-        let row = sqlx::query_with(sql, args(params)?)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(db_err)?;
-        Ok(row.map(|r| r.get::<i64, _>(0)))
+        query_i64_on(&self.pool, sql, params).await
     }
 
     async fn table_columns(
@@ -137,50 +156,32 @@ impl SqlBackend for SqliteBackend {
         let keys = target.quoted_keys().join(", ");
         let non_keys = target.quoted_non_keys();
         let table = &target.table;
-        let set = |value: &dyn Fn(&str) -> String| {
-            non_keys
-                .iter()
-                .map(|c| format!("{c} = {}", value(c)))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
         let tail = match target.config.mode {
             WriteMode::Append | WriteMode::Delete => String::new(),
             _ if non_keys.is_empty() => format!(" ON CONFLICT ({keys}) DO NOTHING"),
             WriteMode::Upsert => {
                 format!(
                     " ON CONFLICT ({keys}) DO UPDATE SET {}",
-                    set(&|c| format!("excluded.{c}"))
+                    target.assignments(|c| format!("excluded.{c}"))
                 )
             }
             WriteMode::Accumulate => format!(
                 " ON CONFLICT ({keys}) DO UPDATE SET {}",
-                set(&|c| format!("coalesce({table}.{c}, 0) + coalesce(excluded.{c}, 0)"))
+                target.assignments(|c| format!(
+                    "coalesce({table}.{c}, 0) + coalesce(excluded.{c}, 0)"
+                ))
             ),
         };
-        let head = format!("INSERT INTO {table} ({}) VALUES ", target.quoted.join(", "));
         Ok(Statements {
-            insert: MultiRowInsert::new(head, target.columns.len(), tail, MAX_PARAMS),
-            delete: format!(
-                "DELETE FROM {table} WHERE {}",
-                target
-                    .quoted_keys()
-                    .iter()
-                    .map(|k| format!("{k} = ?"))
-                    .collect::<Vec<_>>()
-                    .join(" AND ")
-            ),
+            insert: MultiRowInsert::for_target(target, tail, MAX_PARAMS),
+            delete: target.delete_by_key(),
         })
     }
 }
 
 impl SqlTx<Statements> for SqliteTx {
     async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        Ok(sqlx::query_with(sql, args(params)?)
-            .execute(&mut *self.conn)
-            .await
-            .map_err(db_err)?
-            .rows_affected())
+        execute_on(&mut *self.conn, sql, params).await
     }
 
     async fn query_i64(
@@ -188,11 +189,7 @@ impl SqlTx<Statements> for SqliteTx {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Option<i64>, SinkError> {
-        let row = sqlx::query_with(sql, args(params)?)
-            .fetch_optional(&mut *self.conn)
-            .await
-            .map_err(db_err)?;
-        Ok(row.map(|r| r.get::<i64, _>(0)))
+        query_i64_on(&mut *self.conn, sql, params).await
     }
 
     async fn write_rows(
