@@ -5,10 +5,26 @@
 //! first batch on the other), so the ratios compare steady states. It must
 //! not time anything the pipeline does from outside the pipeline.
 
-use crate::committed_reader;
 use crate::sinks::SinkDb;
+use crate::{Produce, committed_reader};
 use rdkafka::error::KafkaError;
 use std::time::{Duration, Instant};
+
+/// The benchmarks' input: `records` JSON purchase events of ~76 bytes with
+/// 12-byte keys, round-robin over `partitions`.
+pub fn purchase_events(records: usize, partitions: i32) -> Vec<Produce> {
+    (0..records)
+        .map(|i| Produce {
+            partition: i as i32 % partitions,
+            key: Some(format!("key-{i:08}")),
+            value: format!(
+                r#"{{"id":{i},"user":"user{}","event":"purchase","amount":{}.5,"pad":"xxxxxxxxxxxx"}}"#,
+                i % 1000,
+                i % 300
+            ),
+        })
+        .collect()
+}
 
 /// Reads the whole topic with a plain `read_committed` consumer given the
 /// fetch settings sluice's source uses by default (so the baseline is not

@@ -439,6 +439,12 @@ pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {
     .fetch_all(db)
     .await
     .expect("lineage");
+    assert_ranges_contiguous(rows);
+}
+
+/// Asserts lineage ranges `(topic, partition, from, until)`, sorted by
+/// topic, partition and `from`, are non-empty and contiguous per partition.
+pub fn assert_ranges_contiguous(rows: Vec<(String, i64, i64, i64)>) {
     assert!(!rows.is_empty(), "no lineage rows");
     let mut last: Option<(String, i64, i64)> = None;
     for (topic, partition, from, until) in rows {
@@ -446,13 +452,14 @@ pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {
             until > from,
             "empty range {topic}[{partition}] {from}..{until}"
         );
-        if let Some((t, p, prev_until)) = &last {
-            if *t == topic && *p == partition {
-                assert_eq!(
-                    from, *prev_until,
-                    "lineage gap or overlap in {topic}[{partition}]"
-                );
-            }
+        if let Some((t, p, prev_until)) = &last
+            && *t == topic
+            && *p == partition
+        {
+            assert_eq!(
+                from, *prev_until,
+                "lineage gap or overlap in {topic}[{partition}]"
+            );
         }
         last = Some((topic, partition, until));
     }

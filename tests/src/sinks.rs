@@ -190,23 +190,6 @@ impl SinkDb {
             .fetch_all(&pool)
             .await
             .expect("lineage");
-        assert!(!rows.is_empty(), "no lineage rows");
-        let mut last: Option<(String, i64, i64)> = None;
-        for (topic, partition, from, until) in rows {
-            assert!(
-                until > from,
-                "empty range {topic}[{partition}] {from}..{until}"
-            );
-            if let Some((t, p, prev_until)) = &last
-                && *t == topic
-                && *p == partition
-            {
-                assert_eq!(
-                    from, *prev_until,
-                    "lineage gap or overlap in {topic}[{partition}]"
-                );
-            }
-            last = Some((topic, partition, until));
-        }
+        crate::assert_ranges_contiguous(rows);
     }
 }

@@ -225,7 +225,7 @@ async fn sigterm_drains_the_batch_in_flight() {
         .expect("spawn");
     // Stop it mid-run: as soon as the first batches are committed.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while committed_batches(&db).await == 0 {
+    while sinks::SinkDb::Sqlite(db.clone()).committed_batches().await == 0 {
         assert!(Instant::now() < deadline, "no batch committed within 60 s");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -262,18 +262,6 @@ async fn sigterm_drains_the_batch_in_flight() {
     run_ok(&config);
     assert_eq!(identity_rows(&pool).await, expected);
     assert_contiguous_lineage(&pool, "drain").await;
-}
-
-/// Batches committed so far (0 while the tables do not exist yet).
-async fn committed_batches(db: &std::path::Path) -> i64 {
-    if !db.exists() {
-        return 0;
-    }
-    let pool = sqlite(db).await;
-    sqlx::query_scalar("SELECT count(*) FROM sluice_batches")
-        .fetch_one(&pool)
-        .await
-        .unwrap_or(0)
 }
 
 /// Two instances of one pipeline split the partitions through the consumer

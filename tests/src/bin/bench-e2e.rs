@@ -64,17 +64,7 @@ async fn main() {
     let broker = Broker::start();
     let topic = "bench";
     create_topic(&broker.brokers, topic, PARTITIONS);
-    let input: Vec<Produce> = (0..records)
-        .map(|i| Produce {
-            partition: i as i32 % PARTITIONS,
-            key: Some(format!("key-{i:08}")),
-            value: format!(
-                r#"{{"id":{i},"user":"user{}","event":"purchase","amount":{}.5,"pad":"xxxxxxxxxxxx"}}"#,
-                i % 1000,
-                i % 300
-            ),
-        })
-        .collect();
+    let input = bench::purchase_events(records, PARTITIONS);
     produce(&broker.brokers, topic, &input);
 
     let (seen, raw) = bench::raw_consume(&broker.brokers, topic, PARTITIONS);

@@ -302,17 +302,7 @@ async fn end_to_end(records: usize) {
     let broker = Broker::start();
     let topic = "bench-sql";
     create_topic(&broker.brokers, topic, PARTITIONS);
-    let input: Vec<Produce> = (0..records)
-        .map(|i| Produce {
-            partition: i as i32 % PARTITIONS,
-            key: Some(format!("key-{i:08}")),
-            value: format!(
-                r#"{{"id":{i},"user":"user{}","event":"purchase","amount":{}.5,"pad":"xxxxxxxxxxxx"}}"#,
-                i % 1000,
-                i % 300
-            ),
-        })
-        .collect();
+    let input = bench::purchase_events(records, PARTITIONS);
     produce(&broker.brokers, topic, &input);
     // Three interleaved rounds of all four, best of each: the machine is
     // shared and single runs move by ±20%.
