@@ -6,10 +6,10 @@
 //! an independent `read_committed` read of the input.
 
 use crate::sinks::SinkDb;
-use crate::{numbered, produce, produce_transaction, sluice_bin};
+use crate::{numbered, produce, produce_transaction, spawn_until_caught_up};
 use rand::Rng;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// Produces plain records, committed transactions and aborted ones (every
@@ -51,14 +51,7 @@ pub async fn kill_loop(
     let mut batches = 0;
     let started = Instant::now();
     while done < kills {
-        let mut child = Command::new(sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(config)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn sluice");
+        let mut child = spawn_until_caught_up(config, "warn", Stdio::null());
         while child.try_wait().expect("wait").is_none() && db.committed_batches().await <= batches {
             assert!(
                 started.elapsed() < Duration::from_secs(900),

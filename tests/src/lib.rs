@@ -374,21 +374,25 @@ pub fn write_config(dir: &Path, text: &str) -> PathBuf {
     path
 }
 
+/// Starts `sluice run --until-caught-up CONFIG` with `SLUICE_LOG=log`; its
+/// stdout is piped, its stderr goes to `stderr`.
+pub fn spawn_until_caught_up(config: &Path, log: &str, stderr: Stdio) -> Child {
+    Command::new(sluice_bin())
+        .args(["run", "--until-caught-up"])
+        .arg(config)
+        .env("SLUICE_LOG", log)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn sluice")
+}
+
 /// Runs `sluice run CONFIG --until-caught-up` to completion (with a limit).
 /// Output is read while the process runs, so verbose logs cannot fill the
 /// pipe and stall it.
 pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Output {
-    let child = Command::new(sluice_bin())
-        .args(["run", "--until-caught-up"])
-        .arg(config)
-        .env(
-            "SLUICE_LOG",
-            std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
+    let log = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
+    let child = spawn_until_caught_up(config, &log, Stdio::piped());
     let pid = child.id() as i32;
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -181,16 +181,7 @@ async fn two_owners_fence(which: Db, name: &str) {
         &format!("batch_interval_ms = 20\nassign = {{ \"{name}\" = [0, 1, 2, 3] }}"),
     );
     let config = write_config(dir.path(), &config);
-    let spawn = || {
-        Command::new(sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(&config)
-            .env("SLUICE_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice")
-    };
+    let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
     let (a, b) = (spawn(), spawn());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
     let logs = format!(
@@ -230,14 +221,7 @@ async fn database_restart(which: Db, name: &str) {
         dir.path(),
         &identity_config_into(name, brokers, name, &db.sink_toml(), 100),
     );
-    let child = Command::new(sluice_bin())
-        .args(["run", "--until-caught-up"])
-        .arg(&config)
-        .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn sluice");
+    let child = spawn_until_caught_up(&config, "warn", Stdio::piped());
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.committed_batches().await < 5 {
         assert!(
@@ -290,13 +274,8 @@ async fn lost_commit_reply(which: Db, name: &str) {
         dir.path(),
         &identity_config_into(name, brokers, name, &via, 200),
     );
-    let out = Command::new(sluice_bin())
-        .args(["run", "--until-caught-up"])
-        .arg(&config)
-        .env("SLUICE_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
+    let out = spawn_until_caught_up(&config, "info", Stdio::piped())
+        .wait_with_output()
         .expect("run sluice");
     let logs = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{logs}");
