@@ -517,9 +517,12 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
     )
 }
 
+/// A `records` row as selected: partition, offset, key, value.
+pub type RecordRow = (i64, i64, Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// The `records` table of an identity pipeline, in (partition, offset) order.
 pub async fn identity_rows(db: &sqlx::SqlitePool) -> Vec<Seen> {
-    let rows: Vec<(i64, i64, Option<Vec<u8>>, Option<Vec<u8>>)> = sqlx::query_as(
+    let rows: Vec<RecordRow> = sqlx::query_as(
         "SELECT partition, \"offset\", key, value FROM records ORDER BY partition, \"offset\"",
     )
     .fetch_all(db)

@@ -110,7 +110,7 @@ impl State {
     /// Counts a COMMIT; true if its reply is to be dropped.
     fn due(&self) -> bool {
         let n = self.commits.fetch_add(1, Ordering::SeqCst) + 1;
-        if n % self.every != 0 {
+        if !n.is_multiple_of(self.every) {
             return false;
         }
         self.drops

@@ -150,7 +150,7 @@ impl SinkDb {
             t = self.table("records")
         );
         let pool = self.pool().await;
-        let rows: Vec<(i64, i64, Option<Vec<u8>>, Option<Vec<u8>>)> = sqlx::query_as(&sql)
+        let rows: Vec<crate::RecordRow> = sqlx::query_as(&sql)
             .fetch_all(&pool)
             .await
             .expect("records table");

@@ -43,14 +43,17 @@ fn narrow_rows() -> Vec<(i64, String, i64, i64)> {
         .collect()
 }
 
-fn narrow_output(rows: &[(i64, String, i64, i64)]) -> Output {
+/// id, text, int, timestamp.
+type NarrowRow = (i64, String, i64, i64);
+
+fn narrow_output(rows: &[NarrowRow]) -> Output {
     let mut lengths = Vec::new();
     let mut data = Vec::new();
     for r in rows {
         lengths.push(r.1.len() as u32);
         data.extend_from_slice(r.1.as_bytes());
     }
-    let int = |name: &str, f: &dyn Fn(&(i64, String, i64, i64)) -> i64| Column {
+    let int = |name: &str, f: fn(&NarrowRow) -> i64| Column {
         name: name.into(),
         nulls: vec![],
         data: ColumnData::Int64(rows.iter().map(f).collect()),
@@ -60,14 +63,14 @@ fn narrow_output(rows: &[(i64, String, i64, i64)]) -> Output {
             target: "narrow".into(),
             rows: rows.len() as u32,
             columns: vec![
-                int("id", &|r| r.0),
+                int("id", |r| r.0),
                 Column {
                     name: "name".into(),
                     nulls: vec![],
                     data: ColumnData::Text { lengths, data },
                 },
-                int("n", &|r| r.2),
-                int("ts", &|r| r.3),
+                int("n", |r| r.2),
+                int("ts", |r| r.3),
             ],
         }],
         rejections: vec![],

@@ -1,0 +1,386 @@
+//! The batch loop: plan -> read -> transform -> commit, until shut down.
+//! While a batch commits, a blocking thread already reads, plans and
+//! transforms the next one (`prepare`), so Kafka, the Wasm sandbox and the
+//! database work at the same time.
+//!
+//! # Delivery guarantee
+//!
+//! Exactly-once into the sink, given the three conditions: the source replays
+//! a range `[from, until)` identically (Kafka, `read_committed`; the host, not
+//! the consumer group, picks the ranges), the transform is deterministic (a
+//! fresh sandboxed instance per batch, time and seed from the plan), and the
+//! sink commits outputs together with a compare-and-set of the offsets. A
+//! fenced commit (another owner moved the offsets) is rolled back and the
+//! partitions re-read from the checkpoint; a commit whose outcome is unknown
+//! is resolved by reading the checkpoint back, never by writing again.
+//! Preparing ahead does not weaken this: the next batch's `from` is the
+//! committing batch's `until`, which the compare-and-set checks, and a
+//! prepared batch is dropped when the one before it is fenced.
+//!
+//! Owns commit retries, fencing and the shutdown drain (a batch already
+//! prepared is committed before stopping); `prepare` owns the transform
+//! retries and bisection of trapping batches. It must
+//! not talk SQL, Kafka protocol or Wasm directly: it goes through `Sink`,
+//! `KafkaSource` and `Transform`.
+
+mod prepare;
+
+pub use prepare::{Batch, Preparer, Transform, describe};
+
+use crate::batch::{OffsetRange, Plan, TopicPartition};
+use crate::config::OnTrap;
+use crate::runtime::RunError;
+use crate::sink::{Commit, CommitOutcome, SinkError};
+use crate::source::{KafkaSource, SourceError};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How long to wait for a first assignment before warning about it.
+const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(30);
+/// How long an unreachable sink is retried before the pipeline stops.
+const SINK_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Where batches are committed; implemented by each sink backend.
+#[allow(async_fn_in_trait)]
+pub trait Sink {
+    /// Stored next offsets of `partitions`; absent = never committed.
+    async fn checkpoints(
+        &self,
+        pipeline: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, SinkError>;
+    /// Commits one batch atomically with the offset compare-and-set.
+    async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError>;
+}
+
+/// Why the pipeline stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("batch {batch_id} ({ranges}): {error}")]
+    Transform {
+        batch_id: String,
+        ranges: String,
+        error: RunError,
+    },
+}
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub pipeline: String,
+    pub batch_interval: Duration,
+    pub on_trap: OnTrap,
+    /// Stop (successfully) once caught up with the log ends seen at start.
+    pub until_caught_up: bool,
+}
+
+/// Counters for the caller (and the end-of-run log line).
+#[derive(Debug, Default, Clone)]
+pub struct RunStats {
+    pub batches: u64,
+    pub records: u64,
+    pub rows: u64,
+    pub dead_letters: u64,
+    pub fenced: u64,
+}
+
+pub struct Pipeline<S: Sink, T: Transform> {
+    options: RunOptions,
+    /// `None` only while the next batch is prepared during a commit.
+    source: Option<KafkaSource>,
+    /// What the blocking thread read and prepared during the last commit.
+    ahead: Option<Ahead>,
+    sink: S,
+    preparer: Arc<Preparer<T>>,
+    stats: RunStats,
+}
+
+/// The outcome of reading ahead during a commit: how long the poll took and
+/// the next batch, if there was anything to plan.
+struct Ahead {
+    poll_ms: u64,
+    batch: Result<Option<Batch>, PipelineError>,
+}
+
+impl<S: Sink, T: Transform> Pipeline<S, T> {
+    pub fn new(options: RunOptions, source: KafkaSource, sink: S, transform: T) -> Self {
+        let preparer = Preparer::new(options.pipeline.clone(), options.on_trap, transform);
+        Pipeline {
+            options,
+            source: Some(source),
+            ahead: None,
+            sink,
+            preparer: Arc::new(preparer),
+            stats: RunStats::default(),
+        }
+    }
+
+    /// Runs batches until `shutdown` fires (the batch in flight, and one
+    /// already prepared, are committed first) or, with `until_caught_up`,
+    /// until caught up.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
+        let started = Instant::now();
+        let mut warned_unassigned = false;
+        loop {
+            if !warned_unassigned
+                && !self.source().assigned_once()
+                && started.elapsed() > ASSIGNMENT_PATIENCE
+            {
+                warned_unassigned = true;
+                tracing::warn!(
+                    "no partitions assigned by the consumer group after {ASSIGNMENT_PATIENCE:?}; \
+                     still waiting (is the group coordinator healthy?)"
+                );
+            }
+            let (poll_ms, prepared) = match self.ahead.take() {
+                Some(ahead) => (ahead.poll_ms, ahead.batch?),
+                None if shutdown.is_cancelled() => break,
+                None => (self.poll()?, None),
+            };
+            self.start_unstarted().await?;
+            let batch = match prepared {
+                Some(batch) => batch,
+                None if shutdown.is_cancelled() => break,
+                None => {
+                    let ranges = self.source().plan_ranges();
+                    if ranges.is_empty() {
+                        if self.options.until_caught_up && self.source().caught_up() {
+                            tracing::info!("caught up with the log ends seen at start");
+                            break;
+                        }
+                        continue;
+                    }
+                    // CPU-bound: keep the async workers free for signals and timers.
+                    let source = self.source.as_ref().expect("source present");
+                    tokio::task::block_in_place(|| self.preparer.prepare(source, ranges))?
+                }
+            };
+            self.commit_batch(batch, poll_ms, !shutdown.is_cancelled())
+                .await?;
+        }
+        tracing::info!(stats = ?self.stats, "pipeline stopped");
+        Ok(self.stats)
+    }
+
+    /// Reads from Kafka for up to one batch interval; returns its duration.
+    fn poll(&mut self) -> Result<u64, PipelineError> {
+        let wait = self.options.batch_interval;
+        let polling = Instant::now();
+        tokio::task::block_in_place(|| self.source().poll(wait))?;
+        Ok(polling.elapsed().as_millis() as u64)
+    }
+
+    /// Reads the checkpoint of every newly assigned partition and seeks there.
+    async fn start_unstarted(&mut self) -> Result<(), PipelineError> {
+        let fresh = self.source().unstarted();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        self.restart(&fresh).await
+    }
+
+    /// Re-reads checkpoints of `partitions` and restarts reading there.
+    async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
+        let checkpoints = self.checkpoints_with_retry(partitions).await?;
+        let starts: Vec<_> = partitions
+            .iter()
+            .map(|tp| (tp.clone(), checkpoints.get(tp).copied()))
+            .collect();
+        tokio::task::block_in_place(|| self.source().start_partitions(&starts))?;
+        Ok(())
+    }
+
+    async fn checkpoints_with_retry(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self
+                .sink
+                .checkpoints(&self.options.pipeline, partitions)
+                .await
+            {
+                Ok(c) => return Ok(c),
+                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
+                    tracing::warn!("reading checkpoints: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Commits `batch`; meanwhile (if `prepare_next`) a blocking thread
+    /// polls the source and prepares the next batch, kept in `self.ahead`.
+    ///
+    /// The source is told the ranges are committed before the commit ends,
+    /// so the next batch starts at their `until`. That is safe: if the commit
+    /// is fenced, the prepared batch is dropped and the partitions restart
+    /// from the sink's checkpoint; if it fails, the pipeline stops; and a
+    /// batch planned from a wrong `from` could never pass the sink's offset
+    /// compare-and-set anyway. `poll_ms` (the read that gathered this batch)
+    /// only goes into the log.
+    async fn commit_batch(
+        &mut self,
+        batch: Batch,
+        poll_ms: u64,
+        prepare_next: bool,
+    ) -> Result<(), PipelineError> {
+        let mut source = self.source.take().expect("source present");
+        source.committed(&batch.plan.ranges);
+        let preparer = Arc::clone(&self.preparer);
+        let wait = self.options.batch_interval;
+        let preparing = tokio::task::spawn_blocking(move || {
+            let ahead = prepare_next.then(|| read_ahead(&mut source, &preparer, wait));
+            (source, ahead)
+        });
+        let commit = Commit {
+            plan: &batch.plan,
+            records: &batch.records,
+            output: &batch.output,
+            dead_letters: &batch.dead_letters,
+            output_digest: &batch.output_digest,
+        };
+        let committing = Instant::now();
+        let committed = self.commit(&commit).await;
+        let commit_ms = committing.elapsed().as_millis() as u64;
+        let (source, ahead) = preparing.await.expect("prepare task");
+        self.source = Some(source);
+        self.ahead = ahead;
+        if committed? {
+            self.account(&batch, poll_ms, commit_ms);
+            return Ok(());
+        }
+        self.stats.fenced += 1;
+        self.ahead = None;
+        let partitions: Vec<TopicPartition> = batch
+            .plan
+            .ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect();
+        self.restart(&partitions).await
+    }
+
+    /// Counts and logs a committed batch.
+    fn account(&mut self, batch: &Batch, poll_ms: u64, commit_ms: u64) {
+        let records = batch.records.len();
+        let rows = batch.output.row_count();
+        let dead_letters = batch.dead_letters.len();
+        self.stats.batches += 1;
+        self.stats.records += records as u64;
+        self.stats.rows += rows;
+        self.stats.dead_letters += dead_letters as u64;
+        tracing::info!(
+            batch = %batch.plan.batch_id,
+            ranges = %describe(&batch.plan.ranges),
+            records,
+            rows,
+            dead_letters,
+            poll_ms,
+            read_ms = batch.read_ms,
+            transform_ms = batch.transform_ms,
+            commit_ms,
+            "batch committed"
+        );
+    }
+
+    fn source(&mut self) -> &mut KafkaSource {
+        self.source
+            .as_mut()
+            .expect("the source is back after every commit")
+    }
+
+    /// Commits with retries. `Ok(true)`: the batch is committed (now or by an
+    /// earlier attempt whose reply was lost); `Ok(false)`: fenced.
+    async fn commit(&mut self, commit: &Commit<'_>) -> Result<bool, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = self.sink.commit(commit).await;
+            match result {
+                Ok(CommitOutcome::Committed) => return Ok(true),
+                Ok(CommitOutcome::Fenced {
+                    partition,
+                    expected,
+                    found,
+                }) => {
+                    tracing::warn!(
+                        batch = %commit.plan.batch_id,
+                        %partition, expected, ?found,
+                        "fenced: another owner moved the offsets first; rolled back, re-planning"
+                    );
+                    return Ok(false);
+                }
+                Err(SinkError::CommitUnknown(e)) => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit outcome unknown ({e}); reading the checkpoint back");
+                    match self.resolve_unknown(commit.plan).await? {
+                        Some(done) => return Ok(done),
+                        None => continue, // nothing landed: commit again
+                    }
+                }
+                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// After a commit with unknown outcome: `Some(true)` if the checkpoint
+    /// already says `until` everywhere (it landed), `None` if it still says
+    /// `from` everywhere (nothing landed), `Some(false)` otherwise (someone
+    /// else moved it: treat as fenced).
+    async fn resolve_unknown(&self, plan: &Plan) -> Result<Option<bool>, PipelineError> {
+        let partitions: Vec<TopicPartition> = plan
+            .ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect();
+        let stored = self.checkpoints_with_retry(&partitions).await?;
+        let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
+        if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
+            tracing::info!(batch = %plan.batch_id, "commit had landed");
+            return Ok(Some(true));
+        }
+        if plan
+            .ranges
+            .iter()
+            .all(|r| at(r).is_none_or(|o| o == r.from))
+        {
+            return Ok(None);
+        }
+        Ok(Some(false))
+    }
+}
+
+/// Polls for up to `wait`, then plans and prepares the next batch from what
+/// is buffered (runs on the blocking thread during a commit).
+fn read_ahead<T: Transform>(
+    source: &mut KafkaSource,
+    preparer: &Preparer<T>,
+    wait: Duration,
+) -> Ahead {
+    let polling = Instant::now();
+    let polled = source.poll(wait);
+    let poll_ms = polling.elapsed().as_millis() as u64;
+    let batch = polled.map_err(PipelineError::from).and_then(|()| {
+        let ranges = source.plan_ranges();
+        if ranges.is_empty() {
+            return Ok(None);
+        }
+        preparer.prepare(source, ranges).map(Some)
+    });
+    Ahead { poll_ms, batch }
+}

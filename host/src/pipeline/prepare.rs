@@ -1,0 +1,193 @@
+//! Preparing a batch: plan its ranges, take their records from the source's
+//! buffers and run the transform under the retry and trap policy (retry,
+//! retry a trap once, then bisect down to the poison records). The pipeline
+//! runs this on a blocking thread while the previous batch commits.
+//!
+//! It must not commit, mark ranges committed or seek: a prepared batch is
+//! only a proposal until the sink's offset compare-and-set accepts it.
+
+use super::PipelineError;
+use crate::batch::{OffsetRange, Plan, Records, sha256_hex};
+use crate::config::OnTrap;
+use crate::output::Output;
+use crate::runtime::RunError;
+use crate::sink::{DeadLetter, DeadLetterKind};
+use crate::source::KafkaSource;
+use std::time::Instant;
+
+/// Times a retryable transform failure (timeout, retryable declared error)
+/// is retried before the pipeline stops.
+const TRANSFORM_RETRIES: u32 = 3;
+
+/// The transform the pipeline runs; implemented by the Wasm runtime. It is
+/// shared with the thread that prepares the next batch, hence `Send + Sync`.
+pub trait Transform: Send + Sync + 'static {
+    /// Module version recorded in plans and lineage.
+    fn module_digest(&self) -> &str;
+    /// The parameters as `init` receives them.
+    fn params(&self) -> &str;
+    /// Runs one whole batch in a fresh instance.
+    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError>;
+}
+
+/// A planned and transformed batch, ready to commit.
+pub struct Batch {
+    pub plan: Plan,
+    pub records: Records,
+    pub output: Output,
+    pub dead_letters: Vec<DeadLetter>,
+    pub output_digest: String,
+    /// Time spent taking the records from the source's buffers.
+    pub read_ms: u64,
+    /// Time spent in the transform (retries and bisection included).
+    pub transform_ms: u64,
+}
+
+/// Plans and transforms batches of one pipeline.
+pub struct Preparer<T: Transform> {
+    pipeline: String,
+    on_trap: OnTrap,
+    transform: T,
+    params_digest: String,
+}
+
+/// Renders ranges for logs and errors.
+pub fn describe(ranges: &[OffsetRange]) -> String {
+    ranges
+        .iter()
+        .map(|r| format!("{}[{}] {}..{}", r.topic, r.partition, r.from, r.until))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl<T: Transform> Preparer<T> {
+    pub fn new(pipeline: String, on_trap: OnTrap, transform: T) -> Self {
+        let params_digest = sha256_hex(transform.params().as_bytes());
+        Preparer {
+            pipeline,
+            on_trap,
+            transform,
+            params_digest,
+        }
+    }
+
+    /// Plans `ranges` as the next batch, reads their records from `source`
+    /// and transforms them.
+    pub fn prepare(
+        &self,
+        source: &KafkaSource,
+        ranges: Vec<OffsetRange>,
+    ) -> Result<Batch, PipelineError> {
+        let started = Instant::now();
+        let plan = Plan::new(
+            &self.pipeline,
+            ranges,
+            self.transform.module_digest(),
+            &self.params_digest,
+            now_ms(),
+        );
+        let records = source.records(&plan.ranges);
+        let read_ms = started.elapsed().as_millis() as u64;
+        let transforming = Instant::now();
+        let (output, dead_letters) = self.transform_batch(&plan, &records)?;
+        let output_digest = output.digest();
+        Ok(Batch {
+            plan,
+            records,
+            output,
+            dead_letters,
+            output_digest,
+            read_ms,
+            transform_ms: transforming.elapsed().as_millis() as u64,
+        })
+    }
+
+    /// Runs the transform with the retry and trap policy; returns the output
+    /// and the dead letters (rejections and isolated poison records).
+    fn transform_batch(
+        &self,
+        plan: &Plan,
+        records: &Records,
+    ) -> Result<(Output, Vec<DeadLetter>), PipelineError> {
+        let fail = |error| PipelineError::Transform {
+            batch_id: plan.batch_id.clone(),
+            ranges: describe(&plan.ranges),
+            error,
+        };
+        let mut attempt = 0;
+        let mut trapped_once = false;
+        let (output, mut dead) = loop {
+            attempt += 1;
+            match self.transform.run(plan, records) {
+                Ok(output) => break (output, Vec::new()),
+                Err(e) if e.is_retryable() && attempt <= TRANSFORM_RETRIES => {
+                    tracing::warn!(batch = %plan.batch_id, "{e}; retrying");
+                }
+                Err(RunError::Trap(msg)) if !trapped_once => {
+                    tracing::warn!(batch = %plan.batch_id, "transform trapped, retrying once: {msg}");
+                    trapped_once = true;
+                }
+                Err(RunError::Trap(_)) if self.on_trap == OnTrap::DeadLetter => {
+                    tracing::warn!(batch = %plan.batch_id, "transform trapped twice; bisecting");
+                    let mut output = Output::default();
+                    let mut dead = Vec::new();
+                    let all: Vec<usize> = (0..records.len()).collect();
+                    self.bisect(plan, records, all, &mut output, &mut dead)
+                        .map_err(fail)?;
+                    break (output, dead);
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        };
+        dead.extend(output.rejections.iter().map(|r| DeadLetter {
+            index: r.index as usize,
+            reason: r.reason.clone(),
+            kind: DeadLetterKind::Rejected,
+        }));
+        // One dead letter per record (a module may reject a record twice).
+        dead.sort_by_key(|d| d.index);
+        dead.dedup_by_key(|d| d.index);
+        Ok((output, dead))
+    }
+
+    /// Runs the records at `indices` as a sub-batch; on a trap splits it in
+    /// halves until single poison records are left, which become dead letters.
+    fn bisect(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        indices: Vec<usize>,
+        output: &mut Output,
+        dead: &mut Vec<DeadLetter>,
+    ) -> Result<(), RunError> {
+        let (sub, map) = records.select(&indices);
+        match self.transform.run(plan, &sub) {
+            Ok(o) => {
+                output.absorb(o, &map);
+                Ok(())
+            }
+            Err(RunError::Trap(msg)) if indices.len() == 1 => {
+                dead.push(DeadLetter {
+                    index: indices[0],
+                    reason: msg,
+                    kind: DeadLetterKind::Trap,
+                });
+                Ok(())
+            }
+            Err(RunError::Trap(_)) => {
+                let mut left = indices;
+                let right = left.split_off(left.len() / 2);
+                self.bisect(plan, records, left, output, dead)?;
+                self.bisect(plan, records, right, output, dead)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
