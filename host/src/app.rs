@@ -1,12 +1,14 @@
 //! Wiring: turns a validated config into a running pipeline.
 //!
 //! Owns the start-up order (module first, so a bad module fails before any
-//! connection; then sink, then source) and the errors a user sees when a
-//! piece is missing. It must not hold batch logic: that is `pipeline`.
+//! connection; then sink, module store, source, control plane) and the
+//! errors a user sees when a piece is missing. It must not hold batch logic:
+//! that is `pipeline`.
 
 use crate::config::PipelineConfig;
-use crate::pipeline::Sink;
-use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats};
+use crate::control::{self, ControlState};
+use crate::modules::{ModuleStore, StoreError, StoreVersions};
+use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats, Sink, VersionError};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
 use crate::sink::{SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
@@ -24,34 +26,58 @@ pub enum AppError {
     #[error(transparent)]
     Sink(#[from] SinkError),
     #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Version(#[from] VersionError),
+    #[error(transparent)]
     Source(#[from] SourceError),
+    #[error("control plane on {listen}: {source}")]
+    Control {
+        listen: String,
+        source: std::io::Error,
+    },
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
 }
 
-/// Loads and validates the configured module (no network).
-pub fn load_transform(config: &PipelineConfig) -> Result<WasmTransform, AppError> {
+/// The configured module, read and validated (no network).
+struct ConfiguredModule {
+    runtime: Arc<Runtime>,
+    component: Vec<u8>,
+    transform: WasmTransform,
+}
+
+fn load_configured(config: &PipelineConfig) -> Result<ConfiguredModule, AppError> {
     let path = config.module.path.display().to_string();
-    let runtime =
-        Runtime::new(Limits::from_config(&config.limits)).map_err(|source| AppError::Module {
-            path: path.clone(),
-            source,
-        })?;
-    let bytes = std::fs::read(&config.module.path).map_err(|source| AppError::Module {
+    let module_err = |source| AppError::Module {
         path: path.clone(),
-        source: ModuleError::Read {
+        source,
+    };
+    let runtime = Arc::new(Runtime::new(Limits::from_config(&config.limits)).map_err(module_err)?);
+    let component = std::fs::read(&config.module.path).map_err(|source| {
+        module_err(ModuleError::Read {
             path: config.module.path.clone(),
             source,
-        },
+        })
     })?;
     let module = runtime
-        .load(&bytes, config.module.cache_dir.as_deref())
-        .map_err(|source| AppError::Module {
+        .load(&component, config.module.cache_dir.as_deref())
+        .map_err(module_err)?;
+    let transform = WasmTransform::new(Arc::clone(&runtime), module, config.params_json())
+        .map_err(|source| AppError::Params {
             path: path.clone(),
             source,
         })?;
-    WasmTransform::new(Arc::new(runtime), module, config.params_json())
-        .map_err(|source| AppError::Params { path, source })
+    Ok(ConfiguredModule {
+        runtime,
+        component,
+        transform,
+    })
+}
+
+/// Loads and validates the configured module (no network).
+pub fn load_transform(config: &PipelineConfig) -> Result<WasmTransform, AppError> {
+    Ok(load_configured(config)?.transform)
 }
 
 /// Runs the pipeline until `shutdown` (or caught up, if asked).
@@ -60,30 +86,53 @@ pub async fn run(
     until_caught_up: bool,
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
-    let transform = load_transform(config)?;
+    let module = load_configured(config)?;
     match SinkKind::of_url(&config.sink.url)? {
         SinkKind::Sqlite => {
             let sink = sqlite::open(&config.sink).await?;
-            run_with(config, transform, sink, until_caught_up, shutdown).await
+            run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Postgres => {
             let sink = postgres::open(&config.sink).await?;
-            run_with(config, transform, sink, until_caught_up, shutdown).await
+            run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Mysql => {
             let sink = mysql::open(&config.sink).await?;
-            run_with(config, transform, sink, until_caught_up, shutdown).await
+            run_with(config, module, sink, until_caught_up, shutdown).await
         }
     }
 }
 
 async fn run_with<S: Sink>(
     config: &PipelineConfig,
-    transform: WasmTransform,
+    module: ConfiguredModule,
     sink: S,
     until_caught_up: bool,
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
+    let store = Arc::new(ModuleStore::open(&config.sink).await?);
+    let versions = StoreVersions::new(
+        Arc::clone(&store),
+        Arc::clone(&module.runtime),
+        config.module.cache_dir.clone(),
+        config.pipeline.clone(),
+    );
+    let active = versions
+        .active_or_seed(&module.component, &config.params_json())
+        .await?;
+    let transform = if active.module_digest == crate::batch::sha256_hex(&module.component)
+        && active.params == config.params_json()
+    {
+        module.transform
+    } else {
+        versions.load(&active).await?
+    };
+    tracing::info!(
+        version = active.version,
+        module = %active.module_digest,
+        params = %active.params,
+        "running module version"
+    );
     let group = config.group_id();
     let source_config = config.source.clone();
     let source = tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))
@@ -95,7 +144,55 @@ async fn run_with<S: Sink>(
         on_trap: config.limits.on_trap,
         until_caught_up,
     };
-    Ok(Pipeline::new(options, source, sink, transform)
-        .run(shutdown)
-        .await?)
+    let pipeline = Pipeline::new(options, source, sink, versions, transform);
+    let control_stop = shutdown.child_token();
+    let control = match &config.control {
+        Some(c) => {
+            let state = ControlState {
+                pipeline: config.pipeline.clone(),
+                store,
+                runtime: module.runtime,
+                cache_dir: config.module.cache_dir.clone(),
+                token: c.effective_token(),
+                max_module_bytes: c.max_module_bytes,
+                status: pipeline.status(),
+            };
+            Some(spawn_control(&c.listen, state, control_stop.clone()).await?)
+        }
+        None => None,
+    };
+    let result = pipeline.run(shutdown).await;
+    control_stop.cancel();
+    if let Some(server) = control {
+        let _ = server.await;
+    }
+    Ok(result?)
+}
+
+/// Binds the control API (so a taken port fails the start) and serves it
+/// in the background until `stop`.
+async fn spawn_control(
+    listen: &str,
+    state: ControlState,
+    stop: CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, AppError> {
+    let control_err = |source| AppError::Control {
+        listen: listen.to_string(),
+        source,
+    };
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(control_err)?;
+    let bound = listener.local_addr().map_err(control_err)?;
+    if state.token.is_none() {
+        tracing::warn!(
+            "control API: no token configured (SLUICE_CONTROL_TOKEN); writes are refused"
+        );
+    }
+    tracing::info!(address = %bound, "control API listening");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = control::serve(listener, Arc::new(state), stop).await {
+            tracing::error!("control API stopped: {e}");
+        }
+    }))
 }

@@ -38,6 +38,42 @@ pub struct PipelineConfig {
     pub limits: LimitsConfig,
     /// Where results and offsets are committed.
     pub sink: SinkConfig,
+    /// The control plane (HTTP API for deploy, activate, rollback, status).
+    /// Absent: not served; versions can still be managed through another
+    /// instance of the pipeline that serves it.
+    #[serde(default)]
+    pub control: Option<ControlConfig>,
+}
+
+/// The control plane's HTTP API, served by `sluice run`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlConfig {
+    /// Address to listen on, e.g. `127.0.0.1:7878`. Port 0 picks a free
+    /// port (logged at start).
+    pub listen: String,
+    /// Bearer token every write (deploy, activate, rollback) must carry.
+    /// Prefer the `SLUICE_CONTROL_TOKEN` environment variable, which wins
+    /// over this field. With neither set, every write is refused.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// Largest component accepted by a deploy, in bytes.
+    #[serde(default = "default_max_module_bytes")]
+    pub max_module_bytes: usize,
+}
+
+fn default_max_module_bytes() -> usize {
+    32 * 1024 * 1024
+}
+
+impl ControlConfig {
+    /// The write token: `SLUICE_CONTROL_TOKEN`, else `token`; empty = none.
+    pub fn effective_token(&self) -> Option<String> {
+        std::env::var("SLUICE_CONTROL_TOKEN")
+            .ok()
+            .or_else(|| self.token.clone())
+            .filter(|t| !t.is_empty())
+    }
 }
 
 /// The Kafka source.
@@ -349,6 +385,14 @@ impl PipelineConfig {
                     ));
                 }
             }
+        }
+        if let Some(control) = &self.control
+            && control.listen.parse::<std::net::SocketAddr>().is_err()
+        {
+            return invalid(format!(
+                "`control.listen` = {:?} is not an address like 127.0.0.1:7878",
+                control.listen
+            ));
         }
         if self.source.max_records_per_partition == 0 {
             return invalid("`source.max_records_per_partition` must be at least 1".into());

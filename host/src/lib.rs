@@ -21,13 +21,21 @@
 //!   dialects, target checks); `sink::sqlite` (the embedded default),
 //!   `sink::postgres` and `sink::mysql` hold one dialect's connections, error
 //!   kinds and bulk row path each.
-//! - [`pipeline`]: the batch loop (plan, read, transform, commit), the
-//!   `Sink` and `Transform` traits it consumes, retries and bisection.
+//! - [`pipeline`]: the batch loop (plan, read, transform, commit; the next
+//!   batch prepared while one commits), the `Sink`, `Transform` and
+//!   `Versions` traits it consumes, retries, bisection, the status board.
+//! - [`modules`]: modules over time: the module store (components by
+//!   sha256, activations per pipeline) in the sink's database, upload
+//!   validation, following the active version between batches.
+//! - [`control`]: the control plane's HTTP API (axum, bearer token on
+//!   writes, OpenAPI) and the client the CLI uses.
 //! - [`app`]: wiring a config into a running pipeline (used by the CLI).
 
 pub mod app;
 pub mod batch;
 pub mod config;
+pub mod control;
+pub mod modules;
 pub mod output;
 pub mod pipeline;
 pub mod runtime;

@@ -36,6 +36,67 @@ enum Command {
         /// The pipeline's TOML config.
         config: PathBuf,
     },
+    /// Upload a module to a running pipeline's control API: validated,
+    /// stored by sha256 and, with --activate, made the active version.
+    Deploy {
+        #[command(flatten)]
+        api: Api,
+        /// The component (.wasm).
+        module: PathBuf,
+        /// Params for the module's init, JSON.
+        #[arg(long, default_value = "{}")]
+        params: String,
+        /// Activate it: every instance switches at its next batch boundary.
+        #[arg(long)]
+        activate: bool,
+    },
+    /// List the pipeline's versions and activation history.
+    Versions {
+        #[command(flatten)]
+        api: Api,
+    },
+    /// Activate a stored module (by digest) with params.
+    Activate {
+        #[command(flatten)]
+        api: Api,
+        /// sha256 of a deployed module (as `deploy` or `versions` print it).
+        module_digest: String,
+        /// Params for the module's init, JSON.
+        #[arg(long, default_value = "{}")]
+        params: String,
+    },
+    /// Activate the version that ran before the active one.
+    Rollback {
+        #[command(flatten)]
+        api: Api,
+    },
+    /// The active version, and what the serving host runs: counters, last
+    /// batch, per-partition lag.
+    Status {
+        #[command(flatten)]
+        api: Api,
+    },
+}
+
+/// Where the control API is and how to authenticate.
+#[derive(clap::Args)]
+struct Api {
+    /// Base URL of a host's control API.
+    #[arg(
+        long,
+        env = "SLUICE_CONTROL_URL",
+        default_value = "http://127.0.0.1:7878"
+    )]
+    url: String,
+    /// Bearer token for writes.
+    #[arg(long, env = "SLUICE_CONTROL_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+impl Api {
+    fn client(&self) -> sluice::control::ControlClient {
+        sluice::control::ControlClient::new(&self.url, self.token.clone())
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -85,7 +146,78 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             println!("config and module OK");
             Ok(())
         }
+        Command::Deploy {
+            api,
+            module,
+            params,
+            activate,
+        } => {
+            let component = std::fs::read(&module)
+                .with_context(|| format!("cannot read module {}", module.display()))?;
+            let answer = api.client().deploy(component, &params, activate).await?;
+            println!(
+                "stored module {} ({} bytes, validated in {} ms)",
+                text(&answer["module_digest"]),
+                answer["size"],
+                answer["validate_ms"]
+            );
+            if answer["activated"].is_object() {
+                print_version("activated", &answer["activated"]);
+            }
+            Ok(())
+        }
+        Command::Versions { api } => {
+            let answer = api.client().versions().await?;
+            for v in answer["versions"].as_array().into_iter().flatten() {
+                let active = if v["active"] == true {
+                    "  (active)"
+                } else {
+                    ""
+                };
+                println!(
+                    "v{:<4} module {}  params {}{active}",
+                    v["version"],
+                    text(&v["module_digest"]),
+                    text(&v["params"])
+                );
+            }
+            Ok(())
+        }
+        Command::Activate {
+            api,
+            module_digest,
+            params,
+        } => {
+            let version = api.client().activate(&module_digest, &params).await?;
+            print_version("activated", &version);
+            Ok(())
+        }
+        Command::Rollback { api } => {
+            let version = api.client().rollback().await?;
+            print_version("rolled back: activated", &version);
+            Ok(())
+        }
+        Command::Status { api } => {
+            let status = api.client().status().await?;
+            println!("{}", serde_json::to_string_pretty(&status)?);
+            Ok(())
+        }
     }
+}
+
+/// A JSON string's text (empty for anything else).
+fn text(v: &serde_json::Value) -> &str {
+    v.as_str().unwrap_or("")
+}
+
+fn print_version(what: &str, v: &serde_json::Value) {
+    println!(
+        "{what} version {} of pipeline `{}`: module {} params {}",
+        v["version"],
+        text(&v["pipeline"]),
+        text(&v["module_digest"]),
+        text(&v["params"])
+    );
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

@@ -7,6 +7,7 @@
 //! read of the input topic ([`read_committed`]), not from what was produced.
 
 pub mod bench;
+pub mod control;
 pub mod crash;
 pub mod proxy;
 pub mod sinks;
@@ -66,7 +67,8 @@ pub fn sluice_bin() -> PathBuf {
     bin
 }
 
-fn free_port() -> u16 {
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .expect("bind")
         .local_addr()

@@ -27,7 +27,7 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     let db = dir.path().join("crash.db");
     let config = write_config(
         dir.path(),
-        &identity_config("crash", &broker.brokers, topic, &db, 200),
+        &identity_config("crash", &broker.brokers, topic, &db, 100),
     );
 
     let sink = sinks::SinkDb::Sqlite(db.clone());

@@ -24,14 +24,17 @@
 //! `KafkaSource` and `Transform`.
 
 mod prepare;
+mod status;
 
 pub use prepare::{Batch, Preparer, Transform, describe};
+pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
 
 use crate::batch::{OffsetRange, Plan, TopicPartition};
 use crate::config::OnTrap;
 use crate::runtime::RunError;
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use crate::source::{KafkaSource, SourceError};
+use prepare::now_ms;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,6 +58,36 @@ pub trait Sink {
     async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError>;
 }
 
+/// Which module version a pipeline runs; asked between batches, so a swap
+/// reaches every instance without restart and no batch mixes versions.
+#[allow(async_fn_in_trait)]
+pub trait Versions {
+    type Transform: Transform;
+    /// The active version's transform, if it is not `running`'s (module
+    /// digest and params).
+    async fn newer(
+        &self,
+        running: &Self::Transform,
+    ) -> Result<Option<Swap<Self::Transform>>, VersionError>;
+}
+
+/// A version to switch to.
+pub struct Swap<T> {
+    pub version: i64,
+    pub transform: T,
+}
+
+/// Why the active version could not be followed.
+#[derive(Debug, thiserror::Error)]
+pub enum VersionError {
+    /// The state store did not answer: keep the running version, ask again.
+    #[error("reading the active module version: {0}")]
+    Unavailable(String),
+    /// The active version cannot run on this host: fatal.
+    #[error("module version {version} cannot run: {message}")]
+    Unusable { version: i64, message: String },
+}
+
 /// Why the pipeline stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
@@ -62,6 +95,8 @@ pub enum PipelineError {
     Source(#[from] SourceError),
     #[error(transparent)]
     Sink(#[from] SinkError),
+    #[error(transparent)]
+    Version(#[from] VersionError),
     #[error("batch {batch_id} ({ranges}): {error}")]
     Transform {
         batch_id: String,
@@ -90,15 +125,19 @@ pub struct RunStats {
     pub fenced: u64,
 }
 
-pub struct Pipeline<S: Sink, T: Transform> {
+pub struct Pipeline<S: Sink, V: Versions> {
     options: RunOptions,
     /// `None` only while the next batch is prepared during a commit.
     source: Option<KafkaSource>,
     /// What the blocking thread read and prepared during the last commit.
     ahead: Option<Ahead>,
     sink: S,
-    preparer: Arc<Preparer<T>>,
+    versions: V,
+    /// When the active version was last asked for.
+    version_checked: Instant,
+    preparer: Arc<Preparer<V::Transform>>,
     stats: RunStats,
+    status: StatusBoard,
 }
 
 /// The outcome of reading ahead during a commit: how long the poll took and
@@ -108,17 +147,50 @@ struct Ahead {
     batch: Result<Option<Batch>, PipelineError>,
 }
 
-impl<S: Sink, T: Transform> Pipeline<S, T> {
-    pub fn new(options: RunOptions, source: KafkaSource, sink: S, transform: T) -> Self {
+impl<S: Sink, V: Versions> Pipeline<S, V> {
+    /// A pipeline starting with `transform` (the active version) and
+    /// following `versions` from then on.
+    pub fn new(
+        options: RunOptions,
+        source: KafkaSource,
+        sink: S,
+        versions: V,
+        transform: V::Transform,
+    ) -> Self {
         let preparer = Preparer::new(options.pipeline.clone(), options.on_trap, transform);
-        Pipeline {
+        let pipeline = Pipeline {
             options,
             source: Some(source),
             ahead: None,
             sink,
+            versions,
+            version_checked: Instant::now(),
             preparer: Arc::new(preparer),
             stats: RunStats::default(),
-        }
+            status: StatusBoard::default(),
+        };
+        pipeline.publish_version();
+        pipeline
+    }
+
+    /// The board this pipeline publishes its status on.
+    pub fn status(&self) -> StatusBoard {
+        self.status.clone()
+    }
+
+    /// Puts the version batches are now prepared with on the status board.
+    fn publish_version(&self) {
+        let transform = self.preparer.transform();
+        let (module, params) = (
+            transform.module_digest().to_string(),
+            crate::batch::sha256_hex(transform.params().as_bytes()),
+        );
+        let pipeline = self.options.pipeline.clone();
+        self.status.update(|s| {
+            s.pipeline = pipeline;
+            s.module_digest = module;
+            s.params_digest = params;
+        });
     }
 
     /// Runs batches until `shutdown` fires (the batch in flight, and one
@@ -144,6 +216,7 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
                 None => (self.poll()?, None),
             };
             self.start_unstarted().await?;
+            let prepared = self.follow_active_version(prepared).await?;
             let batch = match prepared {
                 Some(batch) => batch,
                 None if shutdown.is_cancelled() => break,
@@ -166,6 +239,48 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
         }
         tracing::info!(stats = ?self.stats, "pipeline stopped");
         Ok(self.stats)
+    }
+
+    /// At a batch boundary, at most every half batch interval: switches to
+    /// the active version if another one was activated. A batch already
+    /// prepared with the old version is prepared again from the same
+    /// ranges, so every batch runs on the version active when it commits.
+    async fn follow_active_version(
+        &mut self,
+        prepared: Option<Batch>,
+    ) -> Result<Option<Batch>, PipelineError> {
+        if self.version_checked.elapsed() < self.options.batch_interval / 2 {
+            return Ok(prepared);
+        }
+        self.version_checked = Instant::now();
+        let swap = match self.versions.newer(self.preparer.transform()).await {
+            Ok(Some(swap)) => swap,
+            Ok(None) => return Ok(prepared),
+            Err(VersionError::Unavailable(e)) => {
+                tracing::warn!("{e}; keeping the running version");
+                return Ok(prepared);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tracing::info!(
+            version = swap.version,
+            module = %swap.transform.module_digest(),
+            "switching to module version at this batch boundary"
+        );
+        let preparer = Preparer::new(
+            self.options.pipeline.clone(),
+            self.options.on_trap,
+            swap.transform,
+        );
+        self.preparer = Arc::new(preparer);
+        self.publish_version();
+        let Some(stale) = prepared else {
+            return Ok(None);
+        };
+        let source = self.source.as_ref().expect("source present");
+        let batch =
+            tokio::task::block_in_place(|| self.preparer.prepare(source, stale.plan.ranges))?;
+        Ok(Some(batch))
     }
 
     /// Reads from Kafka for up to one batch interval; returns its duration.
@@ -292,6 +407,24 @@ impl<S: Sink, T: Transform> Pipeline<S, T> {
             commit_ms,
             "batch committed"
         );
+        let progress = self.source().progress();
+        let stats = self.stats.clone();
+        let last = LastBatch {
+            batch_id: batch.plan.batch_id.clone(),
+            ranges: batch.plan.ranges.clone(),
+            records,
+            module_digest: batch.plan.module_digest.clone(),
+            committed_at_ms: now_ms(),
+        };
+        self.status.update(|s| {
+            s.batches = stats.batches;
+            s.records = stats.records;
+            s.rows = stats.rows;
+            s.dead_letters = stats.dead_letters;
+            s.fenced = stats.fenced;
+            s.last_batch = Some(last);
+            s.partitions = progress.into_iter().map(PartitionStatus::of).collect();
+        });
     }
 
     fn source(&mut self) -> &mut KafkaSource {

@@ -60,7 +60,8 @@ pub fn describe(ranges: &[OffsetRange]) -> String {
         .join(", ")
 }
 
-fn now_ms() -> i64 {
+/// Milliseconds since the Unix epoch (wall clock).
+pub(super) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -76,6 +77,11 @@ impl<T: Transform> Preparer<T> {
             transform,
             params_digest,
         }
+    }
+
+    /// The transform batches are prepared with.
+    pub fn transform(&self) -> &T {
+        &self.transform
     }
 
     /// Plans `ranges` as the next batch, reads their records from `source`

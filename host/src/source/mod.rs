@@ -57,6 +57,18 @@ pub enum SourceError {
     Kafka(String),
 }
 
+/// Where an owned partition stands (for status and lag).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionProgress {
+    pub topic: String,
+    pub partition: i32,
+    /// Start of the next range (the committed checkpoint); `None` until the
+    /// partition has started.
+    pub next_offset: Option<i64>,
+    /// The log end as last fetched.
+    pub log_end: Option<i64>,
+}
+
 /// Read state of one owned partition.
 #[derive(Debug)]
 struct PartitionState {
@@ -300,6 +312,20 @@ impl KafkaSource {
             }
         }
         Ok(())
+    }
+
+    /// Per owned partition: where the next range starts (`None` until
+    /// started) and the log end the last fetch reported (`None` before any).
+    pub fn progress(&self) -> Vec<PartitionProgress> {
+        self.partitions
+            .iter()
+            .map(|(tp, s)| PartitionProgress {
+                topic: tp.topic.clone(),
+                partition: tp.partition,
+                next_offset: s.next,
+                log_end: cached_watermarks(&self.consumer, tp).map(|(_, high)| high),
+            })
+            .collect()
     }
 
     /// True once the consumer group has assigned partitions (maybe none).

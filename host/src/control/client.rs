@@ -1,0 +1,118 @@
+//! The control plane's client, used by the CLI: one method per API call,
+//! JSON answers returned as they came.
+//!
+//! It must not interpret versions: it carries requests and turns refusals
+//! into errors that quote the server's message.
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Why a control call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "cannot reach the control API at {url}: {message} (is `sluice run` serving [control] there?)"
+    )]
+    Unreachable { url: String, message: String },
+    #[error("{status}: {message}")]
+    Refused { status: StatusCode, message: String },
+    #[error("unexpected answer from {url}: {message}")]
+    BadAnswer { url: String, message: String },
+}
+
+/// A client of one host's control API.
+pub struct ControlClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl ControlClient {
+    /// `base` like `http://127.0.0.1:7878`; `token` for writes.
+    pub fn new(base: &str, token: Option<String>) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            .build()
+            .expect("HTTP client");
+        ControlClient {
+            base: base.trim_end_matches('/').to_string(),
+            token,
+            http,
+        }
+    }
+
+    /// Uploads `component`; validates, stores and (if asked) activates it.
+    pub async fn deploy(
+        &self,
+        component: Vec<u8>,
+        params: &str,
+        activate: bool,
+    ) -> Result<Value, ClientError> {
+        let activate = if activate { "true" } else { "false" };
+        let request = self
+            .http
+            .post(self.url("/v1/modules"))
+            .query(&[("activate", activate), ("params", params)])
+            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
+            .body(component);
+        self.send(request).await
+    }
+
+    pub async fn versions(&self) -> Result<Value, ClientError> {
+        self.send(self.http.get(self.url("/v1/versions"))).await
+    }
+
+    pub async fn status(&self) -> Result<Value, ClientError> {
+        self.send(self.http.get(self.url("/v1/status"))).await
+    }
+
+    /// Activates a stored module with `params` (JSON text).
+    pub async fn activate(&self, module_digest: &str, params: &str) -> Result<Value, ClientError> {
+        let params: Value = serde_json::from_str(params).map_err(|e| ClientError::Refused {
+            status: StatusCode::BAD_REQUEST,
+            message: format!("params are not valid JSON: {e}"),
+        })?;
+        let body = serde_json::json!({ "module_digest": module_digest, "params": params });
+        self.send(self.http.post(self.url("/v1/activate")).json(&body))
+            .await
+    }
+
+    pub async fn rollback(&self) -> Result<Value, ClientError> {
+        self.send(self.http.post(self.url("/v1/rollback"))).await
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ClientError> {
+        let request = match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        };
+        let response = request.send().await.map_err(|e| ClientError::Unreachable {
+            url: self.base.clone(),
+            message: e.to_string(),
+        })?;
+        let status = response.status();
+        let text = response.text().await.map_err(|e| ClientError::BadAnswer {
+            url: self.base.clone(),
+            message: e.to_string(),
+        })?;
+        let body: Option<Value> = serde_json::from_str(&text).ok();
+        if !status.is_success() {
+            let message = body
+                .as_ref()
+                .and_then(|b| b.get("error"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or(text);
+            return Err(ClientError::Refused { status, message });
+        }
+        body.ok_or_else(|| ClientError::BadAnswer {
+            url: self.base.clone(),
+            message: format!("not JSON: {text}"),
+        })
+    }
+}

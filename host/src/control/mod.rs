@@ -1,0 +1,12 @@
+//! The control plane: the HTTP API `sluice run` serves (`server`) and the
+//! client the CLI's `deploy`, `versions`, `activate`, `rollback` and
+//! `status` use (`client`).
+//!
+//! It must not hold version logic: the module store (`modules`) owns what a
+//! version is; this module only carries requests to it.
+
+pub mod client;
+pub mod server;
+
+pub use client::{ClientError, ControlClient};
+pub use server::{ControlState, OPENAPI, router, serve};

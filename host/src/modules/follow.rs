@@ -1,0 +1,112 @@
+//! Following the active version: what the pipeline asks between batches
+//! ("is another version active now?"), answered from the module store, with
+//! the new version's transform loaded (compiled or taken from the host's own
+//! artifact cache) and its params checked.
+//!
+//! It must not decide when to ask, nor touch a batch: the pipeline swaps at
+//! a batch boundary, so no batch mixes versions.
+
+use super::{ModuleStore, StoreError, Version};
+use crate::pipeline::{Swap, Transform, VersionError, Versions};
+use crate::runtime::{Runtime, WasmTransform};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The versions of one pipeline, as its module store holds them.
+pub struct StoreVersions {
+    store: Arc<ModuleStore>,
+    runtime: Arc<Runtime>,
+    cache_dir: Option<PathBuf>,
+    pipeline: String,
+}
+
+impl StoreVersions {
+    pub fn new(
+        store: Arc<ModuleStore>,
+        runtime: Arc<Runtime>,
+        cache_dir: Option<PathBuf>,
+        pipeline: String,
+    ) -> Self {
+        StoreVersions {
+            store,
+            runtime,
+            cache_dir,
+            pipeline,
+        }
+    }
+
+    /// The active version, after activating (`component`, `params`) as
+    /// version 1 if the pipeline never had one (its first start).
+    pub async fn active_or_seed(
+        &self,
+        component: &[u8],
+        params: &str,
+    ) -> Result<Version, StoreError> {
+        if let Some(active) = self.store.active(&self.pipeline).await? {
+            let seed_digest = crate::batch::sha256_hex(component);
+            if active.module_digest != seed_digest || active.params != params {
+                tracing::warn!(
+                    version = active.version,
+                    module = %active.module_digest,
+                    "the module store's active version differs from module.path/params in the \
+                     config; running the store's (deploy with `sluice deploy --activate` to change it)"
+                );
+            }
+            return Ok(active);
+        }
+        let digest = self.store.put(component).await?;
+        self.store.seed(&self.pipeline, &digest, params).await
+    }
+
+    /// Loads `version`'s module from the store and binds its params.
+    pub async fn load(&self, version: &Version) -> Result<WasmTransform, VersionError> {
+        let unusable = |message: String| VersionError::Unusable {
+            version: version.version,
+            message,
+        };
+        let component = self.store.get(&version.module_digest).await.map_err(|e| {
+            if e.is_retryable() {
+                VersionError::Unavailable(e.to_string())
+            } else {
+                unusable(e.to_string())
+            }
+        })?;
+        // Compiling is CPU-bound (seconds for a large module).
+        tokio::task::block_in_place(|| {
+            let module = self
+                .runtime
+                .load(&component, self.cache_dir.as_deref())
+                .map_err(|e| unusable(e.to_string()))?;
+            WasmTransform::new(Arc::clone(&self.runtime), module, version.params.clone())
+                .map_err(|e| unusable(e.to_string()))
+        })
+    }
+}
+
+impl Versions for StoreVersions {
+    type Transform = WasmTransform;
+
+    async fn newer(
+        &self,
+        running: &WasmTransform,
+    ) -> Result<Option<Swap<WasmTransform>>, VersionError> {
+        let active = self
+            .store
+            .active(&self.pipeline)
+            .await
+            .map_err(|e| VersionError::Unavailable(e.to_string()))?;
+        let Some(active) = active else {
+            return Ok(None);
+        };
+        let params_digest = crate::batch::sha256_hex(running.params().as_bytes());
+        if active.module_digest == running.module_digest() && active.params_digest == params_digest
+        {
+            return Ok(None);
+        }
+        let transform = self.load(&active).await?;
+        Ok(Some(Swap {
+            version: active.version,
+            transform,
+        }))
+    }
+}

@@ -1,0 +1,449 @@
+//! The module store: components content-addressed by sha256, and each
+//! pipeline's history of activations, kept in the pipeline's state store
+//! (the sink's database: SQLite, Postgres or MySQL/MariaDB) so every
+//! instance of a pipeline sees the same versions.
+//!
+//! Owns the two tables (`<prefix>modules`, `<prefix>versions`) and their
+//! statements in every dialect. It must not compile or run modules (that is
+//! `runtime`), nor decide when a host swaps (that is `pipeline`). A version
+//! row is only ever appended: rollback appends the earlier version again.
+
+use super::{StoreError, Version, VersionSummary};
+use crate::batch::sha256_hex;
+use crate::config::SinkConfig;
+use crate::sink::SinkKind;
+use crate::sink::sql::{Dialect, InsertIgnore, MYSQL, POSTGRES, SQLITE};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{Any, AnyPool, Row, Transaction};
+use std::sync::Once;
+use std::time::Duration;
+
+/// How often an activation is tried again when another one took the same
+/// version number first.
+const ACTIVATION_TRIES: u32 = 10;
+
+/// The module store of one state store.
+pub struct ModuleStore {
+    pool: AnyPool,
+    sql: Statements,
+}
+
+/// The store's statements, quoted once.
+struct Statements {
+    create_modules: String,
+    create_versions: String,
+    insert_module: String,
+    select_module: String,
+    module_exists: String,
+    max_version: String,
+    insert_version: String,
+    select_active: String,
+    select_history: String,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Statements {
+    fn new(d: &Dialect, schema: Option<&str>, prefix: &str) -> Result<Self, StoreError> {
+        let table = |name: &str| {
+            d.qualified(schema, &format!("{prefix}{name}"))
+                .map_err(|e| StoreError::Config(e.to_string()))
+        };
+        let (modules, versions) = (table("modules")?, table("versions")?);
+        let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
+        let t = &d.types;
+        let version_cols = [
+            "pipeline",
+            "version",
+            "module_digest",
+            "params",
+            "params_digest",
+            "action",
+            "activated_at_ms",
+        ];
+        let listed = |cols: &[&str]| cols.iter().map(|n| c(n)).collect::<Vec<_>>().join(", ");
+        let insert_module = format!(
+            "INSERT INTO {modules} ({}) VALUES ({})",
+            listed(&["digest", "size", "component", "uploaded_at_ms"]),
+            d.params(1, 4)
+        );
+        let insert_module = match d.insert_ignore {
+            InsertIgnore::OnConflictDoNothing => format!("{insert_module} ON CONFLICT DO NOTHING"),
+            InsertIgnore::InsertIgnore => insert_module.replacen("INSERT", "INSERT IGNORE", 1),
+        };
+        let (pipeline, version) = (c("pipeline"), c("version"));
+        Ok(Statements {
+            create_modules: format!(
+                "CREATE TABLE IF NOT EXISTS {modules} ({} {} NOT NULL, {} {} NOT NULL, \
+                 {} {} NOT NULL, {} {} NOT NULL, PRIMARY KEY ({}))",
+                c("digest"),
+                t.key_text,
+                c("size"),
+                t.bigint,
+                c("component"),
+                t.blob,
+                c("uploaded_at_ms"),
+                t.bigint,
+                c("digest"),
+            ),
+            create_versions: format!(
+                "CREATE TABLE IF NOT EXISTS {versions} ({pipeline} {kt} NOT NULL, \
+                 {version} {bi} NOT NULL, {} {kt} NOT NULL, {} {tx} NOT NULL, \
+                 {} {kt} NOT NULL, {} {kt} NOT NULL, {} {bi} NOT NULL, \
+                 PRIMARY KEY ({pipeline}, {version}))",
+                c("module_digest"),
+                c("params"),
+                c("params_digest"),
+                c("action"),
+                c("activated_at_ms"),
+                kt = t.key_text,
+                bi = t.bigint,
+                tx = t.text,
+            ),
+            insert_module,
+            select_module: format!(
+                "SELECT {} FROM {modules} WHERE {} = {}",
+                c("component"),
+                c("digest"),
+                d.param(1)
+            ),
+            module_exists: format!(
+                "SELECT {} FROM {modules} WHERE {} = {}",
+                c("size"),
+                c("digest"),
+                d.param(1)
+            ),
+            max_version: format!(
+                "SELECT MAX({version}) FROM {versions} WHERE {pipeline} = {}",
+                d.param(1)
+            ),
+            insert_version: format!(
+                "INSERT INTO {versions} ({}) VALUES ({})",
+                listed(&version_cols),
+                d.params(1, version_cols.len())
+            ),
+            select_active: format!(
+                "SELECT {} FROM {versions} WHERE {pipeline} = {} ORDER BY {version} DESC LIMIT 1",
+                listed(&version_cols),
+                d.param(1)
+            ),
+            select_history: format!(
+                "SELECT {} FROM {versions} WHERE {pipeline} = {} ORDER BY {version}",
+                listed(&version_cols),
+                d.param(1)
+            ),
+        })
+    }
+}
+
+fn db_err(e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::Tls(_) => StoreError::Unavailable(e.to_string()),
+        e => StoreError::Database(e.to_string()),
+    }
+}
+
+fn version_of(row: &AnyRow) -> Result<Version, StoreError> {
+    let get_text = |i: usize| row.try_get::<String, _>(i).map_err(db_err);
+    let get_int = |i: usize| row.try_get::<i64, _>(i).map_err(db_err);
+    Ok(Version {
+        pipeline: get_text(0)?,
+        version: get_int(1)?,
+        module_digest: get_text(2)?,
+        params: get_text(3)?,
+        params_digest: get_text(4)?,
+        action: get_text(5)?,
+        activated_at_ms: get_int(6)?,
+    })
+}
+
+impl ModuleStore {
+    /// Opens the store in the sink's database (the sink has created the
+    /// schema already) and creates its tables if missing.
+    pub async fn open(sink: &SinkConfig) -> Result<ModuleStore, StoreError> {
+        static DRIVERS: Once = Once::new();
+        DRIVERS.call_once(sqlx::any::install_default_drivers);
+        let dialect =
+            match SinkKind::of_url(&sink.url).map_err(|e| StoreError::Config(e.to_string()))? {
+                SinkKind::Sqlite => &SQLITE,
+                SinkKind::Postgres => &POSTGRES,
+                SinkKind::Mysql => &MYSQL,
+            };
+        let url = any_url(&sink.url);
+        // One connection for SQLite: an in-memory database is per connection.
+        let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };
+        let pool = AnyPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect(&url)
+            .await
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "module store at {}: {e}",
+                    crate::sink::redact_url(&sink.url)
+                ))
+            })?;
+        let sql = Statements::new(dialect, sink.schema.as_deref(), &sink.table_prefix)?;
+        let store = ModuleStore { pool, sql };
+        for ddl in [&store.sql.create_modules, &store.sql.create_versions] {
+            store.create(ddl).await?;
+        }
+        Ok(store)
+    }
+
+    /// `CREATE TABLE IF NOT EXISTS`, tried again when several instances
+    /// starting at once race on the catalog.
+    async fn create(&self, ddl: &str) -> Result<(), StoreError> {
+        let mut tries = 0;
+        loop {
+            match sqlx::query(ddl).execute(&self.pool).await {
+                Ok(_) => return Ok(()),
+                Err(e) if tries < 3 => {
+                    tracing::debug!("{ddl}: {e}; trying again");
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => return Err(db_err(e)),
+            }
+        }
+    }
+
+    /// Stores `component` under its sha256 (a no-op if already stored) and
+    /// returns the digest.
+    pub async fn put(&self, component: &[u8]) -> Result<String, StoreError> {
+        let digest = sha256_hex(component);
+        sqlx::query(&self.sql.insert_module)
+            .bind(digest.clone())
+            .bind(component.len() as i64)
+            .bind(component.to_vec())
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(digest)
+    }
+
+    /// The component stored under `digest`.
+    pub async fn get(&self, digest: &str) -> Result<Vec<u8>, StoreError> {
+        let row = sqlx::query(&self.sql.select_module)
+            .bind(digest.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| StoreError::UnknownModule(digest.to_string()))?;
+        row.try_get::<Vec<u8>, _>(0).map_err(db_err)
+    }
+
+    /// The version `pipeline` runs now, if any was ever activated.
+    pub async fn active(&self, pipeline: &str) -> Result<Option<Version>, StoreError> {
+        sqlx::query(&self.sql.select_active)
+            .bind(pipeline.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(db_err)?
+            .map(|row| version_of(&row))
+            .transpose()
+    }
+
+    /// Every activation of `pipeline`, oldest first.
+    pub async fn history(&self, pipeline: &str) -> Result<Vec<Version>, StoreError> {
+        sqlx::query(&self.sql.select_history)
+            .bind(pipeline.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err)?
+            .iter()
+            .map(version_of)
+            .collect()
+    }
+
+    /// The distinct (module, params) pairs `pipeline` has run, each with the
+    /// last version number that activated it.
+    pub async fn summary(&self, pipeline: &str) -> Result<Vec<VersionSummary>, StoreError> {
+        let history = self.history(pipeline).await?;
+        let active = history.last().map(|v| v.version);
+        let mut out: Vec<VersionSummary> = Vec::new();
+        for v in history {
+            out.retain(|s| {
+                !(s.module_digest == v.module_digest && s.params_digest == v.params_digest)
+            });
+            out.push(VersionSummary {
+                active: Some(v.version) == active,
+                version: v.version,
+                module_digest: v.module_digest,
+                params_digest: v.params_digest,
+                params: v.params,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Makes (`digest`, `params`) the active version of `pipeline`: appends
+    /// a version row numbered one past the newest. `action` says why
+    /// (`activate`, `rollback`).
+    pub async fn activate(
+        &self,
+        pipeline: &str,
+        digest: &str,
+        params: &str,
+        action: &str,
+    ) -> Result<Version, StoreError> {
+        self.append(pipeline, digest, params, action, false)
+            .await
+            .map(|v| v.expect("appended unconditionally"))
+    }
+
+    /// Activates (`digest`, `params`) as version 1 if `pipeline` has no
+    /// version yet (its first start); returns the active version either
+    /// way. Several instances starting at once seed it once.
+    pub async fn seed(
+        &self,
+        pipeline: &str,
+        digest: &str,
+        params: &str,
+    ) -> Result<Version, StoreError> {
+        if let Some(v) = self.append(pipeline, digest, params, "seed", true).await? {
+            return Ok(v);
+        }
+        self.active(pipeline)
+            .await?
+            .ok_or_else(|| StoreError::Database(format!("pipeline `{pipeline}` lost its versions")))
+    }
+
+    /// Appends a version row in a transaction, counting again when another
+    /// activation took the same number first. With `only_first`, appends
+    /// nothing (`None`) if the pipeline has a version already.
+    async fn append(
+        &self,
+        pipeline: &str,
+        digest: &str,
+        params: &str,
+        action: &str,
+        only_first: bool,
+    ) -> Result<Option<Version>, StoreError> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut tx = self.pool.begin().await.map_err(db_err)?;
+            let appended = self
+                .append_version(&mut tx, pipeline, digest, params, action, only_first)
+                .await;
+            match appended {
+                Ok(None) => {
+                    let _ = tx.rollback().await;
+                    return Ok(None);
+                }
+                Ok(Some(v)) => {
+                    tx.commit().await.map_err(db_err)?;
+                    tracing::info!(
+                        pipeline,
+                        version = v.version,
+                        module = %v.module_digest,
+                        action,
+                        "module version activated"
+                    );
+                    return Ok(Some(v));
+                }
+                // Another activation took the same number: count again.
+                Err(StoreError::Database(e)) if tries < ACTIVATION_TRIES => {
+                    tracing::debug!("activation of {digest}: {e}; trying again");
+                    let _ = tx.rollback().await;
+                }
+                Err(e) => {
+                    let _ = tx.rollback().await;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    async fn append_version(
+        &self,
+        tx: &mut Transaction<'_, Any>,
+        pipeline: &str,
+        digest: &str,
+        params: &str,
+        action: &str,
+        only_first: bool,
+    ) -> Result<Option<Version>, StoreError> {
+        let known = sqlx::query(&self.sql.module_exists)
+            .bind(digest.to_string())
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        if known.is_none() {
+            return Err(StoreError::UnknownModule(digest.to_string()));
+        }
+        let newest: Option<i64> = sqlx::query(&self.sql.max_version)
+            .bind(pipeline.to_string())
+            .fetch_one(&mut **tx)
+            .await
+            .and_then(|row| row.try_get::<Option<i64>, _>(0))
+            .map_err(db_err)?;
+        if only_first && newest.is_some() {
+            return Ok(None);
+        }
+        let v = Version {
+            pipeline: pipeline.to_string(),
+            version: newest.unwrap_or(0) + 1,
+            module_digest: digest.to_string(),
+            params: params.to_string(),
+            params_digest: sha256_hex(params.as_bytes()),
+            action: action.to_string(),
+            activated_at_ms: now_ms(),
+        };
+        sqlx::query(&self.sql.insert_version)
+            .bind(v.pipeline.clone())
+            .bind(v.version)
+            .bind(v.module_digest.clone())
+            .bind(v.params.clone())
+            .bind(v.params_digest.clone())
+            .bind(v.action.clone())
+            .bind(v.activated_at_ms)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        Ok(Some(v))
+    }
+
+    /// Activates the version that ran before the active one: the newest
+    /// earlier activation with another module or other params.
+    pub async fn rollback(&self, pipeline: &str) -> Result<Version, StoreError> {
+        let history = self.history(pipeline).await?;
+        let Some(current) = history.last() else {
+            return Err(StoreError::NothingToRollBack(pipeline.to_string()));
+        };
+        let previous = history
+            .iter()
+            .rev()
+            .find(|v| {
+                v.module_digest != current.module_digest || v.params_digest != current.params_digest
+            })
+            .ok_or_else(|| StoreError::NothingToRollBack(pipeline.to_string()))?;
+        self.activate(
+            pipeline,
+            &previous.module_digest,
+            &previous.params,
+            "rollback",
+        )
+        .await
+    }
+}
+
+/// The sink URL as sqlx's `Any` driver takes it (SQLite's file exists: the
+/// sink created it).
+fn any_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some(("mariadb", rest)) => format!("mysql://{rest}"),
+        Some(("postgresql", rest)) => format!("postgres://{rest}"),
+        _ => url.to_string(),
+    }
+}

@@ -1,0 +1,284 @@
+//! Helpers for the module-lifecycle tests: a long-running `sluice run` with
+//! its control API on a free port, the CLI, a producer that writes until
+//! told to stop, and the check that every committed row matches the module
+//! version its batch's lineage row names.
+
+use crate::sinks::SinkDb;
+use crate::{Produce, Seen, free_port, sluice_bin};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// The token the tests' hosts accept for writes.
+pub const TOKEN: &str = "test-token-1234";
+
+/// A `[control]` table listening on `port`.
+pub fn control_toml(port: u16, max_module_bytes: usize) -> String {
+    format!("[control]\nlisten = \"127.0.0.1:{port}\"\nmax_module_bytes = {max_module_bytes}\n")
+}
+
+/// A free port for a control API, and its base URL.
+pub fn control_port() -> (u16, String) {
+    let port = free_port();
+    (port, format!("http://127.0.0.1:{port}"))
+}
+
+/// A `sluice run CONFIG` (no end) with `SLUICE_CONTROL_TOKEN` set and
+/// info logs in a file; killed on drop.
+pub struct Host {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl Host {
+    pub fn start(config: &Path, log: &Path) -> Host {
+        let child = Command::new(sluice_bin())
+            .arg("run")
+            .arg(config)
+            .env("SLUICE_LOG", "info")
+            .env("SLUICE_CONTROL_TOKEN", TOKEN)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("log file"))
+            .spawn()
+            .expect("spawn sluice");
+        Host {
+            child: Some(child),
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// Waits until the control API at `port` accepts connections.
+    pub fn wait_for_api(&self, port: u16) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "control API on {port} did not come up; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits until the log contains `needle` `times` times.
+    pub fn wait_for_log(&self, needle: &str, times: usize, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.log().matches(needle).count() < times {
+            assert!(
+                Instant::now() < deadline,
+                "`{needle}` not logged {times} times within {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM (drain), then asserts a clean exit.
+    pub fn stop(mut self) {
+        let mut child = self.child.take().expect("running");
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let status = child.wait().expect("wait");
+        assert!(
+            status.success(),
+            "sluice exited with {status}; log:\n{}",
+            self.log()
+        );
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs the CLI with `args` against the control API at `url`, with `token`
+/// (if any) in the environment.
+pub fn cli(url: &str, token: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut command = Command::new(sluice_bin());
+    command
+        .args(args)
+        .env("SLUICE_CONTROL_URL", url)
+        .env_remove("SLUICE_CONTROL_TOKEN");
+    if let Some(t) = token {
+        command.env("SLUICE_CONTROL_TOKEN", t);
+    }
+    command.output().expect("run sluice CLI")
+}
+
+/// Runs the CLI and asserts success; returns its stdout.
+pub fn cli_ok(url: &str, args: &[&str]) -> String {
+    let out = cli(url, Some(TOKEN), args);
+    assert!(
+        out.status.success(),
+        "sluice {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Produces numbered records in small acknowledged chunks until stopped.
+pub struct Producer {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl Producer {
+    pub fn start(brokers: &str, topic: &str, partitions: i32) -> Producer {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (brokers, topic, flag) = (brokers.to_string(), topic.to_string(), Arc::clone(&stop));
+        let thread = std::thread::spawn(move || {
+            let mut sent = 0;
+            while !flag.load(Ordering::SeqCst) {
+                let chunk: Vec<Produce> = (sent..sent + 200)
+                    .map(|i| Produce {
+                        partition: (i as i32) % partitions,
+                        key: Some(format!("k{i}")),
+                        value: format!("value {i}"),
+                    })
+                    .collect();
+                crate::produce(&brokers, &topic, &chunk);
+                sent += chunk.len();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            sent
+        });
+        Producer {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops producing; returns how many records were produced.
+    pub fn stop(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread
+            .take()
+            .expect("running")
+            .join()
+            .expect("producer")
+    }
+}
+
+/// Waits until `db`'s `records` table holds `expected` rows.
+pub async fn wait_for_rows(db: &SinkDb, expected: usize, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    let count = format!("SELECT COUNT(*) FROM {}", db.table("records"));
+    loop {
+        let n = db.scalar(&count).await.unwrap_or(0) as usize;
+        if n >= expected {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} of {expected} rows within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// One committed batch as lineage records it.
+#[derive(Debug, Clone)]
+pub struct LineageBatch {
+    pub batch_id: String,
+    pub module_digest: String,
+    pub params_digest: String,
+    pub committed_at_ms: i64,
+    /// (partition, from, until)
+    pub ranges: Vec<(i32, i64, i64)>,
+}
+
+/// Every committed batch of `pipeline`, in commit order.
+pub async fn lineage(db: &SinkDb, pipeline: &str) -> Vec<LineageBatch> {
+    let pool = db.pool().await;
+    let batches: Vec<(String, String, String, i64)> = sqlx::query_as(&format!(
+        "SELECT {id}, {m}, {p}, {at} FROM {t} WHERE {pl} = '{pipeline}' ORDER BY {at}, {id}",
+        id = db.ident("batch_id"),
+        m = db.ident("module_digest"),
+        p = db.ident("params_digest"),
+        at = db.ident("committed_at_ms"),
+        pl = db.ident("pipeline"),
+        t = db.table("sluice_batches"),
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("batches");
+    let ranges: Vec<(String, i64, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT {id}, {part}, {f}, {u} FROM {t} WHERE {pl} = '{pipeline}'",
+        id = db.ident("batch_id"),
+        part = db.ident("partition"),
+        f = db.ident("from_offset"),
+        u = db.ident("until_offset"),
+        pl = db.ident("pipeline"),
+        t = db.table("sluice_batch_ranges"),
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("batch ranges");
+    batches
+        .into_iter()
+        .map(
+            |(batch_id, module_digest, params_digest, committed_at_ms)| LineageBatch {
+                ranges: ranges
+                    .iter()
+                    .filter(|r| r.0 == batch_id)
+                    .map(|r| (r.1 as i32, r.2, r.3))
+                    .collect(),
+                batch_id,
+                module_digest,
+                params_digest,
+                committed_at_ms,
+            },
+        )
+        .collect()
+}
+
+/// Asserts every row in `rows` is `expected`'s record as transformed by the
+/// version its batch's lineage row names: `transform(module_digest, record)`
+/// gives the value that version writes. Rows and expected records must match
+/// one to one (nothing lost, nothing duplicated).
+pub fn assert_rows_follow_lineage(
+    rows: &[Seen],
+    expected: &[Seen],
+    batches: &[LineageBatch],
+    transform: impl Fn(&str, &str) -> String,
+) {
+    assert_eq!(
+        rows.len(),
+        expected.len(),
+        "row count vs read_committed input"
+    );
+    for (row, input) in rows.iter().zip(expected) {
+        assert_eq!(
+            (row.partition, row.offset, &row.key),
+            (input.partition, input.offset, &input.key),
+            "rows differ from the input"
+        );
+        let batch = batches
+            .iter()
+            .find(|b| {
+                b.ranges
+                    .iter()
+                    .any(|&(p, f, u)| p == row.partition && f <= row.offset && row.offset < u)
+            })
+            .unwrap_or_else(|| panic!("no batch covers {}@{}", row.partition, row.offset));
+        assert_eq!(
+            row.value,
+            transform(&batch.module_digest, &input.value),
+            "row {}@{} does not match the version of batch {}",
+            row.partition,
+            row.offset,
+            batch.batch_id
+        );
+    }
+}

@@ -1,0 +1,333 @@
+//! Module lifecycle through the public interface: `sluice run` with its
+//! control API, and the CLI (`deploy`, `activate`, `rollback`, `versions`,
+//! `status`). Hot swaps under a continuous producer, two instances
+//! following one activation, and the refusals (no token, wrong token, bad
+//! modules) that must store nothing.
+//!
+//! Each test has its own topic, pipeline, database schema and control port.
+
+use sluice::batch::sha256_hex;
+use sluice::control::{ClientError, ControlClient};
+use sluice_tests::control::{
+    Host, Producer, TOKEN, assert_rows_follow_lineage, cli, cli_ok, control_port, control_toml,
+    lineage, wait_for_rows,
+};
+use sluice_tests::sinks::SinkDb;
+use sluice_tests::{
+    TempDir, create_topic, identity_config_into, plugin, read_committed, shared_broker,
+    write_config,
+};
+use std::time::Duration;
+
+const PARTITIONS: i32 = 4;
+
+fn digest_of(name: &str) -> String {
+    sha256_hex(&std::fs::read(plugin(name)).expect("plugin built"))
+}
+
+/// The value the identity (as is) or stamp (`tag` + value) version writes.
+fn versioned_value(tag: &str) -> impl Fn(&str, &str) -> String {
+    let (identity, stamp) = (digest_of("identity"), digest_of("stamp"));
+    let tag = tag.to_string();
+    move |module: &str, value: &str| {
+        if module == identity {
+            value.to_string()
+        } else if module == stamp {
+            format!("{tag}{value}")
+        } else {
+            panic!("batch ran unknown module {module}")
+        }
+    }
+}
+
+/// An identity pipeline into `db` serving its control API on `port`.
+fn pipeline_config(name: &str, topic: &str, db: &SinkDb, port: u16) -> String {
+    let base = identity_config_into(name, shared_broker(), topic, &db.sink_toml(), 500);
+    format!("{base}\n{}", control_toml(port, 4 * 1024 * 1024))
+}
+
+/// Batches committed after `at_ms` that still ran `old_module`.
+fn late_batches(
+    batches: &[sluice_tests::control::LineageBatch],
+    at_ms: i64,
+    old_module: &str,
+) -> usize {
+    batches
+        .iter()
+        .filter(|b| b.committed_at_ms > at_ms && b.module_digest == old_module)
+        .count()
+}
+
+fn activated_at(versions_json: &serde_json::Value, version: i64) -> i64 {
+    versions_json["history"]
+        .as_array()
+        .expect("history")
+        .iter()
+        .find(|v| v["version"] == version)
+        .and_then(|v| v["activated_at_ms"].as_i64())
+        .expect("activation time")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn hot_swap_under_load_then_rollback_loses_and_duplicates_nothing() {
+    let topic = "modules-hot-swap";
+    let pipeline = "hot-swap";
+    create_topic(shared_broker(), topic, PARTITIONS);
+    let db = SinkDb::fresh_postgres("sluice_it_hot_swap").await;
+    let dir = TempDir::new("hot-swap");
+    let (port, url) = control_port();
+    let config = write_config(dir.path(), &pipeline_config(pipeline, topic, &db, port));
+    let host = Host::start(&config, &dir.path().join("sluice.log"));
+    host.wait_for_api(port);
+    let producer = Producer::start(shared_broker(), topic, PARTITIONS);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let stamp = plugin("stamp");
+    let deployed = cli_ok(
+        &url,
+        &[
+            "deploy",
+            stamp.to_str().unwrap(),
+            "--params",
+            r#"{"tag":"v2:"}"#,
+            "--activate",
+        ],
+    );
+    assert!(deployed.contains("activated version 2"), "{deployed}");
+    host.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let rolled = cli_ok(&url, &["rollback"]);
+    assert!(rolled.contains("activated version 3"), "{rolled}");
+    host.wait_for_log("switching to module version", 2, Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let produced = producer.stop();
+
+    let expected = read_committed(shared_broker(), topic, PARTITIONS);
+    assert_eq!(expected.len(), produced);
+    wait_for_rows(&db, expected.len(), Duration::from_secs(60)).await;
+    let status = cli_ok(&url, &["status"]);
+    assert!(status.contains(&digest_of("identity")), "{status}");
+    let versions: serde_json::Value = ControlClient::new(&url, None).versions().await.unwrap();
+    host.stop();
+
+    let rows = db.identity_rows().await;
+    let batches = lineage(&db, pipeline).await;
+    assert_rows_follow_lineage(&rows, &expected, &batches, versioned_value("v2:"));
+    db.assert_contiguous_lineage(pipeline).await;
+    let (identity, stamp) = (digest_of("identity"), digest_of("stamp"));
+    let ran = |m: &str| batches.iter().filter(|b| b.module_digest == m).count();
+    assert!(ran(&stamp) > 0 && ran(&identity) > 0, "both versions ran");
+    // Every batch committed after an activation became visible runs the new
+    // version, but for the one committing at that moment (and the check,
+    // made every half batch interval).
+    let (v2_at, v3_at) = (activated_at(&versions, 2), activated_at(&versions, 3));
+    let after_v2: Vec<_> = batches
+        .iter()
+        .filter(|b| b.committed_at_ms < v3_at)
+        .cloned()
+        .collect();
+    assert!(
+        late_batches(&after_v2, v2_at + 200, &identity) <= 1,
+        "v2 reached the pipeline late"
+    );
+    assert!(
+        late_batches(&batches, v3_at + 200, &stamp) <= 1,
+        "rollback reached the pipeline late"
+    );
+    let actions: Vec<&str> = versions["history"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(actions, ["seed", "activate", "rollback"]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_instances_both_follow_one_activation() {
+    let topic = "modules-two-instances";
+    let pipeline = "two-hosts";
+    create_topic(shared_broker(), topic, PARTITIONS);
+    let db = SinkDb::fresh_postgres("sluice_it_two_hosts").await;
+    let dir = TempDir::new("two-hosts");
+    let (port_a, url) = control_port();
+    let (port_b, _) = control_port();
+    let config_a = dir.path().join("a.toml");
+    let config_b = dir.path().join("b.toml");
+    std::fs::write(&config_a, pipeline_config(pipeline, topic, &db, port_a)).unwrap();
+    std::fs::write(&config_b, pipeline_config(pipeline, topic, &db, port_b)).unwrap();
+    let a = Host::start(&config_a, &dir.path().join("a.log"));
+    a.wait_for_api(port_a);
+    let b = Host::start(&config_b, &dir.path().join("b.log"));
+    b.wait_for_api(port_b);
+    let producer = Producer::start(shared_broker(), topic, PARTITIONS);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+
+    let stamp = plugin("stamp");
+    cli_ok(
+        &url,
+        &[
+            "deploy",
+            stamp.to_str().unwrap(),
+            "--params",
+            r#"{"tag":"v2:"}"#,
+            "--activate",
+        ],
+    );
+    a.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    b.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let produced = producer.stop();
+
+    let expected = read_committed(shared_broker(), topic, PARTITIONS);
+    assert_eq!(expected.len(), produced);
+    wait_for_rows(&db, expected.len(), Duration::from_secs(60)).await;
+    a.stop();
+    b.stop();
+    let rows = db.identity_rows().await;
+    let batches = lineage(&db, pipeline).await;
+    assert_rows_follow_lineage(&rows, &expected, &batches, versioned_value("v2:"));
+    db.assert_contiguous_lineage(pipeline).await;
+    let last = batches.last().expect("batches");
+    assert_eq!(last.module_digest, digest_of("stamp"));
+}
+
+/// A refused call's HTTP status.
+fn refused_status(result: Result<serde_json::Value, ClientError>) -> (u16, String) {
+    match result {
+        Err(ClientError::Refused { status, message }) => (status.as_u16(), message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_need_the_token_and_bad_modules_store_nothing() {
+    let topic = "modules-refusals";
+    let pipeline = "refusals";
+    create_topic(shared_broker(), topic, 1);
+    let dir = TempDir::new("refusals");
+    let db = SinkDb::Sqlite(dir.path().join("out.db"));
+    let (port, url) = control_port();
+    let config = write_config(dir.path(), &pipeline_config(pipeline, topic, &db, port));
+    let host = Host::start(&config, &dir.path().join("sluice.log"));
+    host.wait_for_api(port);
+    let stamp = std::fs::read(plugin("stamp")).unwrap();
+    let stamp_digest = digest_of("stamp");
+
+    // No token, wrong token: 401 on every write, from the API and the CLI.
+    for client in [
+        ControlClient::new(&url, None),
+        ControlClient::new(&url, Some("wrong".into())),
+    ] {
+        let (status, message) = refused_status(client.deploy(stamp.clone(), "{}", true).await);
+        assert_eq!(status, 401, "{message}");
+        assert!(message.contains("bearer token"), "{message}");
+        assert_eq!(
+            refused_status(client.activate(&digest_of("identity"), "{}").await).0,
+            401
+        );
+        assert_eq!(refused_status(client.rollback().await).0, 401);
+    }
+    let out = cli(
+        &url,
+        None,
+        &["deploy", plugin("stamp").to_str().unwrap(), "--activate"],
+    );
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+
+    // Bad modules and params, with the right token: clear 4xx.
+    let client = ControlClient::new(&url, Some(TOKEN.into()));
+    let cases: Vec<(&str, Vec<u8>, &str, u16, &str)> = vec![
+        (
+            "garbage",
+            b"definitely not wasm".to_vec(),
+            "{}",
+            422,
+            "not a WebAssembly component",
+        ),
+        (
+            "other world",
+            std::fs::read(plugin("other-world")).unwrap(),
+            "{}",
+            422,
+            "does not implement",
+        ),
+        (
+            "forbidden import",
+            std::fs::read(plugin("forbidden-import")).unwrap(),
+            "{}",
+            422,
+            "imports `",
+        ),
+        (
+            "oversized",
+            vec![0u8; 5 * 1024 * 1024],
+            "{}",
+            413,
+            "over the limit",
+        ),
+        (
+            "params refused by init",
+            stamp.clone(),
+            r#"{"bogus":1}"#,
+            422,
+            "refused the params",
+        ),
+        ("params not JSON", stamp.clone(), "{", 422, "not valid JSON"),
+    ];
+    for (case, bytes, params, want, says) in cases {
+        let (status, message) = refused_status(client.deploy(bytes, params, true).await);
+        assert_eq!(status, want, "{case}: {message}");
+        assert!(message.contains(says), "{case}: {message}");
+    }
+    let (status, message) = refused_status(client.activate(&"0".repeat(64), "{}").await);
+    assert_eq!(status, 404, "{message}");
+    let (status, message) = refused_status(client.rollback().await);
+    assert_eq!(status, 409, "{message}");
+
+    // Nothing was stored or activated by any of it.
+    let versions = client.versions().await.unwrap();
+    assert_eq!(
+        versions["history"].as_array().unwrap().len(),
+        1,
+        "{versions}"
+    );
+    let stored = db.scalar("SELECT COUNT(*) FROM sluice_modules").await;
+    assert_eq!(stored, Some(1));
+
+    // The right token and a good module: stored, not active until asked.
+    let deployed = client.deploy(stamp.clone(), "{}", false).await.unwrap();
+    assert_eq!(deployed["module_digest"], stamp_digest.as_str());
+    assert!(deployed["activated"].is_null());
+    let listed = cli_ok(&url, &["versions"]);
+    assert!(listed.contains("(active)"), "{listed}");
+    let openapi = reqwest_free_get(port, "/v1/openapi.json");
+    for path in [
+        "/v1/modules",
+        "/v1/activate",
+        "/v1/rollback",
+        "/v1/versions",
+        "/v1/status",
+    ] {
+        assert!(
+            openapi.contains(&format!("\"{path}\"")),
+            "{path} missing from the OpenAPI"
+        );
+    }
+    host.stop();
+}
+
+/// A plain HTTP/1.0 GET (the body), without an HTTP client crate.
+fn reqwest_free_get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(
+        out.starts_with("HTTP/1.0 200") || out.starts_with("HTTP/1.1 200"),
+        "{out}"
+    );
+    out
+}
