@@ -29,6 +29,9 @@
 //!   validation, following the active version between batches.
 //! - [`control`]: the control plane's HTTP API (axum, bearer token on
 //!   writes, OpenAPI) and the client the CLI uses.
+//! - [`replay`]: re-running committed batches from their lineage: `verify`
+//!   (recorded version, output digests compared) and `shadow` (a candidate
+//!   version, output diffed), read-only.
 //! - [`app`]: wiring a config into a running pipeline (used by the CLI).
 
 pub mod app;
@@ -38,6 +41,7 @@ pub mod control;
 pub mod modules;
 pub mod output;
 pub mod pipeline;
+pub mod replay;
 pub mod runtime;
 pub mod sink;
 pub mod source;

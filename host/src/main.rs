@@ -76,6 +76,77 @@ enum Command {
         #[command(flatten)]
         api: Api,
     },
+    /// Re-read committed batches' offset ranges, run them again with the
+    /// version their lineage names, and compare output digests. Exits 1 if
+    /// any batch differs (and names it). Reads Kafka and the sink; writes
+    /// nothing.
+    Verify {
+        /// The pipeline's TOML config.
+        config: PathBuf,
+        #[command(flatten)]
+        select: Select,
+    },
+    /// Run a candidate module over the last committed batches without
+    /// writing, and show how its output differs from what was committed.
+    Shadow {
+        /// The pipeline's TOML config.
+        config: PathBuf,
+        /// The candidate component (.wasm).
+        module: PathBuf,
+        /// Params for the candidate's init, JSON.
+        #[arg(long, default_value = "{}")]
+        params: String,
+        /// How many of the newest committed batches to run.
+        #[arg(long, default_value_t = 10)]
+        last: usize,
+    },
+}
+
+/// Which committed batches `verify` replays (all by default).
+#[derive(clap::Args)]
+struct Select {
+    /// Only this batch (repeatable).
+    #[arg(long = "batch")]
+    batches: Vec<String>,
+    /// Only batches committed at or after this time (ms since the epoch).
+    #[arg(long)]
+    since_ms: Option<i64>,
+    /// Only batches committed before this time (ms since the epoch).
+    #[arg(long)]
+    until_ms: Option<i64>,
+    /// Only batches overlapping TOPIC:PARTITION:FROM..UNTIL.
+    #[arg(long)]
+    offsets: Option<String>,
+}
+
+impl Select {
+    fn selection(self) -> anyhow::Result<sluice::replay::Selection> {
+        let offsets = match self.offsets {
+            None => None,
+            Some(spec) => Some(parse_offsets(&spec).with_context(|| {
+                format!("--offsets {spec:?}: expected TOPIC:PARTITION:FROM..UNTIL")
+            })?),
+        };
+        Ok(sluice::replay::Selection {
+            batch_ids: self.batches,
+            since_ms: self.since_ms,
+            until_ms: self.until_ms,
+            offsets,
+            last: None,
+        })
+    }
+}
+
+fn parse_offsets(spec: &str) -> anyhow::Result<(String, i32, i64, i64)> {
+    let (rest, range) = spec.rsplit_once(':').context("no range")?;
+    let (topic, partition) = rest.rsplit_once(':').context("no partition")?;
+    let (from, until) = range.split_once("..").context("no FROM..UNTIL")?;
+    Ok((
+        topic.to_string(),
+        partition.parse()?,
+        from.parse()?,
+        until.parse()?,
+    ))
 }
 
 /// Where the control API is and how to authenticate.
@@ -197,12 +268,136 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             print_version("rolled back: activated", &version);
             Ok(())
         }
+        Command::Verify { config, select } => verify(config, select).await,
+        Command::Shadow {
+            config,
+            module,
+            params,
+            last,
+        } => shadow(config, module, params, last).await,
         Command::Status { api } => {
             let status = api.client().status().await?;
             println!("{}", serde_json::to_string_pretty(&status)?);
             Ok(())
         }
     }
+}
+
+/// A progress bar on a terminal, nothing otherwise.
+fn progress(len: usize, what: &str) -> indicatif::ProgressBar {
+    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} batches ({eta})")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
+    let config = sluice::config::PipelineConfig::load(&config)?;
+    let mut replayer = sluice::replay::Replayer::open(&config).await?;
+    let batches = replayer.select(&select.selection()?).await?;
+    anyhow::ensure!(
+        !batches.is_empty(),
+        "no committed batch matches the selection"
+    );
+    let bar = progress(batches.len(), "verifying");
+    let mut differ = Vec::new();
+    for batch in &batches {
+        let verdict = replayer.verify(batch).await?;
+        if !verdict.matches() {
+            bar.suspend(|| {
+                println!(
+                    "MISMATCH batch {} ({}): recorded output {}, replay gives {} (module {}, params {})",
+                    batch.batch_id,
+                    sluice::pipeline::describe(&batch.ranges),
+                    batch.output_digest,
+                    verdict.replayed_digest,
+                    batch.module_digest,
+                    batch.params_digest
+                )
+            });
+            differ.push(batch.batch_id.clone());
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "verified {} batches: {} match, {} differ",
+        batches.len(),
+        batches.len() - differ.len(),
+        differ.len()
+    );
+    anyhow::ensure!(
+        differ.is_empty(),
+        "{} batch(es) do not reproduce their recorded output: {}",
+        differ.len(),
+        differ.join(", ")
+    );
+    Ok(())
+}
+
+async fn shadow(
+    config: PathBuf,
+    module: PathBuf,
+    params: String,
+    last: usize,
+) -> anyhow::Result<()> {
+    let config = sluice::config::PipelineConfig::load(&config)?;
+    let component = std::fs::read(&module)
+        .with_context(|| format!("cannot read module {}", module.display()))?;
+    let keys: std::collections::HashMap<String, Vec<String>> = config
+        .sink
+        .targets
+        .iter()
+        .map(|t| (t.name.clone(), t.key.clone()))
+        .collect();
+    let mut replayer = sluice::replay::Replayer::open(&config).await?;
+    let selection = sluice::replay::Selection {
+        last: Some(last),
+        ..Default::default()
+    };
+    let batches = replayer.select(&selection).await?;
+    anyhow::ensure!(
+        !batches.is_empty(),
+        "the pipeline has no committed batch yet"
+    );
+    let bar = progress(batches.len(), "shadowing");
+    let mut totals: std::collections::BTreeMap<String, sluice::replay::TargetDiff> =
+        Default::default();
+    let (mut dead_recorded, mut dead_candidate) = (0, 0);
+    for batch in &batches {
+        let recorded = replayer.rerun_recorded(batch).await?;
+        let candidate = replayer.rerun(batch, &component, &params).await?;
+        dead_recorded += recorded.dead_letters.len();
+        dead_candidate += candidate.dead_letters.len();
+        for d in sluice::replay::diff_outputs(&recorded.output, &candidate.output, &keys) {
+            totals.entry(d.target.clone()).or_default().absorb(d);
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "shadow of {} over the last {} committed batches:",
+        module.display(),
+        batches.len()
+    );
+    for (target, d) in &totals {
+        println!(
+            "  {target}: {} added, {} removed, {} changed, {} unchanged",
+            d.added, d.removed, d.changed, d.unchanged
+        );
+        for s in &d.samples {
+            println!("    {s}");
+        }
+    }
+    println!("  dead letters: {dead_recorded} committed, {dead_candidate} with the candidate");
+    Ok(())
 }
 
 /// A JSON string's text (empty for anything else).

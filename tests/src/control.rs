@@ -138,6 +138,9 @@ impl Producer {
         let stop = Arc::new(AtomicBool::new(false));
         let (brokers, topic, flag) = (brokers.to_string(), topic.to_string(), Arc::clone(&stop));
         let thread = std::thread::spawn(move || {
+            use rdkafka::producer::Producer as _;
+            // One connection for the whole run, so records arrive steadily.
+            let producer = crate::producer(&brokers, None);
             let mut sent = 0;
             while !flag.load(Ordering::SeqCst) {
                 let chunk: Vec<Produce> = (sent..sent + 200)
@@ -147,7 +150,10 @@ impl Producer {
                         value: format!("value {i}"),
                     })
                     .collect();
-                crate::produce(&brokers, &topic, &chunk);
+                for r in &chunk {
+                    crate::send(&producer, &topic, r);
+                }
+                producer.flush(Duration::from_secs(60)).expect("flush");
                 sent += chunk.len();
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -207,7 +207,8 @@ pub struct Produce {
     pub value: String,
 }
 
-fn producer(
+/// An idempotent producer (transactional if `transactional_id` is given).
+pub fn producer(
     brokers: &str,
     transactional_id: Option<&str>,
 ) -> ThreadedProducer<DefaultProducerContext> {
@@ -221,7 +222,8 @@ fn producer(
     c.create().expect("producer")
 }
 
-fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, r: &Produce) {
+/// Queues one record, waiting while the producer's queue is full.
+pub fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, r: &Produce) {
     let mut rec = BaseRecord::<str, str>::to(topic)
         .partition(r.partition)
         .payload(&r.value);

@@ -141,6 +141,55 @@ async fn hot_swap_under_load_then_rollback_loses_and_duplicates_nothing() {
         .map(|v| v["action"].as_str().unwrap())
         .collect();
     assert_eq!(actions, ["seed", "activate", "rollback"]);
+
+    // verify: every batch, across the swaps, reproduces its recorded output.
+    let config_arg = config.to_str().unwrap();
+    let verified = cli_ok(&url, &["verify", config_arg]);
+    assert!(
+        verified.contains(&format!(
+            "verified {n} batches: {n} match, 0 differ",
+            n = batches.len()
+        )),
+        "{verified}"
+    );
+    // shadow: a candidate's difference is shown, nothing is written.
+    let shadowed = cli_ok(
+        &url,
+        &[
+            "shadow",
+            config_arg,
+            plugin("stamp").to_str().unwrap(),
+            "--params",
+            r#"{"tag":"x:"}"#,
+            "--last",
+            "3",
+        ],
+    );
+    assert!(shadowed.contains("records: "), "{shadowed}");
+    assert!(shadowed.contains("x:value"), "{shadowed}");
+    assert_eq!(
+        lineage(&db, pipeline).await.len(),
+        batches.len(),
+        "shadow wrote lineage"
+    );
+    // A recorded digest altered by hand: verify fails and names the batch.
+    let tampered = &batches[batches.len() / 2].batch_id;
+    let pool = db.pool().await;
+    sqlx::query(&format!(
+        "UPDATE {} SET output_digest = 'altered' WHERE batch_id = '{tampered}'",
+        db.table("sluice_batches")
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let out = cli(&url, None, &["verify", config_arg]);
+    assert!(!out.status.success(), "verify passed a tampered digest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(&format!("MISMATCH batch {tampered}")),
+        "{stdout}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains(tampered.as_str()));
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -11,11 +11,10 @@
 use super::{StoreError, Version, VersionSummary};
 use crate::batch::sha256_hex;
 use crate::config::SinkConfig;
-use crate::sink::SinkKind;
-use crate::sink::sql::{Dialect, InsertIgnore, MYSQL, POSTGRES, SQLITE};
-use sqlx::any::{AnyPoolOptions, AnyRow};
+use crate::sink::SinkError;
+use crate::sink::sql::{Dialect, InsertIgnore, connect_any};
+use sqlx::any::AnyRow;
 use sqlx::{Any, AnyPool, Row, Transaction};
-use std::sync::Once;
 use std::time::Duration;
 
 /// How often an activation is tried again when another one took the same
@@ -169,28 +168,10 @@ impl ModuleStore {
     /// Opens the store in the sink's database (the sink has created the
     /// schema already) and creates its tables if missing.
     pub async fn open(sink: &SinkConfig) -> Result<ModuleStore, StoreError> {
-        static DRIVERS: Once = Once::new();
-        DRIVERS.call_once(sqlx::any::install_default_drivers);
-        let dialect =
-            match SinkKind::of_url(&sink.url).map_err(|e| StoreError::Config(e.to_string()))? {
-                SinkKind::Sqlite => &SQLITE,
-                SinkKind::Postgres => &POSTGRES,
-                SinkKind::Mysql => &MYSQL,
-            };
-        let url = any_url(&sink.url);
-        // One connection for SQLite: an in-memory database is per connection.
-        let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };
-        let pool = AnyPoolOptions::new()
-            .max_connections(connections)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect(&url)
-            .await
-            .map_err(|e| {
-                StoreError::Unavailable(format!(
-                    "module store at {}: {e}",
-                    crate::sink::redact_url(&sink.url)
-                ))
-            })?;
+        let (pool, dialect) = connect_any(sink).await.map_err(|e| match e {
+            SinkError::Unavailable(m) => StoreError::Unavailable(format!("module store at {m}")),
+            e => StoreError::Config(e.to_string()),
+        })?;
         let sql = Statements::new(dialect, sink.schema.as_deref(), &sink.table_prefix)?;
         let store = ModuleStore { pool, sql };
         for ddl in [&store.sql.create_modules, &store.sql.create_versions] {
@@ -414,6 +395,20 @@ impl ModuleStore {
         Ok(Some(v))
     }
 
+    /// The params `pipeline` ran with under `params_digest`.
+    pub async fn params_for(
+        &self,
+        pipeline: &str,
+        params_digest: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .history(pipeline)
+            .await?
+            .into_iter()
+            .find(|v| v.params_digest == params_digest)
+            .map(|v| v.params))
+    }
+
     /// Activates the version that ran before the active one: the newest
     /// earlier activation with another module or other params.
     pub async fn rollback(&self, pipeline: &str) -> Result<Version, StoreError> {
@@ -435,15 +430,5 @@ impl ModuleStore {
             "rollback",
         )
         .await
-    }
-}
-
-/// The sink URL as sqlx's `Any` driver takes it (SQLite's file exists: the
-/// sink created it).
-fn any_url(url: &str) -> String {
-    match url.split_once("://") {
-        Some(("mariadb", rest)) => format!("mysql://{rest}"),
-        Some(("postgresql", rest)) => format!("postgres://{rest}"),
-        _ => url.to_string(),
     }
 }

@@ -35,8 +35,10 @@ use crate::runtime::RunError;
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use crate::source::{KafkaSource, SourceError};
 use prepare::now_ms;
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -134,7 +136,9 @@ pub struct Pipeline<S: Sink, V: Versions> {
     sink: S,
     versions: V,
     /// When the active version was last asked for.
-    version_checked: Instant,
+    version_checked: Cell<Instant>,
+    /// A newer version found (and loaded) while the last batch committed.
+    pending_swap: Option<Swap<V::Transform>>,
     preparer: Arc<Preparer<V::Transform>>,
     stats: RunStats,
     status: StatusBoard,
@@ -164,7 +168,8 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
             ahead: None,
             sink,
             versions,
-            version_checked: Instant::now(),
+            version_checked: Cell::new(Instant::now()),
+            pending_swap: None,
             preparer: Arc::new(preparer),
             stats: RunStats::default(),
             status: StatusBoard::default(),
@@ -241,26 +246,32 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         Ok(self.stats)
     }
 
-    /// At a batch boundary, at most every half batch interval: switches to
-    /// the active version if another one was activated. A batch already
+    /// At a batch boundary: switches to the version found during the last
+    /// commit, or (at most every quarter batch interval) asks for the
+    /// active version and switches if another one was activated. A batch already
     /// prepared with the old version is prepared again from the same
     /// ranges, so every batch runs on the version active when it commits.
     async fn follow_active_version(
         &mut self,
         prepared: Option<Batch>,
     ) -> Result<Option<Batch>, PipelineError> {
-        if self.version_checked.elapsed() < self.options.batch_interval / 2 {
-            return Ok(prepared);
-        }
-        self.version_checked = Instant::now();
-        let swap = match self.versions.newer(self.preparer.transform()).await {
-            Ok(Some(swap)) => swap,
-            Ok(None) => return Ok(prepared),
-            Err(VersionError::Unavailable(e)) => {
-                tracing::warn!("{e}; keeping the running version");
+        let swap = match self.pending_swap.take() {
+            Some(swap) => swap,
+            None if self.version_checked.get().elapsed() < self.options.batch_interval / 4 => {
                 return Ok(prepared);
             }
-            Err(e) => return Err(e.into()),
+            None => {
+                self.version_checked.set(Instant::now());
+                match self.versions.newer(self.preparer.transform()).await {
+                    Ok(Some(swap)) => swap,
+                    Ok(None) => return Ok(prepared),
+                    Err(VersionError::Unavailable(e)) => {
+                        tracing::warn!("{e}; keeping the running version");
+                        return Ok(prepared);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            }
         };
         tracing::info!(
             version = swap.version,
@@ -354,8 +365,14 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         source.committed(&batch.plan.ranges);
         let preparer = Arc::clone(&self.preparer);
         let wait = self.options.batch_interval;
+        // Set when another version is ready: the read-ahead stops polling
+        // so the swap happens at the next boundary, not a whole poll later.
+        let swap_ready = Arc::new(AtomicBool::new(false));
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let interrupt = Arc::clone(&swap_ready);
         let preparing = tokio::task::spawn_blocking(move || {
-            let ahead = prepare_next.then(|| read_ahead(&mut source, &preparer, wait));
+            let ahead = prepare_next.then(|| read_ahead(&mut source, &preparer, wait, &interrupt));
+            let _ = done_tx.send(());
             (source, ahead)
         });
         let commit = Commit {
@@ -366,11 +383,20 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
             output_digest: &batch.output_digest,
         };
         let committing = Instant::now();
-        let committed = self.commit(&commit).await;
-        let commit_ms = committing.elapsed().as_millis() as u64;
+        let (committed, swap) = tokio::join!(
+            async {
+                let committed = self.commit(&commit).await;
+                (committed, committing.elapsed().as_millis() as u64)
+            },
+            self.watch_versions(done_rx, &swap_ready)
+        );
+        let (committed, commit_ms) = committed;
         let (source, ahead) = preparing.await.expect("prepare task");
         self.source = Some(source);
         self.ahead = ahead;
+        if swap.is_some() {
+            self.pending_swap = swap;
+        }
         if committed? {
             self.account(&batch, poll_ms, commit_ms);
             return Ok(());
@@ -384,6 +410,39 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
             .map(OffsetRange::topic_partition)
             .collect();
         self.restart(&partitions).await
+    }
+
+    /// While a commit and the read-ahead run: asks for the active version
+    /// every quarter batch interval (once the last ask is that old) until
+    /// the read-ahead is `done`; a newer version is loaded here and
+    /// `swap_ready` cuts the read-ahead's poll short.
+    async fn watch_versions(
+        &self,
+        mut done: tokio::sync::oneshot::Receiver<()>,
+        swap_ready: &AtomicBool,
+    ) -> Option<Swap<V::Transform>> {
+        let every = self.options.batch_interval / 4;
+        let mut asked = self.version_checked.get();
+        loop {
+            let next = asked + every;
+            tokio::select! {
+                _ = &mut done => return None,
+                _ = tokio::time::sleep_until(next.into()) => {}
+            }
+            asked = Instant::now();
+            self.version_checked.set(asked);
+            match self.versions.newer(self.preparer.transform()).await {
+                Ok(Some(swap)) => {
+                    swap_ready.store(true, Ordering::Relaxed);
+                    return Some(swap);
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!("{e}; keeping the running version");
+                    return None;
+                }
+            }
+        }
     }
 
     /// Counts and logs a committed batch.
@@ -435,7 +494,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
 
     /// Commits with retries. `Ok(true)`: the batch is committed (now or by an
     /// earlier attempt whose reply was lost); `Ok(false)`: fenced.
-    async fn commit(&mut self, commit: &Commit<'_>) -> Result<bool, PipelineError> {
+    async fn commit(&self, commit: &Commit<'_>) -> Result<bool, PipelineError> {
         let started = Instant::now();
         let mut backoff = Duration::from_millis(100);
         loop {
@@ -504,9 +563,10 @@ fn read_ahead<T: Transform>(
     source: &mut KafkaSource,
     preparer: &Preparer<T>,
     wait: Duration,
+    interrupt: &AtomicBool,
 ) -> Ahead {
     let polling = Instant::now();
-    let polled = source.poll(wait);
+    let polled = source.poll_until(wait, interrupt);
     let poll_ms = polling.elapsed().as_millis() as u64;
     let batch = polled.map_err(PipelineError::from).and_then(|()| {
         let ranges = source.plan_ranges();

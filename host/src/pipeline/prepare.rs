@@ -101,6 +101,17 @@ impl<T: Transform> Preparer<T> {
         );
         let records = source.records(&plan.ranges);
         let read_ms = started.elapsed().as_millis() as u64;
+        self.transform_planned(plan, records, read_ms)
+    }
+
+    /// Transforms `records` under an existing `plan` (a replay of a
+    /// committed batch, for `verify` and `shadow`).
+    pub fn transform_planned(
+        &self,
+        plan: Plan,
+        records: Records,
+        read_ms: u64,
+    ) -> Result<Batch, PipelineError> {
         let transforming = Instant::now();
         let (output, dead_letters) = self.transform_batch(&plan, &records)?;
         let output_digest = output.digest();
@@ -113,6 +124,11 @@ impl<T: Transform> Preparer<T> {
             read_ms,
             transform_ms: transforming.elapsed().as_millis() as u64,
         })
+    }
+
+    /// sha256 of the params batches are prepared with.
+    pub fn params_digest(&self) -> &str {
+        &self.params_digest
     }
 
     /// Runs the transform with the retry and trap policy; returns the output

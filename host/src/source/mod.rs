@@ -12,6 +12,9 @@
 //! last stable offset, because a `read_committed` consumer never does.
 
 mod ownership;
+mod replay;
+
+pub use replay::RangeReader;
 
 use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
 use crate::config::{SourceConfig, StartPosition};
@@ -21,6 +24,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a broker may take to answer metadata, seek and watermark calls.
@@ -97,33 +101,7 @@ pub struct KafkaSource {
 impl KafkaSource {
     /// Connects, checks the topics exist and joins the consumer group.
     pub fn connect(config: &SourceConfig, group_id: &str) -> Result<KafkaSource, SourceError> {
-        let mut client = ClientConfig::new();
-        // Defaults a user may override: a crashed instance's partitions move
-        // to the others after 10 s instead of librdkafka's 45 s. Fetching:
-        // up to 8 MiB per partition per fetch instead of 1 MiB, since a batch
-        // takes up to `max_records_per_partition` at once; and when the local
-        // queue is over its threshold (which one 8 MiB fetch of small records
-        // is), retry the fetch after 10 ms instead of librdkafka's 1 s, which
-        // stalled a busy pipeline for up to a second per partition chunk
-        // (measured: 0.23 -> 0.62 of a raw consume, BENCHMARKS.md).
-        client
-            .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            .set("max.partition.fetch.bytes", "8388608")
-            .set("fetch.queue.backoff.ms", "10");
-        for (k, v) in &config.properties {
-            client.set(k, v);
-        }
-        client
-            .set("bootstrap.servers", &config.brokers)
-            .set("group.id", group_id)
-            .set("enable.auto.commit", "false")
-            .set("enable.auto.offset.store", "false")
-            .set("isolation.level", "read_committed")
-            // Never jump to another offset on our own: an offset that is not in
-            // the log is an error the pipeline must see.
-            .set("auto.offset.reset", "error")
-            .set("enable.partition.eof", "false");
+        let client = client_config(config, group_id);
         let consumer: BaseConsumer<OwnershipContext> = client
             .create_with_context(OwnershipContext::default())
             .map_err(|e| SourceError::Kafka(e.to_string()))?;
@@ -165,6 +143,16 @@ impl KafkaSource {
     /// [`KafkaSource::start_partitions`] gives their checkpoint; see
     /// [`KafkaSource::unstarted`].
     pub fn poll(&mut self, wait: Duration) -> Result<(), SourceError> {
+        self.poll_until(wait, &AtomicBool::new(false))
+    }
+
+    /// [`KafkaSource::poll`] that also ends (within ~50 ms) once
+    /// `interrupt` is set.
+    pub fn poll_until(
+        &mut self,
+        wait: Duration,
+        interrupt: &AtomicBool,
+    ) -> Result<(), SourceError> {
         let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -179,7 +167,11 @@ impl KafkaSource {
                 wait = Duration::ZERO;
             }
             let ownership_changed = self.apply_ownership_events();
-            if Instant::now() >= deadline || self.some_batch_full() || ownership_changed {
+            if Instant::now() >= deadline
+                || self.some_batch_full()
+                || ownership_changed
+                || interrupt.load(Ordering::Relaxed)
+            {
                 break;
             }
         }
@@ -484,6 +476,39 @@ impl KafkaSource {
     }
 }
 
+/// The consumer settings sluice reads with: `read_committed`, no offset
+/// commits, no automatic reset, plus the user's properties.
+fn client_config(config: &SourceConfig, group_id: &str) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    // Defaults a user may override: a crashed instance's partitions move
+    // to the others after 10 s instead of librdkafka's 45 s. Fetching:
+    // up to 8 MiB per partition per fetch instead of 1 MiB, since a batch
+    // takes up to `max_records_per_partition` at once; and when the local
+    // queue is over its threshold (which one 8 MiB fetch of small records
+    // is), retry the fetch after 10 ms instead of librdkafka's 1 s, which
+    // stalled a busy pipeline for up to a second per partition chunk
+    // (measured: 0.23 -> 0.62 of a raw consume, BENCHMARKS.md).
+    client
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .set("max.partition.fetch.bytes", "8388608")
+        .set("fetch.queue.backoff.ms", "10");
+    for (k, v) in &config.properties {
+        client.set(k, v);
+    }
+    client
+        .set("bootstrap.servers", &config.brokers)
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        // Never jump to another offset on our own: an offset that is not in
+        // the log is an error the pipeline must see.
+        .set("auto.offset.reset", "error")
+        .set("enable.partition.eof", "false");
+    client
+}
+
 /// Appends a fetched record to its partition's buffer (ignored for
 /// partitions not owned or not started).
 fn buffer(
@@ -503,6 +528,12 @@ fn buffer(
     if m.offset() < state.position {
         return;
     }
+    state.buffer.push_back(owned(m));
+    state.position = m.offset() + 1;
+}
+
+/// A fetched record, copied out of librdkafka's buffer.
+fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
     let headers = m
         .headers()
         .map(|hs| {
@@ -511,14 +542,13 @@ fn buffer(
                 .collect()
         })
         .unwrap_or_default();
-    state.buffer.push_back(OwnedRecord {
+    OwnedRecord {
         offset: m.offset(),
         timestamp: m.timestamp().to_millis().unwrap_or(-1),
         key: m.key().map(<[u8]>::to_vec),
         value: m.payload().map(<[u8]>::to_vec),
         headers,
-    });
-    state.position = m.offset() + 1;
+    }
 }
 
 /// librdkafka's cached watermarks from the last fetch response (not wrapped

@@ -26,6 +26,7 @@
 //! crash between the two replays the batch, so rows may be written twice.
 //! It exists to measure what exactly-once costs.
 
+mod any;
 mod dialect;
 mod multirow;
 mod own_tables;
@@ -33,6 +34,7 @@ mod own_tables;
 pub(crate) mod scenarios;
 mod target;
 
+pub use any::connect_any;
 pub use dialect::{Dialect, InsertIgnore, MYSQL, POSTGRES, SQLITE};
 pub use multirow::MultiRowInsert;
 pub use target::{Cell, Target, TypedColumn};

@@ -1,0 +1,170 @@
+//! Reading lineage back: the committed batches of a pipeline (module and
+//! params digests, batch time, output digest) with their offset ranges,
+//! from the sink's `batches` and `batch_ranges` tables, selected by batch
+//! id, commit time or offset range.
+//!
+//! It must not write: lineage is written only in the batch transaction.
+
+use crate::batch::OffsetRange;
+use crate::config::SinkConfig;
+use crate::sink::SinkError;
+use crate::sink::sql::{Dialect, connect_any};
+use sqlx::{AnyPool, Row};
+use std::collections::HashMap;
+
+/// One committed batch as its lineage rows record it.
+#[derive(Debug, Clone)]
+pub struct CommittedBatch {
+    pub batch_id: String,
+    pub module_digest: String,
+    pub params_digest: String,
+    pub batch_time_ms: i64,
+    pub output_digest: String,
+    pub committed_at_ms: i64,
+    pub ranges: Vec<OffsetRange>,
+}
+
+/// Which committed batches to replay; empty fields select everything.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only these batch ids.
+    pub batch_ids: Vec<String>,
+    /// Only batches committed at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
+    /// Only batches committed before this time.
+    pub until_ms: Option<i64>,
+    /// Only batches with a range of this partition overlapping
+    /// `[from, until)`: (topic, partition, from, until).
+    pub offsets: Option<(String, i32, i64, i64)>,
+    /// Only the newest `last` batches (after the filters above).
+    pub last: Option<usize>,
+}
+
+impl Selection {
+    fn keeps(&self, b: &CommittedBatch) -> bool {
+        (self.batch_ids.is_empty() || self.batch_ids.contains(&b.batch_id))
+            && self.since_ms.is_none_or(|t| b.committed_at_ms >= t)
+            && self.until_ms.is_none_or(|t| b.committed_at_ms < t)
+            && self.offsets.as_ref().is_none_or(|(topic, p, from, until)| {
+                b.ranges.iter().any(|r| {
+                    &r.topic == topic && r.partition == *p && r.from < *until && *from < r.until
+                })
+            })
+    }
+}
+
+/// Reads a pipeline's lineage from the sink's database.
+pub struct LineageReader {
+    pool: AnyPool,
+    select_batches: String,
+    select_ranges: String,
+}
+
+fn db_err(e: sqlx::Error) -> SinkError {
+    SinkError::Database(format!("reading lineage: {e}"))
+}
+
+impl LineageReader {
+    pub async fn open(sink: &SinkConfig) -> Result<LineageReader, SinkError> {
+        let (pool, d) = connect_any(sink).await?;
+        let (select_batches, select_ranges) = statements(d, sink)?;
+        Ok(LineageReader {
+            pool,
+            select_batches,
+            select_ranges,
+        })
+    }
+
+    /// The selected committed batches of `pipeline`, in commit order.
+    pub async fn batches(
+        &self,
+        pipeline: &str,
+        selection: &Selection,
+    ) -> Result<Vec<CommittedBatch>, SinkError> {
+        let mut ranges: HashMap<String, Vec<OffsetRange>> = HashMap::new();
+        for row in sqlx::query(&self.select_ranges)
+            .bind(pipeline.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err)?
+        {
+            let id: String = row.try_get(0).map_err(db_err)?;
+            ranges.entry(id).or_default().push(OffsetRange {
+                topic: row.try_get(1).map_err(db_err)?,
+                partition: row.try_get::<i64, _>(2).map_err(db_err)? as i32,
+                from: row.try_get(3).map_err(db_err)?,
+                until: row.try_get(4).map_err(db_err)?,
+            });
+        }
+        let mut batches = Vec::new();
+        for row in sqlx::query(&self.select_batches)
+            .bind(pipeline.to_string())
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err)?
+        {
+            let batch_id: String = row.try_get(0).map_err(db_err)?;
+            let batch = CommittedBatch {
+                ranges: ranges.remove(&batch_id).unwrap_or_default(),
+                batch_id,
+                module_digest: row.try_get(1).map_err(db_err)?,
+                params_digest: row.try_get(2).map_err(db_err)?,
+                batch_time_ms: row.try_get(3).map_err(db_err)?,
+                output_digest: row.try_get(4).map_err(db_err)?,
+                committed_at_ms: row.try_get(5).map_err(db_err)?,
+            };
+            if selection.keeps(&batch) {
+                batches.push(batch);
+            }
+        }
+        if let Some(last) = selection.last {
+            let skip = batches.len().saturating_sub(last);
+            batches.drain(..skip);
+        }
+        Ok(batches)
+    }
+}
+
+fn statements(d: &Dialect, sink: &SinkConfig) -> Result<(String, String), SinkError> {
+    let table = |name: &str| {
+        d.qualified(
+            sink.schema.as_deref(),
+            &format!("{}{name}", sink.table_prefix),
+        )
+    };
+    let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
+    let listed = |cols: &[&str]| cols.iter().map(|n| c(n)).collect::<Vec<_>>().join(", ");
+    let batches = format!(
+        "SELECT {} FROM {} WHERE {} = {} ORDER BY {}, {}",
+        listed(&[
+            "batch_id",
+            "module_digest",
+            "params_digest",
+            "batch_time_ms",
+            "output_digest",
+            "committed_at_ms"
+        ]),
+        table("batches")?,
+        c("pipeline"),
+        d.param(1),
+        c("committed_at_ms"),
+        c("batch_id"),
+    );
+    let ranges = format!(
+        "SELECT {} FROM {} WHERE {} = {} ORDER BY {}, {}, {}",
+        listed(&[
+            "batch_id",
+            "topic",
+            "partition",
+            "from_offset",
+            "until_offset"
+        ]),
+        table("batch_ranges")?,
+        c("pipeline"),
+        d.param(1),
+        c("topic"),
+        c("partition"),
+        c("from_offset"),
+    );
+    Ok((batches, ranges))
+}

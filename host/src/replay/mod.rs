@@ -1,0 +1,197 @@
+//! Replaying committed batches: `verify` re-reads a batch's offset ranges,
+//! runs them again with the module and params its lineage row names, and
+//! compares the output digest with the recorded one; `shadow` runs a
+//! candidate version over the same batches and diffs its output against the
+//! recorded version's.
+//!
+//! It must not write anything: no rows, no offsets, no lineage, no versions.
+//! It relies on the three conditions of exactly-once the other way round: a
+//! range reads back the same records and a module is deterministic, so a
+//! replay that differs names a batch whose recorded result cannot be
+//! reproduced.
+
+mod diff;
+mod lineage;
+
+pub use diff::{TargetDiff, diff_outputs};
+pub use lineage::{CommittedBatch, LineageReader, Selection};
+
+use crate::batch::{Plan, sha256_hex};
+use crate::config::PipelineConfig;
+use crate::modules::{ModuleStore, StoreError};
+use crate::pipeline::{Batch, PipelineError, Preparer};
+use crate::runtime::{Limits, Runtime, WasmTransform};
+use crate::sink::SinkError;
+use crate::source::{RangeReader, SourceError};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Why a replay could not be done (as opposed to a mismatch, which is a
+/// result).
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error("module {module}: {message}")]
+    Module { module: String, message: String },
+    #[error("batch {batch_id}: {message}")]
+    Batch { batch_id: String, message: String },
+}
+
+/// The outcome of verifying one batch.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub batch: CommittedBatch,
+    pub replayed_digest: String,
+}
+
+impl Verdict {
+    pub fn matches(&self) -> bool {
+        self.replayed_digest == self.batch.output_digest
+    }
+}
+
+/// Replays one pipeline's committed batches.
+pub struct Replayer {
+    config: PipelineConfig,
+    lineage: LineageReader,
+    store: ModuleStore,
+    reader: RangeReader,
+    runtime: Arc<Runtime>,
+    /// Loaded versions by (module digest, params digest).
+    preparers: HashMap<(String, String), Arc<Preparer<WasmTransform>>>,
+}
+
+impl Replayer {
+    pub async fn open(config: &PipelineConfig) -> Result<Replayer, ReplayError> {
+        let runtime =
+            Runtime::new(Limits::from_config(&config.limits)).map_err(|e| ReplayError::Module {
+                module: "-".into(),
+                message: e.to_string(),
+            })?;
+        let lineage = LineageReader::open(&config.sink).await?;
+        let store = ModuleStore::open(&config.sink).await?;
+        let source = config.source.clone();
+        let pipeline = config.pipeline.clone();
+        let reader = tokio::task::spawn_blocking(move || RangeReader::connect(&source, &pipeline))
+            .await
+            .expect("connect task")?;
+        Ok(Replayer {
+            config: config.clone(),
+            lineage,
+            store,
+            reader,
+            runtime: Arc::new(runtime),
+            preparers: HashMap::new(),
+        })
+    }
+
+    /// The committed batches `selection` names, in commit order.
+    pub async fn select(&self, selection: &Selection) -> Result<Vec<CommittedBatch>, ReplayError> {
+        Ok(self
+            .lineage
+            .batches(&self.config.pipeline, selection)
+            .await?)
+    }
+
+    /// Runs `batch` again with the version its lineage row names and
+    /// compares output digests.
+    pub async fn verify(&mut self, batch: &CommittedBatch) -> Result<Verdict, ReplayError> {
+        let params = self
+            .store
+            .params_for(&self.config.pipeline, &batch.params_digest)
+            .await?
+            .ok_or_else(|| ReplayError::Batch {
+                batch_id: batch.batch_id.clone(),
+                message: format!(
+                    "params {} are not in the version history",
+                    batch.params_digest
+                ),
+            })?;
+        let component = self.store.get(&batch.module_digest).await?;
+        let replayed = self.rerun(batch, &component, &params).await?;
+        Ok(Verdict {
+            batch: batch.clone(),
+            replayed_digest: replayed.output_digest,
+        })
+    }
+
+    /// The recorded version's output of `batch`, replayed.
+    pub async fn rerun_recorded(&mut self, batch: &CommittedBatch) -> Result<Batch, ReplayError> {
+        let params = self
+            .store
+            .params_for(&self.config.pipeline, &batch.params_digest)
+            .await?
+            .unwrap_or_default();
+        let component = self.store.get(&batch.module_digest).await?;
+        self.rerun(batch, &component, &params).await
+    }
+
+    /// Runs the records of `batch`'s ranges through `component` with
+    /// `params`, under the batch's own plan (id, time, seed).
+    pub async fn rerun(
+        &mut self,
+        batch: &CommittedBatch,
+        component: &[u8],
+        params: &str,
+    ) -> Result<Batch, ReplayError> {
+        let preparer = self.preparer(component, params)?;
+        let plan = Plan::new(
+            &self.config.pipeline,
+            batch.ranges.clone(),
+            &sha256_hex(component),
+            preparer.params_digest(),
+            batch.batch_time_ms,
+        );
+        if plan.batch_id != batch.batch_id {
+            return Err(ReplayError::Batch {
+                batch_id: batch.batch_id.clone(),
+                message: format!(
+                    "its lineage ranges give batch id {}: the lineage rows are inconsistent",
+                    plan.batch_id
+                ),
+            });
+        }
+        let reader = &self.reader;
+        let records = tokio::task::block_in_place(|| reader.read(&plan.ranges))?;
+        tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0)).map_err(
+            |e: PipelineError| ReplayError::Batch {
+                batch_id: batch.batch_id.clone(),
+                message: e.to_string(),
+            },
+        )
+    }
+
+    fn preparer(
+        &mut self,
+        component: &[u8],
+        params: &str,
+    ) -> Result<Arc<Preparer<WasmTransform>>, ReplayError> {
+        let key = (sha256_hex(component), sha256_hex(params.as_bytes()));
+        if let Some(p) = self.preparers.get(&key) {
+            return Ok(Arc::clone(p));
+        }
+        let module_err = |message: String| ReplayError::Module {
+            module: key.0.clone(),
+            message,
+        };
+        let module = tokio::task::block_in_place(|| {
+            self.runtime
+                .load(component, self.config.module.cache_dir.as_deref())
+        })
+        .map_err(|e| module_err(e.to_string()))?;
+        let transform = WasmTransform::new(Arc::clone(&self.runtime), module, params.to_string())
+            .map_err(|e| module_err(e.to_string()))?;
+        let preparer = Arc::new(Preparer::new(
+            self.config.pipeline.clone(),
+            self.config.limits.on_trap,
+            transform,
+        ));
+        self.preparers.insert(key, Arc::clone(&preparer));
+        Ok(preparer)
+    }
+}

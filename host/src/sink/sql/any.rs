@@ -1,0 +1,45 @@
+//! A connection to a SQL sink's database through sqlx's `Any` driver, for
+//! what reads and writes sluice's tables outside the batch path (the module
+//! store, lineage readers for `verify` and `shadow`), with the dialect to
+//! quote for.
+//!
+//! It must not be used for batch commits: those go through each backend's
+//! own typed connection and bulk path.
+
+use super::{Dialect, MYSQL, POSTGRES, SQLITE};
+use crate::config::SinkConfig;
+use crate::sink::{SinkError, SinkKind, redact_url};
+use sqlx::AnyPool;
+use sqlx::any::AnyPoolOptions;
+use std::sync::Once;
+use std::time::Duration;
+
+/// Opens a small pool on the sink's database (it must exist: the sink or
+/// an earlier run created it).
+pub async fn connect_any(sink: &SinkConfig) -> Result<(AnyPool, &'static Dialect), SinkError> {
+    static DRIVERS: Once = Once::new();
+    DRIVERS.call_once(sqlx::any::install_default_drivers);
+    let dialect = match SinkKind::of_url(&sink.url)? {
+        SinkKind::Sqlite => &SQLITE,
+        SinkKind::Postgres => &POSTGRES,
+        SinkKind::Mysql => &MYSQL,
+    };
+    // One connection for SQLite: an in-memory database is per connection.
+    let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };
+    let pool = AnyPoolOptions::new()
+        .max_connections(connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&any_url(&sink.url))
+        .await
+        .map_err(|e| SinkError::Unavailable(format!("{}: {e}", redact_url(&sink.url))))?;
+    Ok((pool, dialect))
+}
+
+/// The sink URL as the `Any` driver takes it.
+fn any_url(url: &str) -> String {
+    match url.split_once("://") {
+        Some(("mariadb", rest)) => format!("mysql://{rest}"),
+        Some(("postgresql", rest)) => format!("postgres://{rest}"),
+        _ => url.to_string(),
+    }
+}
