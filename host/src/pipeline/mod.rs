@@ -218,7 +218,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
             let (poll_ms, prepared) = match self.ahead.take() {
                 Some(ahead) => (ahead.poll_ms, ahead.batch?),
                 None if shutdown.is_cancelled() => break,
-                None => (self.poll()?, None),
+                None => (self.poll().await?, None),
             };
             self.start_unstarted().await?;
             let prepared = self.follow_active_version(prepared).await?;
@@ -294,12 +294,45 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         Ok(Some(batch))
     }
 
-    /// Reads from Kafka for up to one batch interval; returns its duration.
-    fn poll(&mut self) -> Result<u64, PipelineError> {
+    /// Reads from Kafka for up to one batch interval (less if another
+    /// version becomes active meanwhile); returns its duration.
+    async fn poll(&mut self) -> Result<u64, PipelineError> {
         let wait = self.options.batch_interval;
-        let polling = Instant::now();
-        tokio::task::block_in_place(|| self.source().poll(wait))?;
-        Ok(polling.elapsed().as_millis() as u64)
+        let source = self.source.take().expect("source present");
+        let poll = move |source: &mut KafkaSource, interrupt: &AtomicBool| {
+            let polling = Instant::now();
+            let polled = source.poll_until(wait, interrupt);
+            (polled, polling.elapsed().as_millis() as u64)
+        };
+        let (source, (polled, poll_ms), (), swap) =
+            self.on_source_watching(source, poll, async {}).await;
+        self.source = Some(source);
+        self.pending_swap = swap.or(self.pending_swap.take());
+        polled?;
+        Ok(poll_ms)
+    }
+
+    /// Runs `work` on `source` on a blocking thread while `alongside` runs
+    /// here and the active version is watched; a version found sets the flag
+    /// `work` gets (so a poll can end early) and is returned for the next
+    /// batch boundary.
+    async fn on_source_watching<R: Send + 'static, F: Future>(
+        &self,
+        mut source: KafkaSource,
+        work: impl FnOnce(&mut KafkaSource, &AtomicBool) -> R + Send + 'static,
+        alongside: F,
+    ) -> (KafkaSource, R, F::Output, Option<Swap<V::Transform>>) {
+        let swap_ready = Arc::new(AtomicBool::new(false));
+        let interrupt = Arc::clone(&swap_ready);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let working = tokio::task::spawn_blocking(move || {
+            let result = work(&mut source, &interrupt);
+            let _ = done_tx.send(());
+            (source, result)
+        });
+        let (alongside, swap) = tokio::join!(alongside, self.watch_versions(done_rx, &swap_ready));
+        let (source, result) = working.await.expect("source task");
+        (source, result, alongside, swap)
     }
 
     /// Reads the checkpoint of every newly assigned partition and seeks there.
@@ -361,20 +394,9 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         poll_ms: u64,
         prepare_next: bool,
     ) -> Result<(), PipelineError> {
-        let mut source = self.source.take().expect("source present");
-        source.committed(&batch.plan.ranges);
+        self.source().committed(&batch.plan.ranges);
         let preparer = Arc::clone(&self.preparer);
         let wait = self.options.batch_interval;
-        // Set when another version is ready: the read-ahead stops polling
-        // so the swap happens at the next boundary, not a whole poll later.
-        let swap_ready = Arc::new(AtomicBool::new(false));
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let interrupt = Arc::clone(&swap_ready);
-        let preparing = tokio::task::spawn_blocking(move || {
-            let ahead = prepare_next.then(|| read_ahead(&mut source, &preparer, wait, &interrupt));
-            let _ = done_tx.send(());
-            (source, ahead)
-        });
         let commit = Commit {
             plan: &batch.plan,
             records: &batch.records,
@@ -383,20 +405,19 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
             output_digest: &batch.output_digest,
         };
         let committing = Instant::now();
-        let (committed, swap) = tokio::join!(
-            async {
-                let committed = self.commit(&commit).await;
-                (committed, committing.elapsed().as_millis() as u64)
-            },
-            self.watch_versions(done_rx, &swap_ready)
-        );
-        let (committed, commit_ms) = committed;
-        let (source, ahead) = preparing.await.expect("prepare task");
+        let source = self.source.take().expect("source present");
+        let read_next = move |source: &mut KafkaSource, interrupt: &AtomicBool| {
+            prepare_next.then(|| read_ahead(source, &preparer, wait, interrupt))
+        };
+        let committed = async {
+            let committed = self.commit(&commit).await;
+            (committed, committing.elapsed().as_millis() as u64)
+        };
+        let (source, ahead, (committed, commit_ms), swap) =
+            self.on_source_watching(source, read_next, committed).await;
         self.source = Some(source);
         self.ahead = ahead;
-        if swap.is_some() {
-            self.pending_swap = swap;
-        }
+        self.pending_swap = swap.or(self.pending_swap.take());
         if committed? {
             self.account(&batch, poll_ms, commit_ms);
             return Ok(());

@@ -4,10 +4,11 @@
 //!   control API, cold (nothing compiled yet): upload + validation +
 //!   compilation + store, against compiling the same bytes in-process with
 //!   the same engine settings (the floor);
-//! - activation latency: from the acknowledged activation to the plan time of
-//!   the first batch that ran the new version, against the pipeline's batch
-//!   interval (the bar: within one interval), over several swaps under a
-//!   continuous producer.
+//! - activation latency: from the acknowledged activation until the host's
+//!   status reports it prepares batches with the new version (and, for
+//!   information, until the first batch with it was planned, which also
+//!   waits for input), against the pipeline's batch interval (the bar:
+//!   within one interval), over several swaps under a continuous producer.
 //!
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-modules && target/release/bench-modules`
@@ -92,6 +93,7 @@ async fn main() {
     let identity_digest = sha256_hex(&std::fs::read(plugin("identity")).unwrap());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut activations = Vec::new();
+    let mut reached = Vec::new();
     for i in 0..SWAPS {
         let digest = if i % 2 == 0 {
             &stamp_digest
@@ -102,7 +104,21 @@ async fn main() {
         // From when the activation was acknowledged (committed in the
         // store): SQLite may hold the row's insert behind the sink's write
         // lock, so its own timestamp can be earlier than its visibility.
+        let acknowledged = Instant::now();
         activations.push((now_ms(), digest.clone()));
+        // Reached: the host reports it prepares batches with it.
+        loop {
+            let status = client.status().await.expect("status");
+            if status["running"]["module_digest"] == digest.as_str() {
+                break;
+            }
+            assert!(
+                acknowledged.elapsed() < Duration::from_secs(10),
+                "never switched"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        reached.push(acknowledged.elapsed().as_millis() as i64);
         tokio::time::sleep(Duration::from_millis(1500)).await;
     }
     producer.stop();
@@ -124,8 +140,8 @@ async fn main() {
     .await
     .unwrap();
     let planned_at = |id: &str| times.iter().find(|t| t.0 == id).map(|t| t.1).unwrap();
-    let mut worst = 0;
-    for (at, digest) in &activations {
+    let mut worst_first = 0;
+    for ((at, digest), reached) in activations.iter().zip(&reached) {
         let first = batches
             .iter()
             .filter(|b| &b.module_digest == digest)
@@ -134,16 +150,19 @@ async fn main() {
             .min()
             .expect("a batch ran the new version");
         // A batch may be planned with it before the HTTP answer arrives.
-        let latency = (first - at).max(0);
-        worst = worst.max(latency);
+        let first = (first - at).max(0);
+        worst_first = worst_first.max(first);
         println!(
-            "activation of {}…: first batch with it planned {latency} ms later",
+            "activation of {}…: running on the host after {reached} ms; first batch with it \
+             planned after {first} ms",
             &digest[..12]
         );
     }
+    let worst = reached.iter().copied().max().unwrap_or(0);
     println!(
-        "worst activation latency {worst} ms; batch interval {BATCH_INTERVAL_MS} ms; ratio {:.2} \
-         (bar: within one batch interval, <= 1.00)",
+        "worst activation latency {worst} ms (first batch: {worst_first} ms, which also waits \
+         for input); batch interval {BATCH_INTERVAL_MS} ms; ratio {:.2} (bar: within one batch \
+         interval, <= 1.00)",
         worst as f64 / BATCH_INTERVAL_MS as f64
     );
 }
