@@ -351,6 +351,17 @@ async fn writes_need_the_token_and_bad_modules_store_nothing() {
     assert!(deployed["activated"].is_null());
     let listed = cli_ok(&url, &["versions"]);
     assert!(listed.contains("(active)"), "{listed}");
+
+    // Params are versioned like modules: two params of one module are two
+    // versions, and rollback goes back to the previous params.
+    let a = cli_ok(&url, &["activate", &stamp_digest, "--params", r#"{"tag":"a:"}"#]);
+    assert!(a.contains("activated version 2"), "{a}");
+    let b = cli_ok(&url, &["activate", &stamp_digest, "--params", r#"{"tag":"b:"}"#]);
+    assert!(b.contains("activated version 3"), "{b}");
+    let back = cli_ok(&url, &["rollback"]);
+    assert!(back.contains("version 4") && back.contains(r#"{"tag":"a:"}"#), "{back}");
+    let listed = cli_ok(&url, &["versions"]);
+    assert_eq!(listed.lines().count(), 3, "identity, stamp a:, stamp b:\n{listed}");
     let openapi = reqwest_free_get(port, "/v1/openapi.json");
     for path in [
         "/v1/modules",
