@@ -15,7 +15,6 @@ use sluice_tests::control::{
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::{
     TempDir, create_topic, identity_config_into, plugin, read_committed, shared_broker,
-    write_config,
 };
 use std::time::Duration;
 
@@ -44,6 +43,23 @@ fn versioned_value(tag: &str) -> impl Fn(&str, &str) -> String {
 fn pipeline_config(name: &str, topic: &str, db: &SinkDb, port: u16) -> String {
     let base = identity_config_into(name, shared_broker(), topic, &db.sink_toml(), 500);
     format!("{base}\n{}", control_toml(port, 4 * 1024 * 1024))
+}
+
+/// One instance of the identity pipeline into `db`, its config in `dir`
+/// under `name`, its control API up; returns the host, config and API URL.
+fn start_instance(
+    pipeline: &str,
+    topic: &str,
+    db: &SinkDb,
+    dir: &TempDir,
+    name: &str,
+) -> (Host, std::path::PathBuf, String) {
+    let (port, url) = control_port();
+    let config = dir.path().join(format!("{name}.toml"));
+    std::fs::write(&config, pipeline_config(pipeline, topic, db, port)).unwrap();
+    let host = Host::start(&config, &dir.path().join(format!("{name}.log")));
+    host.wait_for_api(port);
+    (host, config, url)
 }
 
 /// Batches committed after `at_ms` that still ran `old_module`.
@@ -75,10 +91,7 @@ async fn hot_swap_under_load_then_rollback_loses_and_duplicates_nothing() {
     create_topic(shared_broker(), topic, PARTITIONS);
     let db = SinkDb::fresh_postgres("sluice_it_hot_swap").await;
     let dir = TempDir::new("hot-swap");
-    let (port, url) = control_port();
-    let config = write_config(dir.path(), &pipeline_config(pipeline, topic, &db, port));
-    let host = Host::start(&config, &dir.path().join("sluice.log"));
-    host.wait_for_api(port);
+    let (host, config, url) = start_instance(pipeline, topic, &db, &dir, "sluice");
     let producer = Producer::start(shared_broker(), topic, PARTITIONS);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -199,16 +212,8 @@ async fn two_instances_both_follow_one_activation() {
     create_topic(shared_broker(), topic, PARTITIONS);
     let db = SinkDb::fresh_postgres("sluice_it_two_hosts").await;
     let dir = TempDir::new("two-hosts");
-    let (port_a, url) = control_port();
-    let (port_b, _) = control_port();
-    let config_a = dir.path().join("a.toml");
-    let config_b = dir.path().join("b.toml");
-    std::fs::write(&config_a, pipeline_config(pipeline, topic, &db, port_a)).unwrap();
-    std::fs::write(&config_b, pipeline_config(pipeline, topic, &db, port_b)).unwrap();
-    let a = Host::start(&config_a, &dir.path().join("a.log"));
-    a.wait_for_api(port_a);
-    let b = Host::start(&config_b, &dir.path().join("b.log"));
-    b.wait_for_api(port_b);
+    let (a, _, url) = start_instance(pipeline, topic, &db, &dir, "a");
+    let (b, _, _) = start_instance(pipeline, topic, &db, &dir, "b");
     let producer = Producer::start(shared_broker(), topic, PARTITIONS);
     tokio::time::sleep(Duration::from_secs(8)).await;
 
@@ -256,10 +261,7 @@ async fn writes_need_the_token_and_bad_modules_store_nothing() {
     create_topic(shared_broker(), topic, 1);
     let dir = TempDir::new("refusals");
     let db = SinkDb::Sqlite(dir.path().join("out.db"));
-    let (port, url) = control_port();
-    let config = write_config(dir.path(), &pipeline_config(pipeline, topic, &db, port));
-    let host = Host::start(&config, &dir.path().join("sluice.log"));
-    host.wait_for_api(port);
+    let (host, _, url) = start_instance(pipeline, topic, &db, &dir, "sluice");
     let stamp = std::fs::read(plugin("stamp")).unwrap();
     let stamp_digest = digest_of("stamp");
 
@@ -354,15 +356,28 @@ async fn writes_need_the_token_and_bad_modules_store_nothing() {
 
     // Params are versioned like modules: two params of one module are two
     // versions, and rollback goes back to the previous params.
-    let a = cli_ok(&url, &["activate", &stamp_digest, "--params", r#"{"tag":"a:"}"#]);
+    let a = cli_ok(
+        &url,
+        &["activate", &stamp_digest, "--params", r#"{"tag":"a:"}"#],
+    );
     assert!(a.contains("activated version 2"), "{a}");
-    let b = cli_ok(&url, &["activate", &stamp_digest, "--params", r#"{"tag":"b:"}"#]);
+    let b = cli_ok(
+        &url,
+        &["activate", &stamp_digest, "--params", r#"{"tag":"b:"}"#],
+    );
     assert!(b.contains("activated version 3"), "{b}");
     let back = cli_ok(&url, &["rollback"]);
-    assert!(back.contains("version 4") && back.contains(r#"{"tag":"a:"}"#), "{back}");
+    assert!(
+        back.contains("version 4") && back.contains(r#"{"tag":"a:"}"#),
+        "{back}"
+    );
     let listed = cli_ok(&url, &["versions"]);
-    assert_eq!(listed.lines().count(), 3, "identity, stamp a:, stamp b:\n{listed}");
-    let openapi = reqwest_free_get(port, "/v1/openapi.json");
+    assert_eq!(
+        listed.lines().count(),
+        3,
+        "identity, stamp a:, stamp b:\n{listed}"
+    );
+    let openapi = http_get(&url, "/v1/openapi.json");
     for path in [
         "/v1/modules",
         "/v1/activate",
@@ -378,10 +393,12 @@ async fn writes_need_the_token_and_bad_modules_store_nothing() {
     host.stop();
 }
 
-/// A plain HTTP/1.0 GET (the body), without an HTTP client crate.
-fn reqwest_free_get(port: u16, path: &str) -> String {
+/// A plain HTTP/1.0 GET of `base` + `path` (the whole answer), without an
+/// HTTP client crate.
+fn http_get(base: &str, path: &str) -> String {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let address = base.trim_start_matches("http://");
+    let mut s = std::net::TcpStream::connect(address).unwrap();
     write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
