@@ -9,6 +9,8 @@
 
 mod follow;
 mod store;
+#[cfg(test)]
+mod tests;
 mod validate;
 
 pub use follow::StoreVersions;

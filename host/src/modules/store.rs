@@ -12,7 +12,7 @@ use super::{StoreError, Version, VersionSummary};
 use crate::batch::sha256_hex;
 use crate::config::SinkConfig;
 use crate::sink::SinkError;
-use crate::sink::sql::{Dialect, InsertIgnore, connect_any};
+use crate::sink::sql::{Dialect, InsertIgnore, connect_any, text_at};
 use sqlx::any::AnyRow;
 use sqlx::{Any, AnyPool, Row, Transaction};
 use std::time::Duration;
@@ -151,7 +151,7 @@ fn db_err(e: sqlx::Error) -> StoreError {
 }
 
 fn version_of(row: &AnyRow) -> Result<Version, StoreError> {
-    let get_text = |i: usize| row.try_get::<String, _>(i).map_err(db_err);
+    let get_text = |i: usize| text_at(row, i).map_err(db_err);
     let get_int = |i: usize| row.try_get::<i64, _>(i).map_err(db_err);
     Ok(Version {
         pipeline: get_text(0)?,

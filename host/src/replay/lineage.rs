@@ -8,7 +8,7 @@
 use crate::batch::OffsetRange;
 use crate::config::SinkConfig;
 use crate::sink::SinkError;
-use crate::sink::sql::{Dialect, connect_any};
+use crate::sink::sql::{Dialect, connect_any, text_at};
 use sqlx::{AnyPool, Row};
 use std::collections::HashMap;
 
@@ -88,9 +88,9 @@ impl LineageReader {
             .await
             .map_err(db_err)?
         {
-            let id: String = row.try_get(0).map_err(db_err)?;
+            let id = text_at(&row, 0).map_err(db_err)?;
             ranges.entry(id).or_default().push(OffsetRange {
-                topic: row.try_get(1).map_err(db_err)?,
+                topic: text_at(&row, 1).map_err(db_err)?,
                 partition: row.try_get::<i64, _>(2).map_err(db_err)? as i32,
                 from: row.try_get(3).map_err(db_err)?,
                 until: row.try_get(4).map_err(db_err)?,
@@ -103,14 +103,14 @@ impl LineageReader {
             .await
             .map_err(db_err)?
         {
-            let batch_id: String = row.try_get(0).map_err(db_err)?;
+            let batch_id = text_at(&row, 0).map_err(db_err)?;
             let batch = CommittedBatch {
                 ranges: ranges.remove(&batch_id).unwrap_or_default(),
                 batch_id,
-                module_digest: row.try_get(1).map_err(db_err)?,
-                params_digest: row.try_get(2).map_err(db_err)?,
+                module_digest: text_at(&row, 1).map_err(db_err)?,
+                params_digest: text_at(&row, 2).map_err(db_err)?,
                 batch_time_ms: row.try_get(3).map_err(db_err)?,
-                output_digest: row.try_get(4).map_err(db_err)?,
+                output_digest: text_at(&row, 4).map_err(db_err)?,
                 committed_at_ms: row.try_get(5).map_err(db_err)?,
             };
             if selection.keeps(&batch) {

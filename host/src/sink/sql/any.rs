@@ -9,8 +9,8 @@
 use super::{Dialect, MYSQL, POSTGRES, SQLITE};
 use crate::config::SinkConfig;
 use crate::sink::{SinkError, SinkKind, redact_url};
-use sqlx::AnyPool;
-use sqlx::any::AnyPoolOptions;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Row};
 use std::sync::Once;
 use std::time::Duration;
 
@@ -33,6 +33,18 @@ pub async fn connect_any(sink: &SinkConfig) -> Result<(AnyPool, &'static Dialect
         .await
         .map_err(|e| SinkError::Unavailable(format!("{}: {e}", redact_url(&sink.url))))?;
     Ok((pool, dialect))
+}
+
+/// Text column `i` of `row`. MySQL reports `TEXT`/`LONGTEXT` columns to
+/// the `Any` driver as `BLOB`, so bytes are accepted too (as UTF-8).
+pub fn text_at(row: &AnyRow, i: usize) -> Result<String, sqlx::Error> {
+    match row.try_get::<String, _>(i) {
+        Ok(text) => Ok(text),
+        Err(e) => match row.try_get::<Vec<u8>, _>(i) {
+            Ok(bytes) => String::from_utf8(bytes).map_err(|_| e),
+            Err(_) => Err(e),
+        },
+    }
 }
 
 /// The sink URL as the `Any` driver takes it.

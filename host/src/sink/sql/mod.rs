@@ -34,7 +34,7 @@ mod own_tables;
 pub(crate) mod scenarios;
 mod target;
 
-pub use any::connect_any;
+pub use any::{connect_any, text_at};
 pub use dialect::{Dialect, InsertIgnore, MYSQL, POSTGRES, SQLITE};
 pub use multirow::MultiRowInsert;
 pub use target::{Cell, Target, TypedColumn};
