@@ -62,6 +62,22 @@ fn start_instance(
     (host, config, url)
 }
 
+/// `sluice deploy stamp.wasm --params {"tag":"v2:"} --activate`; its output.
+fn deploy_stamp_v2(url: &str) -> String {
+    let stamp = plugin("stamp");
+    let stamp = stamp.to_str().unwrap();
+    cli_ok(
+        url,
+        &[
+            "deploy",
+            stamp,
+            "--params",
+            r#"{"tag":"v2:"}"#,
+            "--activate",
+        ],
+    )
+}
+
 /// Batches committed after `at_ms` that still ran `old_module`.
 fn late_batches(
     batches: &[sluice_tests::control::LineageBatch],
@@ -107,17 +123,7 @@ async fn hot_swap_under_load_then_rollback(db: SinkDb, topic: &str) {
     let producer = Producer::start(shared_broker(), topic, PARTITIONS);
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let stamp = plugin("stamp");
-    let deployed = cli_ok(
-        &url,
-        &[
-            "deploy",
-            stamp.to_str().unwrap(),
-            "--params",
-            r#"{"tag":"v2:"}"#,
-            "--activate",
-        ],
-    );
+    let deployed = deploy_stamp_v2(&url);
     assert!(deployed.contains("activated version 2"), "{deployed}");
     host.wait_for_log("switching to module version", 1, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -229,17 +235,7 @@ async fn two_instances_both_follow_one_activation() {
     let producer = Producer::start(shared_broker(), topic, PARTITIONS);
     tokio::time::sleep(Duration::from_secs(8)).await;
 
-    let stamp = plugin("stamp");
-    cli_ok(
-        &url,
-        &[
-            "deploy",
-            stamp.to_str().unwrap(),
-            "--params",
-            r#"{"tag":"v2:"}"#,
-            "--activate",
-        ],
-    );
+    deploy_stamp_v2(&url);
     a.wait_for_log("switching to module version", 1, Duration::from_secs(10));
     b.wait_for_log("switching to module version", 1, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_secs(2)).await;

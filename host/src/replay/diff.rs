@@ -191,40 +191,12 @@ fn keyed_diff(old: Vec<(String, String)>, new: Vec<(String, String)>) -> TargetD
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::{Column, ColumnData};
-
-    fn target(name: &str, words: &[&str], counts: &[i64]) -> TargetRows {
-        let lengths = words.iter().map(|w| w.len() as u32).collect();
-        let data = words.concat().into_bytes();
-        TargetRows {
-            target: name.into(),
-            rows: words.len() as u32,
-            columns: vec![
-                Column {
-                    name: "word".into(),
-                    nulls: vec![],
-                    data: ColumnData::Text { lengths, data },
-                },
-                Column {
-                    name: "n".into(),
-                    nulls: vec![],
-                    data: ColumnData::Int64(counts.to_vec()),
-                },
-            ],
-        }
-    }
-
-    fn output(t: TargetRows) -> Output {
-        Output {
-            targets: vec![t],
-            rejections: vec![],
-        }
-    }
+    use crate::sink::sql::scenarios::words_output;
 
     #[test]
     fn keyed_targets_diff_by_key() {
-        let old = output(target("counts", &["a", "b", "c"], &[1, 2, 3]));
-        let new = output(target("counts", &["a", "b", "d"], &[1, 5, 4]));
+        let old = words_output("counts", &[("a", 1), ("b", 2), ("c", 3)]);
+        let new = words_output("counts", &[("a", 1), ("b", 5), ("d", 4)]);
         let keys = HashMap::from([("counts".to_string(), vec!["word".to_string()])]);
         let d = &diff_outputs(&old, &new, &keys)[0];
         assert_eq!((d.added, d.removed, d.changed, d.unchanged), (1, 1, 1, 1));
@@ -237,8 +209,8 @@ mod tests {
 
     #[test]
     fn unkeyed_targets_diff_as_multisets() {
-        let old = output(target("log", &["a", "a", "b"], &[1, 1, 2]));
-        let new = output(target("log", &["a", "b", "b"], &[1, 2, 2]));
+        let old = words_output("log", &[("a", 1), ("a", 1), ("b", 2)]);
+        let new = words_output("log", &[("a", 1), ("b", 2), ("b", 2)]);
         let d = &diff_outputs(&old, &new, &HashMap::new())[0];
         assert_eq!((d.added, d.removed, d.changed, d.unchanged), (1, 1, 0, 2));
     }
@@ -246,11 +218,10 @@ mod tests {
     #[test]
     fn identical_outputs_do_not_differ_and_samples_are_capped() {
         let words: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
-        let words: Vec<&str> = words.iter().map(String::as_str).collect();
-        let same = output(target("t", &words, &[0; 10]));
+        let rows: Vec<(&str, i64)> = words.iter().map(|w| (w.as_str(), 0)).collect();
+        let same = words_output("t", &rows);
         assert!(!diff_outputs(&same, &same, &HashMap::new())[0].differs());
-        let none = Output::default();
-        let d = &diff_outputs(&same, &none, &HashMap::new())[0];
+        let d = &diff_outputs(&same, &Output::default(), &HashMap::new())[0];
         assert_eq!(d.removed, 10);
         assert_eq!(d.samples.len(), SAMPLES);
     }
