@@ -95,6 +95,15 @@ impl Plan {
     }
 }
 
+/// Milliseconds since the Unix epoch (wall clock: plan times, `*_at_ms`
+/// columns).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
 /// sha256 of bytes, as lowercase hex.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))

@@ -9,7 +9,7 @@
 //! row is only ever appended: rollback appends the earlier version again.
 
 use super::{StoreError, Version, VersionSummary};
-use crate::batch::sha256_hex;
+use crate::batch::{now_ms, sha256_hex};
 use crate::config::SinkConfig;
 use crate::sink::SinkError;
 use crate::sink::sql::{Dialect, InsertIgnore, connect_any, text_at};
@@ -38,13 +38,6 @@ struct Statements {
     insert_version: String,
     select_active: String,
     select_history: String,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl Statements {

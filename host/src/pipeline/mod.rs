@@ -29,12 +29,11 @@ mod status;
 pub use prepare::{Batch, Preparer, Transform, describe};
 pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
 
-use crate::batch::{OffsetRange, Plan, TopicPartition};
+use crate::batch::{OffsetRange, Plan, TopicPartition, now_ms};
 use crate::config::OnTrap;
 use crate::runtime::RunError;
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use crate::source::{KafkaSource, SourceError};
-use prepare::now_ms;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;

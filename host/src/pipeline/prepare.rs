@@ -7,7 +7,7 @@
 //! only a proposal until the sink's offset compare-and-set accepts it.
 
 use super::PipelineError;
-use crate::batch::{OffsetRange, Plan, Records, sha256_hex};
+use crate::batch::{OffsetRange, Plan, Records, now_ms, sha256_hex};
 use crate::config::OnTrap;
 use crate::output::Output;
 use crate::runtime::RunError;
@@ -58,14 +58,6 @@ pub fn describe(ranges: &[OffsetRange]) -> String {
         .map(|r| format!("{}[{}] {}..{}", r.topic, r.partition, r.from, r.until))
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Milliseconds since the Unix epoch (wall clock).
-pub(super) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
 }
 
 impl<T: Transform> Preparer<T> {

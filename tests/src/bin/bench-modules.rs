@@ -13,7 +13,7 @@
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-modules && target/release/bench-modules`
 
-use sluice::batch::sha256_hex;
+use sluice::batch::{now_ms, sha256_hex};
 use sluice::control::ControlClient;
 use sluice::runtime::{Limits, Runtime};
 use sluice_tests::control::{Host, Producer, TOKEN, control_port, control_toml, lineage};
@@ -24,13 +24,6 @@ use std::time::{Duration, Instant};
 const PARTITIONS: i32 = 4;
 const BATCH_INTERVAL_MS: i64 = 100;
 const SWAPS: usize = 6;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 fn compile_floor(component: &[u8]) -> Duration {
     let runtime = Runtime::new(Limits::default()).expect("runtime");

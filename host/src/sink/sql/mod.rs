@@ -296,11 +296,3 @@ async fn create<B: SqlBackend>(backend: &B, ddl: &str) -> Result<(), SinkError> 
         }
     }
 }
-
-/// Milliseconds since the Unix epoch (wall clock, for `*_at_ms` columns).
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}

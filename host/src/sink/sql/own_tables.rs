@@ -5,8 +5,8 @@
 //! only writes into the transaction it is handed.
 
 use super::dialect::{Dialect, InsertIgnore};
-use super::{Param, SqlTx, now_ms};
-use crate::batch::OffsetRange;
+use super::{Param, SqlTx};
+use crate::batch::{OffsetRange, now_ms};
 use crate::sink::{Commit, CommitOutcome, SinkError};
 
 /// The statements on sluice's own tables, quoted once.
