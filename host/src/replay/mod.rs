@@ -101,6 +101,16 @@ impl Replayer {
     /// Runs `batch` again with the version its lineage row names and
     /// compares output digests.
     pub async fn verify(&mut self, batch: &CommittedBatch) -> Result<Verdict, ReplayError> {
+        let replayed = self.rerun_recorded(batch).await?;
+        Ok(Verdict {
+            batch: batch.clone(),
+            replayed_digest: replayed.output_digest,
+        })
+    }
+
+    /// The recorded version's output of `batch`, replayed: the module and
+    /// params its lineage row names, from the module store.
+    pub async fn rerun_recorded(&mut self, batch: &CommittedBatch) -> Result<Batch, ReplayError> {
         let params = self
             .store
             .params_for(&self.config.pipeline, &batch.params_digest)
@@ -112,21 +122,6 @@ impl Replayer {
                     batch.params_digest
                 ),
             })?;
-        let component = self.store.get(&batch.module_digest).await?;
-        let replayed = self.rerun(batch, &component, &params).await?;
-        Ok(Verdict {
-            batch: batch.clone(),
-            replayed_digest: replayed.output_digest,
-        })
-    }
-
-    /// The recorded version's output of `batch`, replayed.
-    pub async fn rerun_recorded(&mut self, batch: &CommittedBatch) -> Result<Batch, ReplayError> {
-        let params = self
-            .store
-            .params_for(&self.config.pipeline, &batch.params_digest)
-            .await?
-            .unwrap_or_default();
         let component = self.store.get(&batch.module_digest).await?;
         self.rerun(batch, &component, &params).await
     }
