@@ -8,7 +8,9 @@
 use crate::config::PipelineConfig;
 use crate::control::{self, ControlState};
 use crate::modules::{ModuleStore, StoreError, StoreVersions};
-use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats, Sink, VersionError};
+use crate::pipeline::{
+    Pipeline, PipelineError, RunOptions, RunStats, Sink, Transform, VersionError,
+};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
 use crate::sink::{SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
@@ -120,11 +122,18 @@ async fn run_with<S: Sink>(
     let active = versions
         .active_or_seed(&module.component, &config.params_json())
         .await?;
-    let transform = if active.module_digest == crate::batch::sha256_hex(&module.component)
-        && active.params == config.params_json()
+    let configured = &module.transform;
+    let transform = if active.module_digest == configured.module_digest()
+        && active.params == configured.params()
     {
         module.transform
     } else {
+        tracing::warn!(
+            version = active.version,
+            module = %active.module_digest,
+            "the module store's active version differs from module.path/params in the config; \
+             running the store's (deploy with `sluice deploy --activate` to change it)"
+        );
         versions.load(&active).await?
     };
     tracing::info!(

@@ -43,15 +43,6 @@ impl StoreVersions {
         params: &str,
     ) -> Result<Version, StoreError> {
         if let Some(active) = self.store.active(&self.pipeline).await? {
-            let seed_digest = crate::batch::sha256_hex(component);
-            if active.module_digest != seed_digest || active.params != params {
-                tracing::warn!(
-                    version = active.version,
-                    module = %active.module_digest,
-                    "the module store's active version differs from module.path/params in the \
-                     config; running the store's (deploy with `sluice deploy --activate` to change it)"
-                );
-            }
             return Ok(active);
         }
         let digest = self.store.put(component).await?;
