@@ -192,4 +192,31 @@ impl SinkDb {
             .expect("lineage");
         crate::assert_ranges_contiguous(rows);
     }
+
+    /// Asserts the `records` table of an identity pipeline equals the
+    /// committed input of `topic`, row for row (an independent
+    /// `read_committed` read), with contiguous lineage and no dead letters;
+    /// returns the row count.
+    pub async fn assert_exactly_once(
+        &self,
+        brokers: &str,
+        topic: &str,
+        partitions: i32,
+        pipeline: &str,
+    ) -> usize {
+        let expected = crate::read_committed(brokers, topic, partitions);
+        let actual = self.identity_rows().await;
+        assert_eq!(
+            actual.len(),
+            expected.len(),
+            "row count differs from the committed input"
+        );
+        assert!(
+            actual == expected,
+            "rows differ from the read_committed input"
+        );
+        self.assert_contiguous_lineage(pipeline).await;
+        assert_eq!(self.dead_letters().await, 0);
+        actual.len()
+    }
 }

@@ -109,25 +109,6 @@ impl Db {
     }
 }
 
-/// Asserts the `records` table equals the committed input, row for row,
-/// with contiguous lineage and no dead letters.
-async fn assert_exactly_once(db: &SinkDb, brokers: &str, topic: &str, pipeline: &str) -> usize {
-    let expected = read_committed(brokers, topic, PARTITIONS);
-    let actual = db.identity_rows().await;
-    assert_eq!(
-        actual.len(),
-        expected.len(),
-        "row count differs from the committed input"
-    );
-    assert!(
-        actual == expected,
-        "rows differ from the read_committed input"
-    );
-    db.assert_contiguous_lineage(pipeline).await;
-    assert_eq!(db.dead_letters().await, 0);
-    actual.len()
-}
-
 async fn sigkill_cycles(which: Db, name: &str) {
     let _only = which.lock().lock().await;
     let broker = Broker::start();
@@ -150,7 +131,9 @@ async fn sigkill_cycles(which: Db, name: &str) {
         "only {kills} kills before the pipeline finished"
     );
     run_ok(&config);
-    let rows = assert_exactly_once(&db, &broker.brokers, name, name).await;
+    let rows = db
+        .assert_exactly_once(&broker.brokers, name, PARTITIONS, name)
+        .await;
     println!(
         "{which:?}: {kills} SIGKILLs, {batches} batches between kills, {rows} records exactly once"
     );
@@ -194,7 +177,9 @@ async fn two_owners_fence(which: Db, name: &str) {
         .matches("fenced: another owner moved the offsets first")
         .count();
     assert!(fenced > 0, "the two owners never collided: {logs}");
-    let rows = assert_exactly_once(&db, brokers, name, name).await;
+    let rows = db
+        .assert_exactly_once(brokers, name, PARTITIONS, name)
+        .await;
     println!("{which:?}: {fenced} fenced commits rolled back; {rows} records exactly once");
 }
 
@@ -245,7 +230,9 @@ async fn database_restart(which: Db, name: &str) {
         db.committed_batches().await > before,
         "work continued after the restart"
     );
-    let rows = assert_exactly_once(&db, brokers, name, name).await;
+    let rows = db
+        .assert_exactly_once(brokers, name, PARTITIONS, name)
+        .await;
     println!("{which:?}: restarted after {before} batches; {rows} records exactly once");
 }
 
@@ -291,7 +278,9 @@ async fn lost_commit_reply(which: Db, name: &str) {
         unknown >= proxy.drops() && landed >= 3,
         "unknown {unknown}, landed {landed}: {logs}"
     );
-    let rows = assert_exactly_once(&db, brokers, name, name).await;
+    let rows = db
+        .assert_exactly_once(brokers, name, PARTITIONS, name)
+        .await;
     println!(
         "{which:?}: {} COMMIT replies dropped of {}; {landed} resolved as landed; {rows} records exactly once",
         proxy.drops(),
