@@ -300,7 +300,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         let source = self.source.take().expect("source present");
         let poll = move |source: &mut KafkaSource, interrupt: &AtomicBool| {
             let polling = Instant::now();
-            let polled = source.poll_until(wait, interrupt);
+            let polled = source.poll(wait, interrupt);
             (polled, polling.elapsed().as_millis() as u64)
         };
         let (source, (polled, poll_ms), (), swap) =
@@ -586,7 +586,7 @@ fn read_ahead<T: Transform>(
     interrupt: &AtomicBool,
 ) -> Ahead {
     let polling = Instant::now();
-    let polled = source.poll_until(wait, interrupt);
+    let polled = source.poll(wait, interrupt);
     let poll_ms = polling.elapsed().as_millis() as u64;
     let batch = polled.map_err(PipelineError::from).and_then(|()| {
         let ranges = source.plan_ranges();

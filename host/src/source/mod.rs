@@ -138,21 +138,12 @@ impl KafkaSource {
         })
     }
 
-    /// Reads for up to `wait` (less once some partition has a full batch or
-    /// ownership changed). Newly assigned partitions stay paused until
+    /// Reads for up to `wait` (less once some partition has a full batch,
+    /// ownership changed, or, within ~50 ms, once `interrupt` is set).
+    /// Newly assigned partitions stay paused until
     /// [`KafkaSource::start_partitions`] gives their checkpoint; see
     /// [`KafkaSource::unstarted`].
-    pub fn poll(&mut self, wait: Duration) -> Result<(), SourceError> {
-        self.poll_until(wait, &AtomicBool::new(false))
-    }
-
-    /// [`KafkaSource::poll`] that also ends (within ~50 ms) once
-    /// `interrupt` is set.
-    pub fn poll_until(
-        &mut self,
-        wait: Duration,
-        interrupt: &AtomicBool,
-    ) -> Result<(), SourceError> {
+    pub fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
         let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
