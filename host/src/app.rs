@@ -6,7 +6,7 @@
 //! that is `pipeline`.
 
 use crate::config::PipelineConfig;
-use crate::control::{self, ControlState};
+use crate::control::{self, ControlState, ServeLimits};
 use crate::modules::{ModuleStore, StoreError, StoreVersions};
 use crate::pipeline::{
     Pipeline, PipelineError, RunOptions, RunStats, Sink, Transform, VersionError,
@@ -166,7 +166,11 @@ async fn run_with<S: Sink>(
                 max_module_bytes: c.max_module_bytes,
                 status: pipeline.status(),
             };
-            Some(spawn_control(&c.listen, state, control_stop.clone()).await?)
+            let limits = ServeLimits {
+                request_timeout: Duration::from_millis(c.request_timeout_ms),
+                max_connections: c.max_connections,
+            };
+            Some(spawn_control(&c.listen, state, limits, control_stop.clone()).await?)
         }
         None => None,
     };
@@ -183,6 +187,7 @@ async fn run_with<S: Sink>(
 async fn spawn_control(
     listen: &str,
     state: ControlState,
+    limits: ServeLimits,
     stop: CancellationToken,
 ) -> Result<tokio::task::JoinHandle<()>, AppError> {
     let control_err = |source| AppError::Control {
@@ -199,9 +204,10 @@ async fn spawn_control(
         );
     }
     tracing::info!(address = %bound, "control API listening");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = control::serve(listener, Arc::new(state), stop).await {
-            tracing::error!("control API stopped: {e}");
-        }
-    }))
+    Ok(tokio::spawn(control::serve(
+        listener,
+        Arc::new(state),
+        limits,
+        stop,
+    )))
 }

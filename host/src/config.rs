@@ -60,6 +60,23 @@ pub struct ControlConfig {
     /// Largest component accepted by a deploy, in bytes.
     #[serde(default = "default_max_module_bytes")]
     pub max_module_bytes: usize,
+    /// Most connections the API keeps open at once; one more is closed at
+    /// once. Idle connections, and clients that take over 10 s to send a
+    /// request's headers, are closed.
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Longest a request may take, upload and validation included, in
+    /// milliseconds; past it the answer is 408.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_max_connections() -> usize {
+    64
+}
+
+fn default_request_timeout_ms() -> u64 {
+    60_000
 }
 
 fn default_max_module_bytes() -> usize {
@@ -114,6 +131,27 @@ pub struct SourceConfig {
     /// scaling (use the group for that).
     #[serde(default)]
     pub assign: Option<BTreeMap<String, Vec<i32>>>,
+    /// Static membership in the consumer group (Kafka's
+    /// `group.instance.id`): a stable name for this instance, unique among
+    /// the pipeline's instances (say, the host name). An instance restarted
+    /// under the same name takes its partitions back at once instead of
+    /// after its old session times out and the group rebalances. The
+    /// environment variable `SLUICE_INSTANCE_ID` wins over this field, so
+    /// one config file can serve several instances. Default: none (dynamic
+    /// membership).
+    #[serde(default)]
+    pub instance_id: Option<String>,
+}
+
+impl SourceConfig {
+    /// The static member name: `SLUICE_INSTANCE_ID`, else `instance_id`;
+    /// empty = none.
+    pub fn effective_instance_id(&self) -> Option<String> {
+        std::env::var("SLUICE_INSTANCE_ID")
+            .ok()
+            .or_else(|| self.instance_id.clone())
+            .filter(|id| !id.is_empty())
+    }
 }
 
 /// Where a partition without a checkpoint starts.
@@ -210,6 +248,18 @@ pub struct SinkConfig {
     /// transaction (a crash in between writes rows twice); for comparison.
     #[serde(default)]
     pub guarantee: Guarantee,
+    /// How long, in milliseconds, one of this pipeline's transactions may
+    /// wait for a lock, or sit open while its process is silent (frozen,
+    /// paused, cut off), before the database ends it. Bounds how long a
+    /// stalled instance can stop the others: its locks are released and,
+    /// when it wakes, its commit fails and is resolved from the checkpoint.
+    /// Postgres: `lock_timeout` and `idle_in_transaction_session_timeout`;
+    /// MariaDB: `innodb_lock_wait_timeout` and `idle_transaction_timeout`
+    /// (whole seconds, at least 1; MySQL: `wait_timeout`); SQLite:
+    /// `busy_timeout` (a frozen writer blocks the file until it wakes: SQLite
+    /// is for one host).
+    #[serde(default = "default_lock_timeout_ms")]
+    pub lock_timeout_ms: u64,
     /// The targets a module may write to.
     pub targets: Vec<TargetConfig>,
 }
@@ -272,6 +322,10 @@ pub enum ColumnType {
     Text,
     Blob,
     Boolean,
+}
+
+fn default_lock_timeout_ms() -> u64 {
+    10_000
 }
 
 fn default_max_records() -> u32 {

@@ -66,6 +66,32 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// The process's peak resident memory so far (`VmHWM`), in MiB.
+    pub fn peak_rss_mib(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmHWM:") / 1024
+    }
+
+    /// The process's resident memory now (`VmRSS`), in MiB.
+    pub fn rss_mib(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmRSS:") / 1024
+    }
+
+    /// Sends `signal` (SIGSTOP, SIGCONT, ...) to the process.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(self.pid(), signal) };
+    }
+
+    /// True while the process has not exited.
+    pub fn is_running(&mut self) -> bool {
+        let child = self.child.as_mut().expect("running");
+        child.try_wait().expect("try_wait").is_none()
+    }
+
     /// Waits until the log contains `needle` `times` times.
     pub fn wait_for_log(&self, needle: &str, times: usize, limit: Duration) {
         let deadline = Instant::now() + limit;
@@ -99,6 +125,116 @@ impl Drop for Host {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+}
+
+/// One field of `/proc/PID/status`, in KiB.
+fn proc_status_kib(pid: i32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// An HTTP answer read off a raw connection.
+#[derive(Debug)]
+pub struct RawAnswer {
+    pub status: u16,
+    /// Header lines, names lower-cased.
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl RawAnswer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as JSON; panics (naming the answer) if it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|e| panic!("answer is not JSON ({e}): {self:?}"))
+    }
+}
+
+/// Sends `head` (request line and headers, without the blank line) and
+/// `body` on a new connection, with `Connection: close`, and reads the
+/// whole answer. For requests no well-behaved client would send.
+pub fn raw_request(port: u16, head: &str, body: &[u8]) -> RawAnswer {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let head = format!("{head}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).expect("send head");
+    // The server may refuse before reading the whole body.
+    let _ = stream.write_all(body);
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    assert!(!answer.is_empty(), "no answer to {head:?}: {read:?}");
+    parse_answer(&answer)
+}
+
+/// Reads what the server sends on `stream` until it closes the connection:
+/// the answer, if it sent one (`None` if it closed or reset without one).
+pub fn raw_answer_or_closed(stream: &mut std::net::TcpStream) -> Option<RawAnswer> {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer);
+    (!answer.is_empty()).then(|| parse_answer(&answer))
+}
+
+/// True if the server closes (or resets) `stream` within `limit`; bytes it
+/// sends before are read and dropped.
+pub fn closed_within(stream: &mut std::net::TcpStream, limit: Duration) -> bool {
+    use std::io::{ErrorKind, Read};
+    let deadline = Instant::now() + limit;
+    let mut buf = [0u8; 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        stream.set_read_timeout(Some(left)).expect("timeout");
+        match stream.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                return false;
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+fn parse_answer(raw: &[u8]) -> RawAnswer {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP answer: {text:?}"));
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status line: {text:?}"));
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(n, v)| (n.trim().to_lowercase(), v.trim().to_string()))
+        .collect();
+    RawAnswer {
+        status,
+        headers,
+        body: body.to_string(),
     }
 }
 

@@ -297,3 +297,395 @@ async fn postgres_lost_commit_reply_is_resolved_from_the_checkpoint() {
 async fn mysql_lost_commit_reply_is_resolved_from_the_checkpoint() {
     lost_commit_reply(Db::Mysql, "sluice_my_lost_reply").await;
 }
+
+/// `guarantee = "at-least-once"` replays a batch whose rows committed but
+/// whose offsets did not. The crash is put exactly there: the test holds a
+/// lock on the checkpoint table, so the second transaction waits while the
+/// first (rows and dead letters) has committed, and the process is killed
+/// then. The restart writes the batch's dead letters again: they are kept
+/// once, not a fatal unique violation on every restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_least_once_replays_dead_letters_after_a_crash_between_its_transactions() {
+    let _only = Db::Postgres.lock().lock().await;
+    let name = "sluice_pg_alo_dead_letters";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    let events = |from: usize, to: usize| -> Vec<Produce> {
+        (from..to)
+            .map(|i| Produce {
+                partition: (i % 2) as i32,
+                key: Some(format!("e{i}")),
+                value: match i % 10 {
+                    3 => format!("not json {i}"),
+                    _ => format!(
+                        r#"{{"id":{i},"user":"u{}","event":"purchase","amount":{i}.5}}"#,
+                        i % 7
+                    ),
+                },
+            })
+            .collect()
+    };
+    produce(brokers, name, &events(0, 2_000));
+    let db = Db::Postgres.fresh(name).await;
+    let dir = TempDir::new(name);
+    let config = format!(
+        r#"
+pipeline = "{name}"
+[source]
+brokers = "{brokers}"
+topics = ["{name}"]
+batch_interval_ms = 100
+max_records_per_partition = 500
+properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
+[module]
+path = "{module}"
+params = {{ event = "purchase" }}
+[sink]
+{sink}
+guarantee = "at-least-once"
+lock_timeout_ms = 60000
+[[sink.targets]]
+name = "purchases"
+mode = "upsert"
+key = ["id"]
+columns = {{ id = "integer", user = "text", amount = "real" }}
+"#,
+        module = plugin("json-filter").display(),
+        sink = db.sink_toml(),
+    );
+    let config = write_config(dir.path(), &config);
+    let mut first = spawn_until_caught_up(&config, "info", Stdio::null());
+    // Caught up once: checkpoints exist for both partitions.
+    assert!(first.wait().unwrap().success());
+    let letters_before = db.dead_letters().await;
+    assert_eq!(letters_before, 200);
+
+    let pool = db.pool().await;
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {} IN EXCLUSIVE MODE",
+        db.table("sluice_checkpoints")
+    ))
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+    produce(brokers, name, &events(2_000, 3_000));
+    let mut second = spawn_until_caught_up(&config, "info", Stdio::null());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.dead_letters().await == letters_before {
+        assert!(
+            Instant::now() < deadline,
+            "the rows transaction never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Rows and dead letters of the new batch are in; its offsets wait.
+    second.kill().unwrap();
+    second.wait().unwrap();
+    lock.rollback().await.unwrap();
+    let letters_replayed = db.dead_letters().await;
+    assert!(letters_replayed > letters_before);
+
+    let out = run_until_caught_up(&config, Duration::from_secs(120));
+    assert!(
+        out.status.success(),
+        "restart after the crash failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Recompute from the committed input: every malformed record once as a
+    // dead letter, every purchase once in the table.
+    let input = read_committed(brokers, name, 2);
+    let bad: Vec<(i64, i64)> = input
+        .iter()
+        .filter(|r| r.value.starts_with("not json"))
+        .map(|r| (r.partition as i64, r.offset))
+        .collect();
+    let good = input.len() - bad.len();
+    let mut stored: Vec<(i64, i64)> = sqlx::query_as(&format!(
+        "SELECT CAST(\"partition\" AS BIGINT), CAST(\"offset\" AS BIGINT) FROM {} ORDER BY 1, 2",
+        db.table("sluice_dead_letters")
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    stored.sort();
+    let mut expected = bad.clone();
+    expected.sort();
+    assert_eq!(
+        stored, expected,
+        "dead letters differ from the malformed input"
+    );
+    let purchases = db
+        .scalar(&format!("SELECT count(*) FROM {}", db.table("purchases")))
+        .await
+        .unwrap();
+    assert_eq!(purchases as usize, good);
+    println!(
+        "at-least-once: crash between the transactions with {} dead letters in flight; \
+         replayed; {} dead letters and {good} purchases, each once",
+        letters_replayed - letters_before,
+        bad.len()
+    );
+}
+
+/// Local ports of `pid`'s established connections to `port` (from `ss`).
+fn local_ports_to(pid: i32, port: u16) -> Vec<i32> {
+    let out = Command::new("ss")
+        .args([
+            "-tnpH",
+            "state",
+            "established",
+            &format!("( dport = :{port} )"),
+        ])
+        .output()
+        .expect("ss");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.contains(&format!("pid={pid},")))
+        .filter_map(|l| l.split_whitespace().nth(2))
+        .filter_map(|local| local.rsplit(':').next()?.parse().ok())
+        .collect()
+}
+
+/// `commit_ms` of every batch `log` shows committed, in order.
+fn commit_times(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter(|l| l.contains("batch committed"))
+        .filter_map(|l| {
+            l.split("commit_ms=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+/// Two instances of a word count (accumulate, overlapping keys) in one
+/// group. One is frozen (SIGSTOP) in the middle of its commit, after its
+/// rows were written and before COMMIT, holding their row locks: the other
+/// is held up for at most `lock_timeout_ms` (the database ends the frozen
+/// session), keeps committing, and takes over. When the frozen one wakes,
+/// its commit fails and is resolved from the checkpoint. The counts equal a
+/// recomputation from the committed input.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_instance_holds_the_others_up_for_at_most_the_lock_timeout() {
+    use sluice_tests::control::Host;
+    let _only = Db::Postgres.lock().lock().await;
+    let name = "sluice_pg_frozen";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    let db = Db::Postgres.fresh(name).await;
+    let dir = TempDir::new(name);
+    let lock_timeout_ms = 3000u64;
+    let config = format!(
+        r#"
+pipeline = "{name}"
+[source]
+brokers = "{brokers}"
+topics = ["{name}"]
+batch_interval_ms = 100
+properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
+[module]
+path = "{module}"
+[sink]
+{sink}
+lock_timeout_ms = {lock_timeout_ms}
+[[sink.targets]]
+name = "word_counts"
+mode = "accumulate"
+key = ["word"]
+columns = {{ word = "text", n = "integer" }}
+"#,
+        module = plugin("word-count").display(),
+        sink = db.sink_toml(),
+    );
+    let config = write_config(dir.path(), &config);
+    let words = [
+        "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
+    ];
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let producing = {
+        let (stop, topic) = (std::sync::Arc::clone(&stop), name.to_string());
+        std::thread::spawn(move || {
+            use rdkafka::producer::Producer as _;
+            let p = producer(shared_broker(), None);
+            let mut i = 0usize;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let chunk: Vec<Produce> = (i..i + 100)
+                    .map(|j| Produce {
+                        partition: (j % 2) as i32,
+                        key: None,
+                        value: format!(
+                            "{} {} {}",
+                            words[j % 8],
+                            words[(j / 8) % 8],
+                            words[(j * 7) % 8]
+                        ),
+                    })
+                    .collect();
+                for r in &chunk {
+                    send(&p, &topic, r);
+                }
+                p.flush(Duration::from_secs(60)).expect("flush");
+                i += chunk.len();
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let a = Host::start(&config, &dir.path().join("a.log"));
+    let b = Host::start(&config, &dir.path().join("b.log"));
+    a.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    b.wait_for_log("batch committed", 1, Duration::from_secs(90));
+
+    // Catch A inside a commit: hold the target table, wait until one of A's
+    // sessions waits for it, freeze A, release the table. A's rows are then
+    // written and locked by a transaction whose client is frozen.
+    let pool = db.pool().await;
+    let mut table_lock = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {} IN EXCLUSIVE MODE",
+        db.table("word_counts")
+    ))
+    .execute(&mut *table_lock)
+    .await
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: Vec<i32> = sqlx::query_scalar(
+            "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND application_name = 'sluice'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        let a_ports = local_ports_to(a.pid(), 5432);
+        if waiting.iter().any(|p| a_ports.contains(p)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "A never waited for the table");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.signal(libc::SIGSTOP);
+    let b_before = commit_times(&b.log()).len();
+    table_lock.rollback().await.unwrap();
+    let frozen_at = Instant::now();
+
+    // B goes on within the bound, and keeps going while A stays frozen.
+    b.wait_for_log(
+        "batch committed",
+        b_before + 1,
+        Duration::from_millis(lock_timeout_ms) + Duration::from_secs(5),
+    );
+    let first_after = frozen_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let b_times = commit_times(&b.log());
+    let during = &b_times[b_before..];
+    assert!(
+        during.len() >= 10,
+        "B committed only {} batches in 20 s while A was frozen",
+        during.len()
+    );
+    let worst = *during.iter().max().unwrap();
+    assert!(
+        worst <= lock_timeout_ms + 2000,
+        "a commit of B waited {worst} ms (lock_timeout_ms = {lock_timeout_ms})"
+    );
+    assert!(
+        b.log().contains("partitions assigned"),
+        "B never took A's partitions"
+    );
+    a.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    producing.join().unwrap();
+
+    // Both finish what was produced; then the counts are exact.
+    let input = read_committed(brokers, name, 2);
+    let mut expected = std::collections::BTreeMap::<String, i64>::new();
+    for r in &input {
+        for w in r.value.split_whitespace() {
+            *expected.entry(w.to_string()).or_default() += 1;
+        }
+    }
+    let expected: Vec<(String, i64)> = expected.into_iter().collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let counts = db.pairs("word_counts", "word", "n").await;
+        if counts == expected {
+            break;
+        }
+        let total: i64 = counts.iter().map(|c| c.1).sum();
+        let want: i64 = expected.iter().map(|c| c.1).sum();
+        assert!(
+            total <= want,
+            "counted {total} words of {want}: a batch applied twice"
+        );
+        assert!(
+            Instant::now() < deadline,
+            "counts {counts:?} never reached {expected:?}\nA:\n{}\nB:\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    a.stop();
+    b.stop();
+    println!(
+        "frozen instance: B committed {} ms after the freeze, {} batches in 20 s, worst commit {worst} ms (lock_timeout_ms = {lock_timeout_ms})",
+        first_after.as_millis(),
+        during.len()
+    );
+}
+
+/// Postgres is down for two minutes while the pipeline runs in a group
+/// whose `max.poll.interval.ms` is 20 s. The commit retries through the
+/// outage while the source keeps the membership alive (it polls with the
+/// partitions paused): the instance is never thrown out of the group, no
+/// partition is revoked, and the result is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_two_minute_database_outage_keeps_the_group_membership() {
+    let _only = Db::Postgres.lock().lock().await;
+    let name = "sluice_pg_long_outage";
+    let brokers = shared_broker();
+    create_topic(brokers, name, PARTITIONS);
+    produce(brokers, name, &numbered(name, 40_000, PARTITIONS));
+    let db = Db::Postgres.fresh(name).await;
+    let dir = TempDir::new(name);
+    let config = identity_config_into(name, brokers, name, &db.sink_toml(), 100).replace(
+        "\"heartbeat.interval.ms\" = \"500\"",
+        "\"heartbeat.interval.ms\" = \"500\", \"max.poll.interval.ms\" = \"20000\"",
+    );
+    assert!(config.contains("max.poll.interval.ms"));
+    let config = write_config(dir.path(), &config);
+    let child = spawn_until_caught_up(&config, "info", Stdio::piped());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.committed_batches().await < 5 {
+        assert!(
+            Instant::now() < deadline,
+            "no batches committed within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Db::Postgres.restart(Duration::from_secs(120));
+    let before = db.committed_batches().await;
+    let out = child.wait_with_output().expect("wait");
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{logs}");
+    assert!(
+        logs.contains("retrying"),
+        "the outage was not noticed: {logs}"
+    );
+    assert_eq!(
+        logs.matches("partitions assigned").count(),
+        1,
+        "the instance lost its partitions during the outage: {logs}"
+    );
+    assert!(!logs.contains("partitions revoked"), "{logs}");
+    assert!(db.committed_batches().await > before);
+    let rows = db
+        .assert_exactly_once(brokers, name, PARTITIONS, name)
+        .await;
+    println!("2-minute outage: membership kept, {rows} records exactly once");
+}

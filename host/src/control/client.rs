@@ -21,6 +21,11 @@ pub enum ClientError {
     BadAnswer { url: String, message: String },
 }
 
+/// Connections are reused for less than the server keeps them open
+/// (`HEADER_READ_TIMEOUT`), so a request never goes out on a connection the
+/// server is closing.
+const POOL_IDLE: Duration = Duration::from_secs(5);
+
 /// A client of one host's control API.
 pub struct ControlClient {
     base: String,
@@ -33,6 +38,7 @@ impl ControlClient {
     pub fn new(base: &str, token: Option<String>) -> Self {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
+            .pool_idle_timeout(POOL_IDLE)
             .build()
             .expect("HTTP client");
         ControlClient {
@@ -50,12 +56,19 @@ impl ControlClient {
         activate: bool,
     ) -> Result<Value, ClientError> {
         let activate = if activate { "true" } else { "false" };
+        // Params travel in the body, never in the URL: they may hold secrets.
+        let module = reqwest::multipart::Part::bytes(component)
+            .file_name("module.wasm")
+            .mime_str("application/wasm")
+            .expect("a valid MIME type");
+        let form = reqwest::multipart::Form::new()
+            .part("module", module)
+            .text("params", params.to_string());
         let request = self
             .http
             .post(self.url("/v1/modules"))
-            .query(&[("activate", activate), ("params", params)])
-            .header(reqwest::header::CONTENT_TYPE, "application/wasm")
-            .body(component);
+            .query(&[("activate", activate)])
+            .multipart(form);
         self.send(request).await
     }
 

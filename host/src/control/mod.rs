@@ -1,12 +1,15 @@
 //! The control plane: the HTTP API `sluice run` serves (`server`) and the
 //! client the CLI's `deploy`, `versions`, `activate`, `rollback` and
-//! `status` use (`client`).
+//! `status` use (`client`). `listen` holds the connections: their cap and
+//! timeouts.
 //!
 //! It must not hold version logic: the module store (`modules`) owns what a
 //! version is; this module only carries requests to it.
 
 pub mod client;
+mod listen;
 pub mod server;
 
 pub use client::{ClientError, ControlClient};
-pub use server::{ControlState, OPENAPI, router, serve};
+pub use listen::HEADER_READ_TIMEOUT;
+pub use server::{ControlState, OPENAPI, ServeLimits, router, serve};

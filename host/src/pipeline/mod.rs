@@ -314,7 +314,10 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
     /// Runs `work` on `source` on a blocking thread while `alongside` runs
     /// here and the active version is watched; a version found sets the flag
     /// `work` gets (so a poll can end early) and is returned for the next
-    /// batch boundary.
+    /// batch boundary. If `work` ends first, the thread holds the source's
+    /// group membership (`KafkaSource::hold`) until `alongside` is done, so
+    /// a commit retrying through a long sink outage does not get this
+    /// instance thrown out of the group.
     async fn on_source_watching<R: Send + 'static, F: Future>(
         &self,
         mut source: KafkaSource,
@@ -324,11 +327,18 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         let swap_ready = Arc::new(AtomicBool::new(false));
         let interrupt = Arc::clone(&swap_ready);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (alongside_done, hold_until) = std::sync::mpsc::channel();
         let working = tokio::task::spawn_blocking(move || {
             let result = work(&mut source, &interrupt);
             let _ = done_tx.send(());
+            source.hold(&hold_until);
             (source, result)
         });
+        let alongside = async {
+            let output = alongside.await;
+            let _ = alongside_done.send(());
+            output
+        };
         let (alongside, swap) = tokio::join!(alongside, self.watch_versions(done_rx, &swap_ready));
         let (source, result) = working.await.expect("source task");
         (source, result, alongside, swap)

@@ -33,6 +33,18 @@ const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 /// Messages taken from librdkafka's queue between two looks at the clock.
 const DRAIN_PER_CLOCK_CHECK: usize = 256;
 
+/// How long a checkpoint must stay beyond the cached log end before it is
+/// an error. The cache is only refreshed by fetch responses, so for a
+/// partition that comes back to this instance it may still hold the log end
+/// of when it was last fetched here; fetches (long polls of at most
+/// `fetch.wait.max.ms`, 500 ms by default) refresh it well within this.
+const BEYOND_END_CONFIRM: Duration = Duration::from_secs(3);
+
+/// How long [`KafkaSource::hold`] waits before pausing the partitions (a
+/// commit usually ends well before), and how long each of its polls takes.
+const HOLD_AFTER: Duration = Duration::from_secs(1);
+const HOLD_POLL: Duration = Duration::from_millis(100);
+
 /// Why the source failed. Callers act on the variant.
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
@@ -86,6 +98,9 @@ struct PartitionState {
     buffer: VecDeque<OwnedRecord>,
     /// The log end the first time we reached it (for `--until-caught-up`).
     end_at_start: Option<i64>,
+    /// Since when the cached log end has been below `next` (see
+    /// [`BEYOND_END_CONFIRM`]).
+    beyond_end_since: Option<Instant>,
 }
 
 pub struct KafkaSource {
@@ -96,6 +111,9 @@ pub struct KafkaSource {
     partitions: BTreeMap<TopicPartition, PartitionState>,
     /// True once the group gave us an assignment (possibly empty).
     assigned_once: bool,
+    /// An error met while holding (see [`KafkaSource::hold`]), reported by
+    /// the next poll.
+    held_error: Option<SourceError>,
 }
 
 impl KafkaSource {
@@ -135,6 +153,7 @@ impl KafkaSource {
             max_per_partition: config.max_records_per_partition as i64,
             partitions: BTreeMap::new(),
             assigned_once: false,
+            held_error: None,
         })
     }
 
@@ -144,6 +163,9 @@ impl KafkaSource {
     /// [`KafkaSource::start_partitions`] gives their checkpoint; see
     /// [`KafkaSource::unstarted`].
     pub fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
+        if let Some(e) = self.held_error.take() {
+            return Err(e);
+        }
         let deadline = Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -169,6 +191,62 @@ impl KafkaSource {
         self.refresh_positions()
     }
 
+    /// Keeps this instance in the consumer group until `done` is set, while
+    /// the pipeline takes no records (a commit retrying through a sink
+    /// outage): librdkafka leaves the group when the consumer is not
+    /// polled for `max.poll.interval.ms`. After [`HOLD_AFTER`] the started
+    /// partitions are paused, so nothing more is fetched (the buffers stay
+    /// bounded), and polled; they resume when `done` is set. Assignments and
+    /// revocations are recorded as in [`KafkaSource::poll`]; an error is
+    /// reported by the next poll.
+    pub fn hold(&mut self, done: &std::sync::mpsc::Receiver<()>) {
+        if done.recv_timeout(HOLD_AFTER) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        let held = self.started_list();
+        if let Err(e) = self.consumer.pause(&held) {
+            tracing::warn!("cannot pause partitions while the sink is retrying: {e}");
+        }
+        tracing::debug!("holding the consumer group membership while the commit retries");
+        while done.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+            match self.consumer.poll(HOLD_POLL) {
+                Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                Some(Err(e)) => {
+                    if let Err(e) = self.on_error(e) {
+                        self.held_error.get_or_insert(e);
+                    }
+                }
+                None => {}
+            }
+            self.apply_ownership_events();
+        }
+        let mut still_owned = TopicPartitionList::new();
+        for e in held.elements() {
+            let tp = TopicPartition {
+                topic: e.topic().to_string(),
+                partition: e.partition(),
+            };
+            if self.partitions.contains_key(&tp) {
+                still_owned.add_partition(e.topic(), e.partition());
+            }
+        }
+        if let Err(e) = self.consumer.resume(&still_owned) {
+            self.held_error
+                .get_or_insert(SourceError::Kafka(format!("resume after the commit: {e}")));
+        }
+    }
+
+    /// The partitions that have started (been seeked to a checkpoint).
+    fn started_list(&self) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for (tp, s) in &self.partitions {
+            if s.next.is_some() {
+                list.add_partition(&tp.topic, tp.partition);
+            }
+        }
+        list
+    }
+
     /// Applies assignments and revocations from the rebalance callbacks;
     /// true if there were any.
     fn apply_ownership_events(&mut self) -> bool {
@@ -183,6 +261,7 @@ impl KafkaSource {
                             position: 0,
                             buffer: VecDeque::new(),
                             end_at_start: None,
+                            beyond_end_since: None,
                         });
                     }
                 }
@@ -285,8 +364,18 @@ impl KafkaSource {
             }
             if let Some((low, high)) = watermarks {
                 let from = state.next.expect("active");
-                if state.buffer.is_empty() && state.position == from && (from < low || from > high)
-                {
+                let waiting = state.buffer.is_empty() && state.position == from;
+                // A stale cache can only understate the log start, so below
+                // it is certain; beyond the end must hold for a while.
+                let beyond = waiting && from > high;
+                let since = match beyond {
+                    true => *state.beyond_end_since.get_or_insert_with(Instant::now),
+                    false => {
+                        state.beyond_end_since = None;
+                        Instant::now()
+                    }
+                };
+                if waiting && (from < low || since.elapsed() >= BEYOND_END_CONFIRM) {
                     return Err(self.range_violation(tp, from).expect("outside the bounds"));
                 }
                 if state.end_at_start.is_none() && state.position >= high {
@@ -365,6 +454,7 @@ impl KafkaSource {
             state.next = Some(from);
             state.position = from;
             state.buffer.clear();
+            state.beyond_end_since = None;
             tracing::info!(partition = %tp, from, "reading partition");
         }
         Ok(())
@@ -486,6 +576,9 @@ fn client_config(config: &SourceConfig, group_id: &str) -> ClientConfig {
         .set("fetch.queue.backoff.ms", "10");
     for (k, v) in &config.properties {
         client.set(k, v);
+    }
+    if let Some(id) = config.effective_instance_id() {
+        client.set("group.instance.id", id);
     }
     client
         .set("bootstrap.servers", &config.brokers)

@@ -24,7 +24,7 @@ pub type MysqlSink = SqlSink<MysqlBackend>;
 
 /// Connects to the database named by `config.url` and prepares the tables.
 pub async fn open(config: &SinkConfig) -> Result<MysqlSink, SinkError> {
-    let MysqlConfig { options, pool } = MysqlConfig::from_url(&config.url)?;
+    let MysqlConfig { options, pool } = MysqlConfig::from_url(&config.url, config.lock_timeout_ms)?;
     let pool = pool.connect_with(options).await.map_err(|e| {
         SinkError::Unavailable(format!(
             "cannot connect to {}: {e}",

@@ -24,7 +24,8 @@ pub type PostgresSink = SqlSink<PostgresBackend>;
 
 /// Connects to the database named by `config.url` and prepares the tables.
 pub async fn open(config: &SinkConfig) -> Result<PostgresSink, SinkError> {
-    let PostgresConfig { options, pool } = PostgresConfig::from_url(&config.url)?;
+    let PostgresConfig { options, pool } =
+        PostgresConfig::from_url(&config.url, config.lock_timeout_ms)?;
     let pool = pool.connect_with(options).await.map_err(|e| {
         SinkError::Unavailable(format!(
             "cannot connect to {}: {e}",
@@ -188,7 +189,9 @@ fn statement(target: &Target) -> Statements {
             unnest(target, &all),
             conflict(&|c| format!("EXCLUDED.{c}"))
         ),
-        // ... and for accumulate the rows per key are summed.
+        // ... and for accumulate the rows per key are summed. Both take row
+        // locks in key order, so two instances writing overlapping keys at
+        // once wait for each other instead of deadlocking.
         WriteMode::Accumulate => {
             let select: Vec<String> = (0..target.columns.len())
                 .map(|i| {
@@ -202,7 +205,7 @@ fn statement(target: &Target) -> Statements {
                 .collect();
             format!(
                 "INSERT INTO {table} AS sluice_t ({cols}) SELECT {} FROM {} AS u({cols}) \
-                 GROUP BY {keys}{}",
+                 GROUP BY {keys} ORDER BY {keys}{}",
                 select.join(", "),
                 unnest(target, &all),
                 conflict(&|c| format!("coalesce(sluice_t.{c}, 0) + coalesce(EXCLUDED.{c}, 0)"))

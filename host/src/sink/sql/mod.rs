@@ -23,8 +23,11 @@
 //!
 //! With `guarantee = "at-least-once"` the rows and dead letters are
 //! committed first and the offsets and lineage in a second transaction: a
-//! crash between the two replays the batch, so rows may be written twice.
-//! It exists to measure what exactly-once costs.
+//! crash between the two replays the batch, so rows may be written twice
+//! (append rows come again, accumulate adds again; upserts and deletes land
+//! the same). Dead letters are written so that a replay keeps the stored
+//! one instead of failing on its key. It exists to measure what
+//! exactly-once costs.
 
 mod any;
 mod dialect;
@@ -260,7 +263,8 @@ impl<B: SqlBackend> SqlSink<B> {
             tx.write_rows(target, statements, &columns, rows.rows as usize)
                 .await?;
         }
-        self.own.write_dead_letters(tx, c).await?;
+        let replayable = self.guarantee == Guarantee::AtLeastOnce;
+        self.own.write_dead_letters(tx, c, replayable).await?;
         Ok(CommitOutcome::Committed)
     }
 }

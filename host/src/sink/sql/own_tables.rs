@@ -21,6 +21,9 @@ pub(super) struct OwnTables {
     insert_batch: String,
     insert_range: String,
     insert_dead_letter: String,
+    /// The same, ignoring a dead letter already stored (at-least-once
+    /// replays write a batch's dead letters again).
+    insert_dead_letter_again: String,
 }
 
 impl OwnTables {
@@ -61,10 +64,25 @@ impl OwnTables {
                 "updated_at_ms",
             ],
         );
-        let cas_insert = match d.insert_ignore {
-            InsertIgnore::OnConflictDoNothing => format!("{cas_insert} ON CONFLICT DO NOTHING"),
-            InsertIgnore::InsertIgnore => cas_insert.replacen("INSERT", "INSERT IGNORE", 1),
+        let ignoring_conflicts = |insert: String| match d.insert_ignore {
+            InsertIgnore::OnConflictDoNothing => format!("{insert} ON CONFLICT DO NOTHING"),
+            InsertIgnore::InsertIgnore => insert.replacen("INSERT", "INSERT IGNORE", 1),
         };
+        let cas_insert = ignoring_conflicts(cas_insert);
+        let insert_dead_letter = insert_into(
+            &dead_letters,
+            &[
+                "pipeline",
+                "batch_id",
+                "topic",
+                "partition",
+                "offset",
+                "record_key",
+                "record_value",
+                "kind",
+                "reason",
+            ],
+        );
         Ok(OwnTables {
             cas_update: format!(
                 "UPDATE {checkpoints} SET {next} = {}, {} = {} WHERE {} AND {next} = {}",
@@ -103,20 +121,8 @@ impl OwnTables {
                     "records",
                 ],
             ),
-            insert_dead_letter: insert_into(
-                &dead_letters,
-                &[
-                    "pipeline",
-                    "batch_id",
-                    "topic",
-                    "partition",
-                    "offset",
-                    "record_key",
-                    "record_value",
-                    "kind",
-                    "reason",
-                ],
-            ),
+            insert_dead_letter_again: ignoring_conflicts(insert_dead_letter.clone()),
+            insert_dead_letter,
             checkpoints,
             batches,
             ranges,
@@ -256,19 +262,26 @@ impl OwnTables {
         }))
     }
 
+    /// Stores the batch's dead letters; `again`: one already stored (by an
+    /// earlier attempt of an at-least-once batch) is kept as it is.
     pub(super) async fn write_dead_letters<S>(
         &self,
         tx: &mut impl SqlTx<S>,
         c: &Commit<'_>,
+        again: bool,
     ) -> Result<(), SinkError> {
         if c.dead_letters.is_empty() {
             return Ok(());
         }
+        let insert = match again {
+            true => &self.insert_dead_letter_again,
+            false => &self.insert_dead_letter,
+        };
         let records: Vec<_> = c.records.iter().collect();
         for d in c.dead_letters {
             let r = records[d.index];
             tx.execute(
-                &self.insert_dead_letter,
+                insert,
                 &[
                     Param::Text(&c.plan.pipeline),
                     Param::Text(&c.plan.batch_id),

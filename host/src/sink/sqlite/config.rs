@@ -15,8 +15,9 @@ pub struct SqliteConfig {
 }
 
 impl SqliteConfig {
-    /// Parses `sqlite://PATH`; the file is created if missing.
-    pub fn from_url(url: &str) -> Result<Self, SinkError> {
+    /// Parses `sqlite://PATH`; the file is created if missing. A writer
+    /// waits up to `lock_timeout_ms` for another's lock.
+    pub fn from_url(url: &str, lock_timeout_ms: u64) -> Result<Self, SinkError> {
         if !url.starts_with("sqlite:") {
             return Err(SinkError::Config(format!(
                 "unsupported sink URL `{url}`: this build supports sqlite://PATH"
@@ -27,7 +28,7 @@ impl SqliteConfig {
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_secs(30));
+            .busy_timeout(Duration::from_millis(lock_timeout_ms));
         Ok(SqliteConfig { options })
     }
 }

@@ -24,7 +24,7 @@ pub type SqliteSink = SqlSink<SqliteBackend>;
 
 /// Opens the database named by `config.url` and prepares the tables.
 pub async fn open(config: &SinkConfig) -> Result<SqliteSink, SinkError> {
-    let options = SqliteConfig::from_url(&config.url)?.options;
+    let options = SqliteConfig::from_url(&config.url, config.lock_timeout_ms)?.options;
     // One writer: SQLite serializes writes anyway, and one connection keeps
     // `BEGIN IMMEDIATE` ... `COMMIT` on the same handle.
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
