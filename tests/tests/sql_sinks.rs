@@ -462,6 +462,69 @@ fn commit_times(log: &str) -> Vec<u64> {
         .collect()
 }
 
+/// Freezes `a` inside a commit: holds the dead-letter table (written after
+/// the target rows), waits until one of A's sessions waits for a lock,
+/// stops A, releases the table, and waits until A's transaction sits idle
+/// (its client frozen). Returns when A was frozen.
+async fn freeze_inside_commit(
+    a: &sluice_tests::control::Host,
+    db: &sinks::SinkDb,
+    pool: &sqlx::AnyPool,
+) -> Instant {
+    let mut table_lock = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {} IN EXCLUSIVE MODE",
+        db.table("sluice_dead_letters")
+    ))
+    .execute(&mut *table_lock)
+    .await
+    .unwrap();
+    wait_for_session_of(a, pool, "wait_event_type = 'Lock'").await;
+    a.signal(libc::SIGSTOP);
+    let frozen_at = Instant::now();
+    table_lock.rollback().await.unwrap();
+    wait_for_session_of(a, pool, "state = 'idle in transaction'").await;
+    frozen_at
+}
+
+/// Waits until a Postgres session of `host` matches `condition`.
+async fn wait_for_session_of(
+    host: &sluice_tests::control::Host,
+    pool: &sqlx::AnyPool,
+    condition: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sql = format!(
+        "SELECT client_port FROM pg_stat_activity WHERE application_name = 'sluice' AND {condition}"
+    );
+    loop {
+        let ports: Vec<i32> = sqlx::query_scalar(&sql).fetch_all(pool).await.unwrap();
+        let own = local_ports_to(host.pid(), 5432);
+        if ports.iter().any(|p| own.contains(p)) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no session of the host with {condition}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// True if some of the `words` rows are locked by another transaction.
+async fn holds_word_rows(db: &sinks::SinkDb, pool: &sqlx::AnyPool, words: usize) -> bool {
+    let mut probe = pool.begin().await.unwrap();
+    let free: Vec<String> = sqlx::query_scalar(&format!(
+        "SELECT word FROM {} FOR UPDATE SKIP LOCKED",
+        db.table("word_counts")
+    ))
+    .fetch_all(&mut *probe)
+    .await
+    .unwrap();
+    probe.rollback().await.unwrap();
+    free.len() < words
+}
+
 /// Two instances of a word count (accumulate, overlapping keys) in one
 /// group. One is frozen (SIGSTOP) in the middle of its commit, after its
 /// rows were written and before COMMIT, holding their row locks: the other
@@ -528,6 +591,14 @@ columns = {{ word = "text", n = "integer" }}
                 for r in &chunk {
                     send(&p, &topic, r);
                 }
+                // Not UTF-8: a dead letter in every batch of both partitions.
+                for partition in 0..2 {
+                    let bad = rdkafka::producer::BaseRecord::<str, [u8]>::to(&topic)
+                        .partition(partition)
+                        .key("bad")
+                        .payload(&[0xff, 0xfe][..]);
+                    p.send(bad).map_err(|(e, _)| e).expect("send");
+                }
                 p.flush(Duration::from_secs(60)).expect("flush");
                 i += chunk.len();
                 std::thread::sleep(Duration::from_millis(50));
@@ -539,38 +610,24 @@ columns = {{ word = "text", n = "integer" }}
     a.wait_for_log("batch committed", 1, Duration::from_secs(90));
     b.wait_for_log("batch committed", 1, Duration::from_secs(90));
 
-    // Catch A inside a commit: hold the target table, wait until one of A's
-    // sessions waits for it, freeze A, release the table. A's rows are then
-    // written and locked by a transaction whose client is frozen.
+    // Catch A inside a commit, holding word rows that B needs (tried again
+    // if A happened to be caught before writing them).
     let pool = db.pool().await;
-    let mut table_lock = pool.begin().await.unwrap();
-    sqlx::query(&format!(
-        "LOCK TABLE {} IN EXCLUSIVE MODE",
-        db.table("word_counts")
-    ))
-    .execute(&mut *table_lock)
-    .await
-    .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: Vec<i32> = sqlx::query_scalar(
-            "SELECT client_port FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND application_name = 'sluice'",
-        )
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-        let a_ports = local_ports_to(a.pid(), 5432);
-        if waiting.iter().any(|p| a_ports.contains(p)) {
-            break;
+    let mut attempts = 0;
+    let (b_before, frozen_at) = loop {
+        attempts += 1;
+        assert!(
+            attempts <= 5,
+            "could not catch A holding word rows in 5 attempts"
+        );
+        let b_before = commit_times(&b.log()).len();
+        let frozen_at = freeze_inside_commit(&a, &db, &pool).await;
+        if holds_word_rows(&db, &pool, words.len()).await {
+            break (b_before, frozen_at);
         }
-        assert!(Instant::now() < deadline, "A never waited for the table");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    a.signal(libc::SIGSTOP);
-    let b_before = commit_times(&b.log()).len();
-    table_lock.rollback().await.unwrap();
-    let frozen_at = Instant::now();
+        a.signal(libc::SIGCONT);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
 
     // B goes on within the bound, and keeps going while A stays frozen.
     b.wait_for_log(
@@ -589,6 +646,12 @@ columns = {{ word = "text", n = "integer" }}
     );
     let worst = *during.iter().max().unwrap();
     assert!(
+        worst >= lock_timeout_ms / 2,
+        "B never waited for the frozen A's locks (worst commit {worst} ms): the scenario did not happen\nA:\n{}\nB:\n{}",
+        a.log(),
+        b.log()
+    );
+    assert!(
         worst <= lock_timeout_ms + 2000,
         "a commit of B waited {worst} ms (lock_timeout_ms = {lock_timeout_ms})"
     );
@@ -604,7 +667,7 @@ columns = {{ word = "text", n = "integer" }}
     // Both finish what was produced; then the counts are exact.
     let input = read_committed(brokers, name, 2);
     let mut expected = std::collections::BTreeMap::<String, i64>::new();
-    for r in &input {
+    for r in input.iter().filter(|r| r.key.as_deref() != Some("bad")) {
         for w in r.value.split_whitespace() {
             *expected.entry(w.to_string()).or_default() += 1;
         }

@@ -73,9 +73,12 @@ fn db_err(e: sqlx::Error) -> SinkError {
         | sqlx::Error::WorkerCrashed => SinkError::Unavailable(e.to_string()),
         sqlx::Error::Database(d) => {
             let code = d.code().unwrap_or_default();
+            // 25P03: the server ended a session left idle inside a
+            // transaction for `sink.lock_timeout_ms` (this process was
+            // frozen); the transaction is gone, the batch is re-planned.
             let retriable = code.starts_with("08")
                 || code.starts_with("57P")
-                || matches!(&*code, "40001" | "40P01" | "53300" | "55P03");
+                || matches!(&*code, "40001" | "40P01" | "53300" | "55P03" | "25P03");
             if retriable {
                 SinkError::Unavailable(e.to_string())
             } else {
