@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test on a fresh machine: installs the wasm target, wasm-tools
-# and the Tansu broker when missing, builds the plugins from source, builds
-# the `sluice` binary and runs all tests (unit, integration, fault injection).
+# Runs every test on a fresh machine: installs the wasm target, wasm-tools,
+# the Tansu broker and schemathesis (the API fuzzer, from PyPI) when
+# missing, builds the plugins from source, builds the `sluice` binary and
+# runs all tests (unit, integration, fault injection, API fuzzing).
 # Postgres, MariaDB and Redis are expected on their standard local ports.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 scripts/build-plugins.sh >/dev/null
 scripts/tansu.sh install >/dev/null
+command -v st >/dev/null || python3 -m pip install --quiet "schemathesis==4.32.5"
 cargo build --quiet -p sluice --bin sluice
 cargo build --quiet -p sluice-tests --bins
 cargo test --workspace --no-fail-fast "$@"

@@ -448,6 +448,20 @@ impl PipelineConfig {
                 control.listen
             ));
         }
+        if let Some(control) = &self.control {
+            if control.max_connections == 0 {
+                return invalid("`control.max_connections` must be at least 1".into());
+            }
+            if control.request_timeout_ms < 100 {
+                return invalid("`control.request_timeout_ms` must be at least 100".into());
+            }
+        }
+        if !(100..=3_600_000).contains(&self.sink.lock_timeout_ms) {
+            return invalid(format!(
+                "`sink.lock_timeout_ms` = {} is outside 100..=3600000 (0.1 s to 1 h)",
+                self.sink.lock_timeout_ms
+            ));
+        }
         if self.source.max_records_per_partition == 0 {
             return invalid("`source.max_records_per_partition` must be at least 1".into());
         }

@@ -230,6 +230,26 @@ fn bad_inputs_get_clear_errors() {
     assert!(!ok);
     assert!(err.contains("unknown field `colour`"), "{err}");
 
+    let good = config_with_module(&plugin("identity").display().to_string());
+    for (change, says) in [
+        (
+            "[sink]\nlock_timeout_ms = 0",
+            "`sink.lock_timeout_ms` = 0 is outside",
+        ),
+        (
+            "[control]\nlisten = \"127.0.0.1:0\"\nmax_connections = 0\n[sink]",
+            "`control.max_connections` must be at least 1",
+        ),
+        (
+            "[control]\nlisten = \"127.0.0.1:0\"\nrequest_timeout_ms = 5\n[sink]",
+            "`control.request_timeout_ms` must be at least 100",
+        ),
+    ] {
+        let (ok, err) = check(&good.replace("[sink]", change));
+        assert!(!ok, "{change}");
+        assert!(err.contains(says), "{change}: {err}");
+    }
+
     let (ok, err) = check(&config_with_module("/nonexistent/module.wasm"));
     assert!(!ok);
     assert!(

@@ -604,3 +604,26 @@ async fn activate(
 async fn rollback(State(state): State<Arc<ControlState>>) -> Result<Response, ApiError> {
     Ok(Json(state.store.rollback(&state.pipeline).await?).into_response())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::hide_params;
+    use serde_json::json;
+
+    #[test]
+    fn params_are_removed_from_every_version_but_nothing_else() {
+        let mut answer = json!({
+            "active": { "version": 2, "params": "{\"secret\":1}", "params_digest": "ab" },
+            "versions": [{ "params": "{}", "params_digest": "cd", "active": true }],
+            "running": { "params_digest": "ab", "records": 5 },
+            "other": { "params": "not a version" },
+        });
+        hide_params(&mut answer);
+        assert!(!answer.to_string().contains("secret"));
+        assert!(answer["active"].get("params").is_none());
+        assert!(answer["versions"][0].get("params").is_none());
+        assert_eq!(answer["active"]["params_digest"], "ab");
+        assert_eq!(answer["running"]["records"], 5);
+        assert_eq!(answer["other"]["params"], "not a version");
+    }
+}
