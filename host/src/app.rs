@@ -150,7 +150,7 @@ async fn run_with<S: Sink>(
     let options = RunOptions {
         pipeline: config.pipeline.clone(),
         batch_interval: Duration::from_millis(config.source.batch_interval_ms),
-        on_trap: config.limits.on_trap,
+        on_poison: config.limits.on_poison,
         until_caught_up,
     };
     let pipeline = Pipeline::new(options, source, sink, versions, transform);

@@ -198,16 +198,20 @@ pub struct LimitsConfig {
     /// Wasm stack size, in KiB.
     #[serde(default = "default_stack")]
     pub max_stack_kib: u64,
-    /// What to do with records that make the module trap twice: `dead-letter`
-    /// them (found by bisection) and commit the rest, or `fail` the pipeline.
-    #[serde(default)]
-    pub on_trap: OnTrap,
+    /// What to do with a record that fails the module on its own: one that
+    /// makes it trap (twice), run out of fuel, pass the memory cap, or hit
+    /// the deadline (after retries). `dead-letter`: find it by bisecting the
+    /// batch, store it as a dead letter of that kind (`trap`, `fuel`,
+    /// `memory`, `deadline`) and commit the rest; `fail`: stop the
+    /// pipeline. (`on_trap`, its former name, is still accepted.)
+    #[serde(default, alias = "on_trap")]
+    pub on_poison: OnPoison,
 }
 
-/// What to do with records that trap the module.
+/// What to do with records that fail the module on their own.
 #[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "kebab-case")]
-pub enum OnTrap {
+pub enum OnPoison {
     #[default]
     DeadLetter,
     Fail,
@@ -220,7 +224,7 @@ impl Default for LimitsConfig {
             batch_timeout_ms: default_timeout(),
             max_memory_mib: default_memory(),
             max_stack_kib: default_stack(),
-            on_trap: OnTrap::default(),
+            on_poison: OnPoison::default(),
         }
     }
 }

@@ -416,6 +416,42 @@ pub fn run_until_caught_up(config: &Path, limit: Duration) -> std::process::Outp
     }
 }
 
+/// What a measured run of `sluice run --until-caught-up` left behind.
+pub struct MeasuredRun {
+    pub success: bool,
+    /// Its log (stderr), at the level asked for.
+    pub log: String,
+    /// The process's peak resident memory, in MiB (its own `ru_maxrss`).
+    pub peak_rss_mib: u64,
+}
+
+/// Runs `sluice run CONFIG --until-caught-up` with `SLUICE_LOG=log` to
+/// completion and measures the process's peak memory (wait4's rusage).
+pub fn run_measured(config: &Path, log: &str) -> MeasuredRun {
+    let log_path = config.with_extension("measured.log");
+    let child = Command::new(sluice_bin())
+        .args(["run", "--until-caught-up"])
+        .arg(config)
+        .env("SLUICE_LOG", log)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).expect("log file"))
+        .spawn()
+        .expect("spawn sluice");
+    let pid = child.id() as i32;
+    let mut status = 0;
+    // SAFETY: rusage is plain data the call fills in; `pid` is our own
+    // child, not waited for elsewhere (the `Child` is dropped unwaited).
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    assert_eq!(waited, pid, "wait4");
+    drop(child);
+    MeasuredRun {
+        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        log: std::fs::read_to_string(&log_path).unwrap_or_default(),
+        peak_rss_mib: usage.ru_maxrss as u64 / 1024,
+    }
+}
+
 /// Runs `sluice run CONFIG --until-caught-up` and asserts it succeeded.
 pub fn run_ok(config: &Path) {
     let out = run_until_caught_up(config, Duration::from_secs(300));

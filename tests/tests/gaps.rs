@@ -276,3 +276,170 @@ columns = {{ offset = "integer", value = "text" }}
     assert_eq!(dead[0].2, b"more poison here");
     assert_eq!(dead[1].2, b"this is poison");
 }
+
+/// A hostile module's config into SQLite: `mode = "poison"`, a small fuel
+/// budget and memory cap so looping and allocating records fail fast.
+fn hostile_config(pipeline: &str, topic: &str, db: &std::path::Path, limits: &str) -> String {
+    format!(
+        r#"
+pipeline = "{pipeline}"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+[module]
+path = "{module}"
+params = {{ mode = "poison" }}
+[limits]
+{limits}
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+name = "echo"
+columns = {{ offset = "integer", value = "text" }}
+"#,
+        brokers = shared_broker(),
+        module = plugin("hostile").display(),
+        db = db.display()
+    )
+}
+
+/// `transform_ms` of the first batch the log shows committed with dead
+/// letters.
+fn transform_ms_of_batch_with_dead_letters(log: &str) -> u64 {
+    log.lines()
+        .find(|l| l.contains("batch committed") && !l.contains("dead_letters=0"))
+        .and_then(|l| l.split("transform_ms=").nth(1))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no batch with dead letters in:\n{log}"))
+}
+
+/// One record that loops (fuel), one that allocates past the cap (memory)
+/// and one that traps, among 5,000 in one batch: each ends as exactly one
+/// dead letter of its kind, the other 4,997 commit, the host's peak memory
+/// stays within twice the module's cap plus a fixed allowance, and `verify`
+/// reproduces the batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
+    let topic = "poison-kinds";
+    create_topic(shared_broker(), topic, 1);
+    let mut records = numbered("ok", 5_000, 1);
+    records[1_234].value = "poison-spin: loops".into();
+    records[2_500].value = "poison-bomb: allocates".into();
+    records[4_321].value = "poison: traps".into();
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let cap_mib = 64;
+    let limits = format!("fuel_per_batch = 300000000\nmax_memory_mib = {cap_mib}");
+    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, &limits));
+    let run = run_measured(&config, "info");
+    assert!(run.success, "{}", run.log);
+    let pool = sqlite(&db).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 4_997);
+    let dead: Vec<(i64, String, String)> = sqlx::query_as(
+        "SELECT \"offset\", kind, reason FROM sluice_dead_letters ORDER BY \"offset\"",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let kinds: Vec<(i64, &str)> = dead.iter().map(|(o, k, _)| (*o, k.as_str())).collect();
+    assert_eq!(kinds, [(1_234, "fuel"), (2_500, "memory"), (4_321, "trap")], "{dead:?}");
+    assert!(dead[0].2.contains("fuel"), "{dead:?}");
+    assert!(dead[1].2.contains("memory"), "{dead:?}");
+    let allowance = 256;
+    assert!(
+        run.peak_rss_mib <= 2 * cap_mib + allowance,
+        "host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB",
+        run.peak_rss_mib
+    );
+    let verified = std::process::Command::new(sluice_bin())
+        .arg("verify")
+        .arg(&config)
+        .output()
+        .expect("run sluice verify");
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert!(verified.status.success(), "{said}{}", String::from_utf8_lossy(&verified.stderr));
+    assert!(said.contains("0 differ"), "{said}");
+    println!(
+        "3 poison records of 3 kinds in 5,000: isolated in {} ms of transform, host peak RSS {} MiB",
+        transform_ms_of_batch_with_dead_letters(&run.log),
+        run.peak_rss_mib
+    );
+}
+
+/// Bisection's cost: one trapping record in a batch of 10,000 against the
+/// same batch without it, in one run (printed for BENCHMARKS.md).
+#[tokio::test(flavor = "multi_thread")]
+async fn bisection_cost_of_one_poison_record_in_ten_thousand() {
+    let mut took = Vec::new();
+    for (name, poisoned) in [("bisect-clean", false), ("bisect-poisoned", true)] {
+        create_topic(shared_broker(), name, 1);
+        let mut records = numbered("ok", 10_000, 1);
+        if poisoned {
+            records[6_789].value = "poison: traps".into();
+        }
+        produce(shared_broker(), name, &records);
+        let dir = TempDir::new(name);
+        let config = write_config(
+            dir.path(),
+            &hostile_config(name, name, &dir.path().join("out.db"), ""),
+        );
+        let run = run_measured(&config, "info");
+        assert!(run.success, "{}", run.log);
+        let batch = run
+            .log
+            .lines()
+            .find(|l| l.contains("batch committed") && l.contains("records=10000"))
+            .unwrap_or_else(|| panic!("no 10,000-record batch:\n{}", run.log))
+            .to_string();
+        let ms: u64 = batch
+            .split("transform_ms=")
+            .nth(1)
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .expect("transform_ms");
+        assert_eq!(batch.contains("dead_letters=1"), poisoned, "{batch}");
+        took.push(ms);
+    }
+    println!(
+        "bisection: 10,000 records in {} ms clean, {} ms with one poison record isolated",
+        took[0], took[1]
+    );
+}
+
+/// A record that runs past the deadline on every try (fuel would last far
+/// longer) is retried, isolated and dead-lettered as `deadline`; the rest
+/// commits.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_past_the_deadline_on_every_try_becomes_a_deadline_dead_letter() {
+    let topic = "poison-deadline";
+    create_topic(shared_broker(), topic, 1);
+    let mut records = numbered("ok", 100, 1);
+    records[42].value = "poison-spin: loops".into();
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let limits = "fuel_per_batch = 1000000000000\nbatch_timeout_ms = 300";
+    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, limits));
+    let run = run_measured(&config, "info");
+    assert!(run.success, "{}", run.log);
+    let pool = sqlite(&db).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 99);
+    let dead: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!((dead[0].0, dead[0].1.as_str()), (42, "deadline"), "{dead:?}");
+    assert!(dead[0].2.contains("deadline of 300 ms"), "{dead:?}");
+}

@@ -30,7 +30,7 @@ pub use prepare::{Batch, Preparer, Transform, describe};
 pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
 
 use crate::batch::{OffsetRange, Plan, TopicPartition, now_ms};
-use crate::config::OnTrap;
+use crate::config::OnPoison;
 use crate::runtime::RunError;
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use crate::source::{KafkaSource, SourceError};
@@ -111,7 +111,7 @@ pub enum PipelineError {
 pub struct RunOptions {
     pub pipeline: String,
     pub batch_interval: Duration,
-    pub on_trap: OnTrap,
+    pub on_poison: OnPoison,
     /// Stop (successfully) once caught up with the log ends seen at start.
     pub until_caught_up: bool,
 }
@@ -160,7 +160,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         versions: V,
         transform: V::Transform,
     ) -> Self {
-        let preparer = Preparer::new(options.pipeline.clone(), options.on_trap, transform);
+        let preparer = Preparer::new(options.pipeline.clone(), options.on_poison, transform);
         let pipeline = Pipeline {
             options,
             source: Some(source),
@@ -279,7 +279,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         );
         let preparer = Preparer::new(
             self.options.pipeline.clone(),
-            self.options.on_trap,
+            self.options.on_poison,
             swap.transform,
         );
         self.preparer = Arc::new(preparer);

@@ -1,14 +1,16 @@
 //! Preparing a batch: plan its ranges, take their records from the source's
-//! buffers and run the transform under the retry and trap policy (retry,
-//! retry a trap once, then bisect down to the poison records). The pipeline
-//! runs this on a blocking thread while the previous batch commits.
+//! buffers and run the transform under the retry and poison policy: retry
+//! what may pass on another try (a deadline, a retryable declared error, a
+//! trap once), then bisect down to the records that fail the module on
+//! their own (trap, fuel, memory, deadline) and dead-letter them. The
+//! pipeline runs this on a blocking thread while the previous batch commits.
 //!
 //! It must not commit, mark ranges committed or seek: a prepared batch is
 //! only a proposal until the sink's offset compare-and-set accepts it.
 
 use super::PipelineError;
 use crate::batch::{OffsetRange, Plan, Records, now_ms, sha256_hex};
-use crate::config::OnTrap;
+use crate::config::OnPoison;
 use crate::output::Output;
 use crate::runtime::RunError;
 use crate::sink::{DeadLetter, DeadLetterKind};
@@ -46,7 +48,7 @@ pub struct Batch {
 /// Plans and transforms batches of one pipeline.
 pub struct Preparer<T: Transform> {
     pipeline: String,
-    on_trap: OnTrap,
+    on_poison: OnPoison,
     transform: T,
     params_digest: String,
 }
@@ -61,11 +63,11 @@ pub fn describe(ranges: &[OffsetRange]) -> String {
 }
 
 impl<T: Transform> Preparer<T> {
-    pub fn new(pipeline: String, on_trap: OnTrap, transform: T) -> Self {
+    pub fn new(pipeline: String, on_poison: OnPoison, transform: T) -> Self {
         let params_digest = sha256_hex(transform.params().as_bytes());
         Preparer {
             pipeline,
-            on_trap,
+            on_poison,
             transform,
             params_digest,
         }
@@ -123,8 +125,8 @@ impl<T: Transform> Preparer<T> {
         &self.params_digest
     }
 
-    /// Runs the transform with the retry and trap policy; returns the output
-    /// and the dead letters (rejections and isolated poison records).
+    /// Runs the transform with the retry and poison policy; returns the
+    /// output and the dead letters (rejections and isolated poison records).
     fn transform_batch(
         &self,
         plan: &Plan,
@@ -135,30 +137,13 @@ impl<T: Transform> Preparer<T> {
             ranges: describe(&plan.ranges),
             error,
         };
-        let mut attempt = 0;
-        let mut trapped_once = false;
-        let (output, mut dead) = loop {
-            attempt += 1;
-            match self.transform.run(plan, records) {
-                Ok(output) => break (output, Vec::new()),
-                Err(e) if e.is_retryable() && attempt <= TRANSFORM_RETRIES => {
-                    tracing::warn!(batch = %plan.batch_id, "{e}; retrying");
-                }
-                Err(RunError::Trap(msg)) if !trapped_once => {
-                    tracing::warn!(batch = %plan.batch_id, "transform trapped, retrying once: {msg}");
-                    trapped_once = true;
-                }
-                Err(RunError::Trap(_)) if self.on_trap == OnTrap::DeadLetter => {
-                    tracing::warn!(batch = %plan.batch_id, "transform trapped twice; bisecting");
-                    let mut output = Output::default();
-                    let mut dead = Vec::new();
-                    let all: Vec<usize> = (0..records.len()).collect();
-                    self.bisect(plan, records, all, &mut output, &mut dead)
-                        .map_err(fail)?;
-                    break (output, dead);
-                }
-                Err(e) => return Err(fail(e)),
+        let (output, mut dead) = match self.run_with_retries(plan, records) {
+            Ok(output) => (output, Vec::new()),
+            Err(e) if poison_kind(&e).is_some() && self.on_poison == OnPoison::DeadLetter => {
+                tracing::warn!(batch = %plan.batch_id, "{e}; bisecting the batch to isolate the records that cause it");
+                self.bisect(plan, records).map_err(fail)?
             }
+            Err(e) => return Err(fail(e)),
         };
         dead.extend(output.rejections.iter().map(|r| DeadLetter {
             index: r.index as usize,
@@ -171,37 +156,79 @@ impl<T: Transform> Preparer<T> {
         Ok((output, dead))
     }
 
-    /// Runs the records at `indices` as a sub-batch; on a trap splits it in
-    /// halves until single poison records are left, which become dead letters.
-    fn bisect(
-        &self,
-        plan: &Plan,
-        records: &Records,
-        indices: Vec<usize>,
-        output: &mut Output,
-        dead: &mut Vec<DeadLetter>,
-    ) -> Result<(), RunError> {
-        let (sub, map) = records.select(&indices);
-        match self.transform.run(plan, &sub) {
-            Ok(o) => {
-                output.absorb(o, &map);
-                Ok(())
+    /// Runs `records` once, again on what may pass another time: a deadline
+    /// or a retryable declared error up to [`TRANSFORM_RETRIES`] times, a
+    /// trap once (a module may trap on a host hiccup it cannot see).
+    fn run_with_retries(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
+        let mut attempt = 0;
+        let mut trapped_once = false;
+        loop {
+            attempt += 1;
+            match self.transform.run(plan, records) {
+                Ok(output) => return Ok(output),
+                Err(e) if e.is_retryable() && attempt <= TRANSFORM_RETRIES => {
+                    tracing::warn!(batch = %plan.batch_id, records = records.len(), "{e}; retrying");
+                }
+                Err(RunError::Trap(msg)) if !trapped_once => {
+                    tracing::warn!(batch = %plan.batch_id, records = records.len(), "transform trapped, retrying once: {msg}");
+                    trapped_once = true;
+                }
+                Err(e) => return Err(e),
             }
-            Err(RunError::Trap(msg)) if indices.len() == 1 => {
-                dead.push(DeadLetter {
-                    index: indices[0],
-                    reason: msg,
-                    kind: DeadLetterKind::Trap,
-                });
-                Ok(())
-            }
-            Err(RunError::Trap(_)) => {
-                let mut left = indices;
-                let right = left.split_off(left.len() / 2);
-                self.bisect(plan, records, left, output, dead)?;
-                self.bisect(plan, records, right, output, dead)
-            }
-            Err(e) => Err(e),
         }
+    }
+
+    /// Splits the batch in halves, depth first and in record order, until
+    /// every part either runs or is one record that fails on its own, which
+    /// becomes a dead letter of its kind. Iterative, so a batch of any size
+    /// needs no deeper stack; each record is in at most log2(n) + 1 runs. A
+    /// failure that is not a record's (a declared error, bad output) stops
+    /// it. A batch of no records that fails has nothing to isolate and is
+    /// committed empty.
+    fn bisect(&self, plan: &Plan, records: &Records) -> Result<(Output, Vec<DeadLetter>), RunError> {
+        let mut output = Output::default();
+        let mut dead = Vec::new();
+        let mut parts: Vec<Vec<usize>> = vec![(0..records.len()).collect()];
+        while let Some(indices) = parts.pop() {
+            if indices.is_empty() {
+                tracing::warn!(batch = %plan.batch_id, "the module fails on a batch without records; committing it empty");
+                continue;
+            }
+            let (sub, map) = records.select(&indices);
+            let error = match self.run_with_retries(plan, &sub) {
+                Ok(o) => {
+                    output.absorb(o, &map);
+                    continue;
+                }
+                Err(e) => e,
+            };
+            match poison_kind(&error) {
+                Some(kind) if indices.len() == 1 => dead.push(DeadLetter {
+                    index: indices[0],
+                    reason: error.to_string(),
+                    kind,
+                }),
+                Some(_) => {
+                    let mut left = indices;
+                    let right = left.split_off(left.len() / 2);
+                    // The stack pops the left half first: record order.
+                    parts.push(right);
+                    parts.push(left);
+                }
+                None => return Err(error),
+            }
+        }
+        Ok((output, dead))
+    }
+}
+
+/// The dead-letter kind of a failure one record can cause on its own.
+fn poison_kind(error: &RunError) -> Option<DeadLetterKind> {
+    match error {
+        RunError::Trap(_) => Some(DeadLetterKind::Trap),
+        RunError::OutOfFuel(_) => Some(DeadLetterKind::Fuel),
+        RunError::MemoryExceeded(_) => Some(DeadLetterKind::Memory),
+        RunError::Timeout(_) => Some(DeadLetterKind::Deadline),
+        _ => None,
     }
 }

@@ -183,7 +183,7 @@ impl Replayer {
             .map_err(|e| module_err(e.to_string()))?;
         let preparer = Arc::new(Preparer::new(
             self.config.pipeline.clone(),
-            self.config.limits.on_trap,
+            self.config.limits.on_poison,
             transform,
         ));
         self.preparers.insert(key, Arc::clone(&preparer));

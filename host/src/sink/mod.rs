@@ -50,6 +50,12 @@ pub enum DeadLetterKind {
     Rejected,
     /// It made the module trap (isolated by bisection).
     Trap,
+    /// The module ran out of fuel on it alone.
+    Fuel,
+    /// The module passed its memory cap on it alone.
+    Memory,
+    /// The module hit the batch deadline on it alone, every try.
+    Deadline,
 }
 
 impl DeadLetterKind {
@@ -57,6 +63,9 @@ impl DeadLetterKind {
         match self {
             DeadLetterKind::Rejected => "rejected",
             DeadLetterKind::Trap => "trap",
+            DeadLetterKind::Fuel => "fuel",
+            DeadLetterKind::Memory => "memory",
+            DeadLetterKind::Deadline => "deadline",
         }
     }
 }

@@ -4,8 +4,10 @@
 //! Params: `{"mode": "..."}`:
 //! - `"spin"`: loops forever (stopped by fuel or the epoch deadline)
 //! - `"bomb"`: allocates until the memory cap stops it
-//! - `"poison"`: passes records through, but traps on any value containing
-//!   the bytes `poison` (the host bisects and dead-letters those)
+//! - `"poison"`: passes records through, but on a value containing
+//!   `poison-spin` loops forever (fuel), on one containing `poison-bomb`
+//!   allocates until the memory cap stops it, and traps on any other value
+//!   containing `poison` (the host bisects and dead-letters each of them)
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -35,33 +37,51 @@ impl Transform for Hostile {
 
     fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError> {
         match self.mode.as_str() {
-            "spin" => {
-                let mut x: u64 = batch.len() as u64;
-                loop {
-                    x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
-                }
-            }
-            "bomb" => {
-                let mut hoard: Vec<Vec<u8>> = Vec::new();
-                loop {
-                    hoard.push(vec![1u8; 1 << 20]);
-                    std::hint::black_box(&hoard);
-                }
-            }
+            "spin" => spin(batch.len() as u64),
+            "bomb" => bomb(),
             "fail" => return Err(BatchError::fatal("hostile plugin refuses this batch")),
             _ => {}
         }
         let t = out.target("echo", &[("offset", Kind::Int64), ("value", Kind::Text)]);
         for r in batch.records() {
             let value = r.value.unwrap_or_default();
-            if self.mode == "poison" && value.windows(6).any(|w| w == b"poison") {
-                panic!("poison record at offset {}", r.offset);
+            if self.mode == "poison" {
+                poison(value, r.offset);
             }
             out.row(t)
                 .int(r.offset)
                 .text(&String::from_utf8_lossy(value));
         }
         Ok(())
+    }
+}
+
+/// Misbehaves on this one record as its value says (see the header).
+fn poison(value: &[u8], offset: i64) {
+    let has = |needle: &[u8]| value.windows(needle.len()).any(|w| w == needle);
+    if has(b"poison-spin") {
+        spin(offset as u64);
+    }
+    if has(b"poison-bomb") {
+        bomb();
+    }
+    if has(b"poison") {
+        panic!("poison record at offset {offset}");
+    }
+}
+
+fn spin(seed: u64) -> ! {
+    let mut x = seed;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+    }
+}
+
+fn bomb() -> ! {
+    let mut hoard: Vec<Vec<u8>> = Vec::new();
+    loop {
+        hoard.push(vec![1u8; 1 << 20]);
+        std::hint::black_box(&hoard);
     }
 }
 
