@@ -195,7 +195,8 @@ pub struct LimitsConfig {
     /// Linear memory cap per instance, in MiB.
     #[serde(default = "default_memory")]
     pub max_memory_mib: u64,
-    /// Wasm stack size, in KiB.
+    /// Wasm stack size, in KiB (64 to 8192); a module that recurses deeper
+    /// traps.
     #[serde(default = "default_stack")]
     pub max_stack_kib: u64,
     /// What to do with a record that fails the module on its own: one that
@@ -479,6 +480,12 @@ impl PipelineConfig {
         if self.limits.fuel_per_batch == 0 || self.limits.max_memory_mib == 0 {
             return invalid("`limits` must be positive".into());
         }
+        if !(MIN_STACK_KIB..=MAX_STACK_KIB).contains(&self.limits.max_stack_kib) {
+            return invalid(format!(
+                "`limits.max_stack_kib` = {} is outside {MIN_STACK_KIB}..={MAX_STACK_KIB}",
+                self.limits.max_stack_kib
+            ));
+        }
         if let Err(e) = crate::sink::SinkKind::of_url(&self.sink.url) {
             return invalid(
                 e.to_string()
@@ -499,6 +506,18 @@ impl PipelineConfig {
         Ok(())
     }
 }
+
+/// Bounds of `limits.max_stack_kib`. Transforms run on threads whose
+/// stack holds the largest Wasm stack plus the host's own frames (see
+/// [`TRANSFORM_THREAD_STACK_BYTES`]), so any value in range traps cleanly
+/// when a module recurses too deep, instead of overflowing the host thread.
+pub const MIN_STACK_KIB: u64 = 64;
+pub const MAX_STACK_KIB: u64 = 8 * 1024;
+
+/// Stack size of every thread that may run a transform: the largest Wasm
+/// stack allowed plus room for the host's frames under it (wasmtime,
+/// lifting, the batch loop).
+pub const TRANSFORM_THREAD_STACK_BYTES: usize = (MAX_STACK_KIB as usize + 4 * 1024) * 1024;
 
 /// librdkafka properties sluice sets itself.
 pub const RESERVED_PROPERTIES: &[&str] = &[

@@ -180,11 +180,24 @@ fn main() -> std::process::ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
+    // Transforms run on the runtime's threads (workers and blocking ones):
+    // their stacks must hold the largest Wasm stack a config may allow.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(sluice::config::TRANSFORM_THREAD_STACK_BYTES)
         .build()
         .expect("tokio");
-    match runtime.block_on(execute(cli)) {
+    // The batch loop runs transforms on the thread that drives it too: give
+    // that thread the same stack as the runtime's, not `main`'s (the OS's).
+    let driver = std::thread::Builder::new()
+        .name("sluice-main".into())
+        .stack_size(sluice::config::TRANSFORM_THREAD_STACK_BYTES)
+        .spawn(move || runtime.block_on(execute(cli)))
+        .expect("spawn the main thread");
+    let executed = driver
+        .join()
+        .unwrap_or_else(|_| Err(anyhow::anyhow!("sluice's main thread panicked")));
+    match executed {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");

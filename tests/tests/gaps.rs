@@ -348,7 +348,11 @@ async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
     .await
     .unwrap();
     let kinds: Vec<(i64, &str)> = dead.iter().map(|(o, k, _)| (*o, k.as_str())).collect();
-    assert_eq!(kinds, [(1_234, "fuel"), (2_500, "memory"), (4_321, "trap")], "{dead:?}");
+    assert_eq!(
+        kinds,
+        [(1_234, "fuel"), (2_500, "memory"), (4_321, "trap")],
+        "{dead:?}"
+    );
     assert!(dead[0].2.contains("fuel"), "{dead:?}");
     assert!(dead[1].2.contains("memory"), "{dead:?}");
     let allowance = 256;
@@ -363,7 +367,11 @@ async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
         .output()
         .expect("run sluice verify");
     let said = String::from_utf8_lossy(&verified.stdout);
-    assert!(verified.status.success(), "{said}{}", String::from_utf8_lossy(&verified.stderr));
+    assert!(
+        verified.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
     assert!(said.contains("0 differ"), "{said}");
     println!(
         "3 poison records of 3 kinds in 5,000: isolated in {} ms of transform, host peak RSS {} MiB",
@@ -440,6 +448,53 @@ async fn a_record_past_the_deadline_on_every_try_becomes_a_deadline_dead_letter(
             .await
             .unwrap();
     assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!((dead[0].0, dead[0].1.as_str()), (42, "deadline"), "{dead:?}");
+    assert_eq!(
+        (dead[0].0, dead[0].1.as_str()),
+        (42, "deadline"),
+        "{dead:?}"
+    );
     assert!(dead[0].2.contains("deadline of 300 ms"), "{dead:?}");
+}
+
+/// A record that recurses without end under the largest stack a config may
+/// allow (8 MiB, more than a default 2 MiB thread) traps inside the
+/// sandbox instead of overflowing the host's thread: one `trap` dead letter,
+/// the rest committed. A stack limit out of range is refused at start.
+#[tokio::test(flavor = "multi_thread")]
+async fn deep_recursion_under_the_largest_stack_traps_instead_of_crashing_the_host() {
+    let topic = "poison-recurse";
+    create_topic(shared_broker(), topic, 1);
+    let mut records = numbered("ok", 50, 1);
+    records[7].value = "poison-recurse: deeper and deeper".into();
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let limits = format!("max_stack_kib = {}", sluice::config::MAX_STACK_KIB);
+    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, &limits));
+    let run = run_measured(&config, "info");
+    assert!(run.success, "{}", run.log);
+    let pool = sqlite(&db).await;
+    let dead: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!((dead[0].0, dead[0].1.as_str()), (7, "trap"), "{dead:?}");
+    assert!(dead[0].2.contains("stack"), "{dead:?}");
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 49);
+
+    let too_deep = format!("max_stack_kib = {}", sluice::config::MAX_STACK_KIB + 1);
+    let refused = write_config(dir.path(), &hostile_config(topic, topic, &db, &too_deep));
+    let out = run_until_caught_up(&refused, Duration::from_secs(60));
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("`limits.max_stack_kib` = 8193 is outside 64..=8192"),
+        "{err}"
+    );
 }

@@ -185,7 +185,11 @@ impl<T: Transform> Preparer<T> {
     /// failure that is not a record's (a declared error, bad output) stops
     /// it. A batch of no records that fails has nothing to isolate and is
     /// committed empty.
-    fn bisect(&self, plan: &Plan, records: &Records) -> Result<(Output, Vec<DeadLetter>), RunError> {
+    fn bisect(
+        &self,
+        plan: &Plan,
+        records: &Records,
+    ) -> Result<(Output, Vec<DeadLetter>), RunError> {
         let mut output = Output::default();
         let mut dead = Vec::new();
         let mut parts: Vec<Vec<usize>> = vec![(0..records.len()).collect()];

@@ -223,6 +223,8 @@ fn engine_config(limits: &Limits) -> Config {
         .consume_fuel(true)
         .epoch_interruption(true)
         .max_wasm_stack(limits.max_stack_bytes())
+        // Unused (no async), but wasmtime refuses a Wasm stack larger than it.
+        .async_stack_size(limits.max_stack_bytes() + (1 << 20))
         .parallel_compilation(true);
     let mut pool = wasmtime::PoolingAllocationConfig::default();
     pool.total_component_instances(64)

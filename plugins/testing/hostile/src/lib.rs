@@ -6,8 +6,10 @@
 //! - `"bomb"`: allocates until the memory cap stops it
 //! - `"poison"`: passes records through, but on a value containing
 //!   `poison-spin` loops forever (fuel), on one containing `poison-bomb`
-//!   allocates until the memory cap stops it, and traps on any other value
-//!   containing `poison` (the host bisects and dead-letters each of them)
+//!   allocates until the memory cap stops it, on one containing
+//!   `poison-recurse` recurses until the Wasm stack is exhausted, and traps
+//!   on any other value containing `poison` (the host bisects and
+//!   dead-letters each of them)
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -65,6 +67,9 @@ fn poison(value: &[u8], offset: i64) {
     if has(b"poison-bomb") {
         bomb();
     }
+    if has(b"poison-recurse") {
+        std::hint::black_box(recurse(offset as u64, 1, 2));
+    }
     if has(b"poison") {
         panic!("poison record at offset {offset}");
     }
@@ -75,6 +80,19 @@ fn spin(seed: u64) -> ! {
     loop {
         x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
     }
+}
+
+/// Recurses, keeping every frame (the result is used after the call) and
+/// its values in Wasm locals (nothing address-taken, so the guest's own
+/// shadow stack in linear memory stays small), until the Wasm stack limit
+/// traps.
+#[inline(never)]
+fn recurse(depth: u64, a: u64, b: u64) -> u64 {
+    if depth == u64::MAX {
+        return a;
+    }
+    let deeper = recurse(depth + 1, a ^ depth, b.wrapping_add(a));
+    deeper.wrapping_mul(b | 1) ^ a
 }
 
 fn bomb() -> ! {
