@@ -165,6 +165,7 @@ async fn run_with<S: Sink>(
                 token: c.effective_token(),
                 max_module_bytes: c.max_module_bytes,
                 status: pipeline.status(),
+                validations: tokio::sync::Semaphore::new(control::server::MAX_PARALLEL_VALIDATIONS),
             };
             let limits = ServeLimits {
                 request_timeout: Duration::from_millis(c.request_timeout_ms),

@@ -72,7 +72,7 @@ pub struct ControlConfig {
 }
 
 fn default_max_connections() -> usize {
-    64
+    256
 }
 
 fn default_request_timeout_ms() -> u64 {

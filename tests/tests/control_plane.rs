@@ -369,3 +369,60 @@ async fn api_fuzzed_from_its_openapi_document_never_fails() {
     producer.stop();
     host.stop();
 }
+
+/// A burst of deploys against a host under load: validations queue (they
+/// never take the instance slots batches need), every deploy gets its true
+/// answer (201 for good params, 422 naming the params for bad ones), and no
+/// batch fails.
+#[tokio::test(flavor = "multi_thread")]
+async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails() {
+    let topic = "cp-deploy-burst";
+    let dir = TempDir::new(topic);
+    let (mut host, _, url) = host(topic, topic, &dir, "");
+    let producer = Producer::start(shared_broker(), topic, 2);
+    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    let stamp = std::fs::read(plugin("stamp")).unwrap();
+    let digest = sluice::batch::sha256_hex(&stamp);
+    let deploys: Vec<_> = (0..80)
+        .map(|i| {
+            let (url, stamp) = (url.clone(), stamp.clone());
+            tokio::spawn(async move {
+                let good = i % 4 != 0;
+                let params = if good {
+                    r#"{"tag":"burst:"}"#
+                } else {
+                    r#"{"bogus":1}"#
+                };
+                let answer = ControlClient::new(&url, Some(TOKEN.into()))
+                    .deploy(stamp, params, false)
+                    .await;
+                (good, answer)
+            })
+        })
+        .collect();
+    let committed_before = host.log().matches("batch committed").count();
+    for deploy in deploys {
+        let (good, answer) = deploy.await.unwrap();
+        match (good, answer) {
+            (true, Ok(stored)) => {
+                assert_eq!(stored["module_digest"].as_str(), Some(digest.as_str()))
+            }
+            (false, Err(ClientError::Refused { status, message })) => {
+                assert_eq!(status.as_u16(), 422, "{message}");
+                assert!(message.contains("refused the params"), "{message}");
+            }
+            (good, other) => panic!("deploy with good params = {good} answered {other:?}"),
+        }
+    }
+    host.wait_for_log(
+        "batch committed",
+        committed_before + 3,
+        Duration::from_secs(30),
+    );
+    assert!(host.is_running());
+    let log = host.log();
+    assert!(!log.contains("cannot instantiate"), "{log}");
+    assert!(!log.contains(" ERROR "), "{log}");
+    producer.stop();
+    host.stop();
+}

@@ -40,7 +40,16 @@ pub struct ControlState {
     pub token: Option<String>,
     pub max_module_bytes: usize,
     pub status: StatusBoard,
+    /// Deploys and activations validated at once (see
+    /// [`MAX_PARALLEL_VALIDATIONS`]); the others wait their turn.
+    pub validations: tokio::sync::Semaphore,
 }
+
+/// Validations (compile + `init` in an instance) that run at once. Each
+/// takes an instance slot from the pool that batches use (64 slots) and
+/// cores from the serving host, so a burst of deploys queues here instead
+/// of starving batches or failing for want of a slot.
+pub const MAX_PARALLEL_VALIDATIONS: usize = 2;
 
 /// How long the control API may take to answer one request, body upload
 /// and validation included, and how many connections it keeps open.
@@ -163,6 +172,7 @@ impl From<Rejected> for ApiError {
     fn from(e: Rejected) -> Self {
         let status = match &e {
             Rejected::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Rejected::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };
         ApiError::new(status, e.to_string())
@@ -545,6 +555,10 @@ async fn check(
     component: Bytes,
     params: String,
 ) -> Result<u64, ApiError> {
+    let _turn =
+        state.validations.acquire().await.map_err(|_| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the host is shutting down")
+        })?;
     let state = Arc::clone(state);
     tokio::task::spawn_blocking(move || {
         let started = Instant::now();

@@ -20,6 +20,10 @@ pub enum Rejected {
     ParamsNotJson(String),
     #[error("module's init refused the params: {0}")]
     Params(RunError),
+    /// No instance could be made for the check (say, the pool is full):
+    /// nothing is wrong with the module; try again.
+    #[error("cannot check the module now: {0}; try again")]
+    Busy(RunError),
 }
 
 /// Checks `component` and `params` as a pipeline would load them; returns
@@ -40,8 +44,9 @@ pub fn validate(
     serde_json::from_str::<serde_json::Value>(params)
         .map_err(|e| Rejected::ParamsNotJson(e.to_string()))?;
     let module = runtime.load(component, cache_dir)?;
-    runtime
-        .check_params(&module, params)
-        .map_err(Rejected::Params)?;
+    runtime.check_params(&module, params).map_err(|e| match e {
+        RunError::Instantiate(_) => Rejected::Busy(e),
+        other => Rejected::Params(other),
+    })?;
     Ok(module)
 }

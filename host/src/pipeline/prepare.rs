@@ -21,6 +21,10 @@ use std::time::Instant;
 /// is retried before the pipeline stops.
 const TRANSFORM_RETRIES: u32 = 3;
 
+/// Wait before retrying a batch whose instance could not be made, times the
+/// attempt.
+const INSTANTIATE_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The transform the pipeline runs; implemented by the Wasm runtime. It is
 /// shared with the thread that prepares the next batch, hence `Send + Sync`.
 pub trait Transform: Send + Sync + 'static {
@@ -168,6 +172,10 @@ impl<T: Transform> Preparer<T> {
                 Ok(output) => return Ok(output),
                 Err(e) if e.is_retryable() && attempt <= TRANSFORM_RETRIES => {
                     tracing::warn!(batch = %plan.batch_id, records = records.len(), "{e}; retrying");
+                    if let RunError::Instantiate(_) = e {
+                        // Give the pool time to free a slot.
+                        std::thread::sleep(INSTANTIATE_BACKOFF * attempt);
+                    }
                 }
                 Err(RunError::Trap(msg)) if !trapped_once => {
                     tracing::warn!(batch = %plan.batch_id, records = records.len(), "transform trapped, retrying once: {msg}");

@@ -59,11 +59,14 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// True if running the same batch again may succeed.
+    /// True if running the same batch again may succeed: a deadline (the
+    /// machine may have been slow), an instance the pool could not give
+    /// (slots come free), a declared retryable error.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
             RunError::Timeout(_)
+                | RunError::Instantiate(_)
                 | RunError::Declared {
                     retryable: true,
                     ..

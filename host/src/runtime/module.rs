@@ -32,11 +32,6 @@ pub enum ModuleError {
     WrongWorld(String),
     #[error("wasm engine: {0}")]
     Engine(String),
-    #[error("module cache {path}: {source}")]
-    Cache {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
 }
 
 /// A validated, compiled, pre-instantiated module version.
@@ -115,18 +110,29 @@ fn compile_cached(
         }
     }
     let component = compile(engine, bytes)?;
-    let cache_err = |source| ModuleError::Cache {
-        path: path.clone(),
-        source,
-    };
-    std::fs::create_dir_all(dir).map_err(cache_err)?;
     let artifact = component
         .serialize()
         .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    std::fs::write(&tmp, artifact).map_err(cache_err)?;
-    std::fs::rename(&tmp, &path).map_err(cache_err)?;
+    // The module is compiled: a cache that cannot be written only costs
+    // the next start a compile.
+    if let Err(e) = write_atomically(dir, &path, &artifact) {
+        tracing::warn!(path = %path.display(), "cannot cache the compiled module: {e}");
+    }
     Ok(component)
+}
+
+/// Writes `bytes` to `path` through a temporary file of its own (unique
+/// per process and call, so concurrent loads of one module never share
+/// one), renamed into place: readers see the whole file or none.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, ModuleError> {
