@@ -21,9 +21,9 @@ use tokio_util::sync::CancellationToken;
 /// Why a pipeline could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
-    #[error("module {path}: {source}")]
+    #[error("module {path}")]
     Module { path: String, source: ModuleError },
-    #[error("module {path}: {source}")]
+    #[error("module {path}")]
     Params { path: String, source: RunError },
     #[error(transparent)]
     Sink(#[from] SinkError),
@@ -33,7 +33,7 @@ pub enum AppError {
     Version(#[from] VersionError),
     #[error(transparent)]
     Source(#[from] SourceError),
-    #[error("control plane on {listen}: {source}")]
+    #[error("control plane on {listen}")]
     Control {
         listen: String,
         source: std::io::Error,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 /// A configuration error a user can act on.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
+    #[error("cannot read config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,

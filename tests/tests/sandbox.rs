@@ -256,6 +256,8 @@ fn bad_inputs_get_clear_errors() {
         err.contains("cannot read module") && err.contains("/nonexistent/module.wasm"),
         "{err}"
     );
+    // Each cause is said once, not once per layer that wraps it.
+    assert_eq!(err.matches("No such file or directory").count(), 1, "{err}");
 
     let dir = TempDir::new("garbage");
     let garbage = dir.path().join("garbage.wasm");

@@ -14,7 +14,7 @@ use std::path::Path;
 pub enum Rejected {
     #[error("module is {size} bytes, over the limit of {limit} bytes (control.max_module_bytes)")]
     TooLarge { size: usize, limit: usize },
-    #[error("{0}")]
+    #[error(transparent)]
     Module(#[from] ModuleError),
     #[error("params are not valid JSON: {0}")]
     ParamsNotJson(String),

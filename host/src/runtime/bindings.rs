@@ -24,10 +24,26 @@ const MAX_LOG_LINES: usize = 1000;
 /// Longest log line kept, in bytes.
 const MAX_LOG_LINE: usize = 4096;
 
+/// A line the module wrote through the `log` import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleLog {
+    pub level: LogLevel,
+    pub message: String,
+}
+
+/// The level a module logged at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
 /// The data of one batch's `Store`.
 pub struct BatchState {
     pub limiter: MemoryCap,
-    pub logs: Vec<String>,
+    pub logs: Vec<ModuleLog>,
 }
 
 impl BatchState {
@@ -51,7 +67,14 @@ impl self::sluice::plugin::log::Host for BatchState {
             }
             message.truncate(cut);
         }
-        self.logs.push(format!("{level:?}: {message}"));
+        use self::sluice::plugin::log::Level;
+        let level = match level {
+            Level::Debug => LogLevel::Debug,
+            Level::Info => LogLevel::Info,
+            Level::Warn => LogLevel::Warn,
+            Level::Error => LogLevel::Error,
+        };
+        self.logs.push(ModuleLog { level, message });
     }
 }
 

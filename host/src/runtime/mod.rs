@@ -145,7 +145,7 @@ impl Runtime {
         let result = instance.call_process(&mut store, ctx, batch);
         let logs = std::mem::take(&mut store.data_mut().logs);
         for line in &logs {
-            tracing::info!(batch = %plan.batch_id, "module: {line}");
+            emit(&plan.batch_id, line);
         }
         match result {
             Ok(Ok(out)) => bindings::into_output(out, records.len()).map_err(RunError::BadOutput),
@@ -195,7 +195,12 @@ impl Runtime {
             Some(Trap::Interrupt) => {
                 RunError::Timeout(self.limits.batch_timeout.as_millis() as u64)
             }
-            Some(trap) => RunError::Trap(format!("wasm trap: {trap}")),
+            // wasmtime's own text already starts with "wasm trap: ".
+            Some(trap) => RunError::Trap(
+                trap.to_string()
+                    .trim_start_matches("wasm trap: ")
+                    .to_string(),
+            ),
             None => RunError::Trap(
                 format!("{e:#}")
                     .lines()
@@ -207,11 +212,24 @@ impl Runtime {
     }
 }
 
-/// A Rust guest's panic hook logs the panic before the trap; put that line
-/// into the trap's message, where users look first.
-fn with_panic_message(e: RunError, logs: &[String]) -> RunError {
-    match (e, logs.iter().rev().find(|l| l.contains("panic"))) {
-        (RunError::Trap(trap), Some(line)) => RunError::Trap(format!("{line}\n{trap}")),
+/// Re-emits a module's log line at its own level, marked as the module's.
+fn emit(batch_id: &str, line: &bindings::ModuleLog) {
+    use bindings::LogLevel;
+    let message = &line.message;
+    match line.level {
+        LogLevel::Debug => tracing::debug!(batch = %batch_id, "module: {message}"),
+        LogLevel::Info => tracing::info!(batch = %batch_id, "module: {message}"),
+        LogLevel::Warn => tracing::warn!(batch = %batch_id, "module: {message}"),
+        LogLevel::Error => tracing::error!(batch = %batch_id, "module: {message}"),
+    }
+}
+
+/// A Rust guest's panic hook logs the panic before the trap; put that
+/// message into the trap's, where users look first.
+fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
+    let panic = logs.iter().rev().find(|l| l.message.contains("panic"));
+    match (e, panic) {
+        (RunError::Trap(trap), Some(line)) => RunError::Trap(format!("{}\n{trap}", line.message)),
         (e, _) => e,
     }
 }

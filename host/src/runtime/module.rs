@@ -19,15 +19,15 @@ const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/l
 /// Why a module cannot be used. All are the user's to fix; none is retryable.
 #[derive(Debug, thiserror::Error)]
 pub enum ModuleError {
-    #[error("cannot read module {path}: {source}")]
+    #[error("cannot read module {path}")]
     Read {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
     #[error("not a WebAssembly component: {0}")]
     NotAComponent(String),
-    #[error("module imports `{0}`, which is outside the sluice:plugin world (allowed: {allowed})", allowed = ALLOWED_IMPORTS.join(", "))]
-    ForbiddenImport(String),
+    #[error("{}", forbidden_imports(.0))]
+    ForbiddenImport(Vec<String>),
     #[error("module does not implement the sluice:plugin/transform@0.1.0 world: {0}")]
     WrongWorld(String),
     #[error("wasm engine: {0}")]
@@ -140,12 +140,65 @@ fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, ModuleError> {
 }
 
 fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleError> {
-    for (name, item) in component.component_type().imports(engine) {
-        let allowed = ALLOWED_IMPORTS.contains(&name)
-            && matches!(item.ty, ComponentItem::ComponentInstance(_));
-        if !allowed {
-            return Err(ModuleError::ForbiddenImport(name.to_string()));
-        }
+    let forbidden: Vec<String> = component
+        .component_type()
+        .imports(engine)
+        .filter(|(name, item)| {
+            !(ALLOWED_IMPORTS.contains(name)
+                && matches!(item.ty, ComponentItem::ComponentInstance(_)))
+        })
+        .map(|(name, _)| name.to_string())
+        .collect();
+    match forbidden.is_empty() {
+        true => Ok(()),
+        false => Err(ModuleError::ForbiddenImport(forbidden)),
     }
-    Ok(())
+}
+
+/// Names every forbidden import (the first ten), and says what to do when
+/// they are WASI's: a `wasm32-wasip2` build imports WASI even when the code
+/// never uses it.
+fn forbidden_imports(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut listed: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        listed.push(format!("and {} more", names.len() - SHOWN));
+    }
+    let mut message = format!(
+        "module imports {}, outside the sluice:plugin world (allowed: {})",
+        listed.join(", "),
+        ALLOWED_IMPORTS.join(", ")
+    );
+    if names.iter().any(|n| n.starts_with("wasi:")) {
+        message.push_str(
+            "; WASI imports come from a wasm32-wasi* build: build the plugin for \
+             wasm32-unknown-unknown and wrap it with `wasm-tools component new` \
+             (scripts/build-plugins.sh does both)",
+        );
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forbidden_imports;
+
+    #[test]
+    fn every_forbidden_import_is_named_and_wasi_gets_the_build_hint() {
+        let names: Vec<String> = (0..12)
+            .map(|i| format!("wasi:io/streams{i}@0.2.0"))
+            .collect();
+        let message = forbidden_imports(&names);
+        assert!(message.contains("`wasi:io/streams0@0.2.0`"), "{message}");
+        assert!(message.contains("`wasi:io/streams9@0.2.0`"), "{message}");
+        assert!(message.contains("and 2 more"), "{message}");
+        assert!(message.contains("wasm32-unknown-unknown"), "{message}");
+
+        let message = forbidden_imports(&["test:evil/net".to_string()]);
+        assert!(
+            message.starts_with("module imports `test:evil/net`, outside"),
+            "{message}"
+        );
+        assert!(!message.contains("wasm32"), "{message}");
+    }
 }

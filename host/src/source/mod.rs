@@ -378,7 +378,9 @@ impl KafkaSource {
                 if waiting && (from < low || since.elapsed() >= BEYOND_END_CONFIRM) {
                     return Err(self.range_violation(tp, from).expect("outside the bounds"));
                 }
-                if state.end_at_start.is_none() && state.position >= high {
+                // Not caught up while beyond the end is unconfirmed: it is
+                // either an error or a stale log end.
+                if !beyond && state.end_at_start.is_none() && state.position >= high {
                     state.end_at_start = Some(high);
                 }
             }
