@@ -121,6 +121,43 @@ fn split<'a>(lengths: &'a [u32], data: &'a [u8]) -> impl Iterator<Item = &'a [u8
 impl Output {
     /// Checks the module kept the contract: column lengths match the row
     /// count, text is UTF-8, rejections point at records of the batch.
+    /// The first float cell that no sink stores faithfully (NaN or an
+    /// infinity; SQLite turns NaN into NULL, MySQL refuses both), described
+    /// for the user; nulls are not looked at.
+    pub fn first_non_finite(&self) -> Option<String> {
+        for t in &self.targets {
+            for c in &t.columns {
+                let ColumnData::Float64(values) = &c.data else {
+                    continue;
+                };
+                let null = |i: usize| c.nulls.get(i).is_some_and(|&n| n != 0);
+                if let Some(row) = (0..values.len()).find(|&i| !null(i) && !values[i].is_finite()) {
+                    return Some(format!(
+                        "target `{}`, column `{}`, row {row}: {} (floats must be finite on \
+                         every sink; write null instead)",
+                        t.target, c.name, values[row]
+                    ));
+                }
+            }
+        }
+        None
+    }
+
+    /// Stores -0.0 as 0.0, so every sink holds the same value (SQLite and
+    /// MySQL would print it as 0 anyway) and equal rows hash alike.
+    pub fn normalize_zeros(&mut self) {
+        for t in &mut self.targets {
+            for c in &mut t.columns {
+                if let ColumnData::Float64(values) = &mut c.data {
+                    values
+                        .iter_mut()
+                        .filter(|v| **v == 0.0)
+                        .for_each(|v| *v = 0.0);
+                }
+            }
+        }
+    }
+
     pub fn check(&self, batch_len: usize) -> Result<(), String> {
         for t in &self.targets {
             let mut seen = std::collections::BTreeSet::new();

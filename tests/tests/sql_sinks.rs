@@ -759,3 +759,97 @@ async fn a_two_minute_database_outage_keeps_the_group_membership() {
         .await;
     println!("2-minute outage: membership kept, {rows} records exactly once");
 }
+
+/// One rule for floats on every sink: NaN and infinities never reach it
+/// (the records that produce them become `non-finite` dead letters, the
+/// rest commits), and -0.0 is stored as 0.0 (SQLite and MySQL cannot keep
+/// the sign, so no sink does).
+async fn floats_follow_one_rule(db: SinkDb, name: &str) {
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    let values = ["1.5", "-0", "NaN", "inf", "-inf", "2", "not a float"];
+    let records: Vec<Produce> = values
+        .iter()
+        .map(|v| Produce {
+            partition: 0,
+            key: None,
+            value: v.to_string(),
+        })
+        .collect();
+    produce(brokers, name, &records);
+    let dir = TempDir::new(name);
+    let config = format!(
+        r#"
+pipeline = "{name}"
+[source]
+brokers = "{brokers}"
+topics = ["{name}"]
+[module]
+path = "{module}"
+params = {{ mode = "floats" }}
+[sink]
+{sink}
+[[sink.targets]]
+name = "floats"
+columns = {{ offset = "integer", x = "real" }}
+"#,
+        module = plugin("hostile").display(),
+        sink = db.sink_toml(),
+    );
+    run_ok(&write_config(dir.path(), &config));
+    let pool = db.pool().await;
+    let (o, x) = (db.ident("offset"), db.ident("x"));
+    let rows: Vec<(i64, Option<f64>)> = sqlx::query_as(&format!(
+        "SELECT {o}, {x} FROM {} ORDER BY {o}",
+        db.table("floats")
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("floats");
+    assert_eq!(
+        rows,
+        [(0, Some(1.5)), (1, Some(0.0)), (5, Some(2.0)), (6, None)],
+        "{name}"
+    );
+    let (_, zero) = rows[1];
+    assert!(
+        zero.unwrap().is_sign_positive(),
+        "{name}: -0.0 kept its sign"
+    );
+    // MySQL's LONGTEXT arrives as a blob through sqlx's Any driver.
+    let text = |c: &str| match db {
+        SinkDb::Mysql { .. } => format!("CAST({c} AS CHAR(2000))"),
+        _ => c.to_string(),
+    };
+    let dead: Vec<(i64, String, String)> = sqlx::query_as(&format!(
+        "SELECT {o}, {}, {} FROM {} ORDER BY {o}",
+        text("kind"),
+        text("reason"),
+        db.table("sluice_dead_letters")
+    ))
+    .fetch_all(&pool)
+    .await
+    .expect("dead letters");
+    let kinds: Vec<(i64, &str)> = dead.iter().map(|(o, k, _)| (*o, k.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [(2, "non-finite"), (3, "non-finite"), (4, "non-finite")],
+        "{name}: {dead:?}"
+    );
+    assert!(
+        dead[0].2.contains("column `x`") && dead[0].2.contains("NaN"),
+        "{dead:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn floats_follow_one_rule_on_sqlite_postgres_and_mariadb() {
+    let dir = TempDir::new("floats-sqlite");
+    floats_follow_one_rule(SinkDb::Sqlite(dir.path().join("out.db")), "floats_sqlite").await;
+    {
+        let _only = Db::Postgres.lock().lock().await;
+        floats_follow_one_rule(Db::Postgres.fresh("sluice_pg_floats").await, "floats_pg").await;
+    }
+    let _only = Db::Mysql.lock().lock().await;
+    floats_follow_one_rule(Db::Mysql.fresh("sluice_my_floats").await, "floats_my").await;
+}

@@ -241,6 +241,7 @@ fn poison_kind(error: &RunError) -> Option<DeadLetterKind> {
         RunError::OutOfFuel(_) => Some(DeadLetterKind::Fuel),
         RunError::MemoryExceeded(_) => Some(DeadLetterKind::Memory),
         RunError::Timeout(_) => Some(DeadLetterKind::Deadline),
+        RunError::NonFinite(_) => Some(DeadLetterKind::NonFinite),
         _ => None,
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! Owns the WIT boundary only. It must not apply policy (retries, limits).
 
+use super::RunError;
 use super::limits::MemoryCap;
 use crate::batch::Records;
 use crate::output as host;
@@ -120,8 +121,10 @@ pub fn slices(r: &Records) -> Vec<wit::PartitionSlice<'_>> {
         .collect()
 }
 
-/// Converts and checks the module's output against the contract.
-pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, String> {
+/// Converts and checks the module's output against the contract: its
+/// shape (a breach fails the batch), and finite floats (a NaN or infinity
+/// is a poison: the records that produce it are isolated). -0.0 becomes 0.0.
+pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, RunError> {
     let targets = out
         .targets
         .into_iter()
@@ -159,10 +162,14 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, S
             reason: r.reason,
         })
         .collect();
-    let output = host::Output {
+    let mut output = host::Output {
         targets,
         rejections,
     };
-    output.check(batch_len)?;
+    output.check(batch_len).map_err(RunError::BadOutput)?;
+    if let Some(cell) = output.first_non_finite() {
+        return Err(RunError::NonFinite(cell));
+    }
+    output.normalize_zeros();
     Ok(output)
 }

@@ -53,6 +53,10 @@ pub enum RunError {
     /// The module returned rows that break the contract.
     #[error("transform returned invalid output: {0}")]
     BadOutput(String),
+    /// The module returned a NaN or infinite float: deterministic, and
+    /// isolated to the records that produce it.
+    #[error("transform returned a float no sink stores: {0}")]
+    NonFinite(String),
     /// The host could not instantiate the module.
     #[error("cannot instantiate module: {0}")]
     Instantiate(String),
@@ -148,7 +152,7 @@ impl Runtime {
             emit(&plan.batch_id, line);
         }
         match result {
-            Ok(Ok(out)) => bindings::into_output(out, records.len()).map_err(RunError::BadOutput),
+            Ok(Ok(out)) => bindings::into_output(out, records.len()),
             Ok(Err(e)) => Err(RunError::Declared {
                 message: e.message,
                 retryable: e.retryable,

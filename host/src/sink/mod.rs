@@ -56,6 +56,8 @@ pub enum DeadLetterKind {
     Memory,
     /// The module hit the batch deadline on it alone, every try.
     Deadline,
+    /// The module wrote a NaN or infinite float for it.
+    NonFinite,
 }
 
 impl DeadLetterKind {
@@ -66,6 +68,7 @@ impl DeadLetterKind {
             DeadLetterKind::Fuel => "fuel",
             DeadLetterKind::Memory => "memory",
             DeadLetterKind::Deadline => "deadline",
+            DeadLetterKind::NonFinite => "non-finite",
         }
     }
 }

@@ -10,6 +10,9 @@
 //!   `poison-recurse` recurses until the Wasm stack is exhausted, and traps
 //!   on any other value containing `poison` (the host bisects and
 //!   dead-letters each of them)
+//! - `"floats"`: one row per record into target `floats` (`offset`, `x`):
+//!   the value parsed as a float (`NaN`, `inf`, `-0` included), null if it
+//!   is not one
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -32,7 +35,7 @@ impl Transform for Hostile {
     fn init(params: &Params) -> Result<Self, String> {
         let mode = mode_of(params.json()).unwrap_or_else(|| "echo".to_string());
         match mode.as_str() {
-            "spin" | "bomb" | "poison" | "fail" | "echo" => Ok(Hostile { mode }),
+            "spin" | "bomb" | "poison" | "floats" | "fail" | "echo" => Ok(Hostile { mode }),
             other => Err(format!("unknown mode `{other}`")),
         }
     }
@@ -42,6 +45,18 @@ impl Transform for Hostile {
             "spin" => spin(batch.len() as u64),
             "bomb" => bomb(),
             "fail" => return Err(BatchError::fatal("hostile plugin refuses this batch")),
+            "floats" => {
+                let t = out.target("floats", &[("offset", Kind::Int64), ("x", Kind::Float64)]);
+                for r in batch.records() {
+                    let text = std::str::from_utf8(r.value.unwrap_or_default()).unwrap_or("");
+                    let row = out.row(t).int(r.offset);
+                    match text.trim().parse::<f64>() {
+                        Ok(x) => row.float(x),
+                        Err(_) => row.null(),
+                    };
+                }
+                return Ok(());
+            }
             _ => {}
         }
         let t = out.target("echo", &[("offset", Kind::Int64), ("value", Kind::Text)]);
