@@ -89,23 +89,26 @@ impl ColumnData {
 }
 
 impl Column {
-    /// The column's cells in row order.
-    pub fn values(&self) -> Vec<Value<'_>> {
-        let null = |i: usize| self.nulls.get(i).is_some_and(|&n| n != 0);
-        let cells: Vec<Value<'_>> = match &self.data {
-            ColumnData::Int64(v) => v.iter().map(|&x| Value::Int(x)).collect(),
-            ColumnData::Float64(v) => v.iter().map(|&x| Value::Float(x)).collect(),
-            ColumnData::Bool(v) => v.iter().map(|&x| Value::Bool(x != 0)).collect(),
-            ColumnData::Text { lengths, data } => split(lengths, data)
-                .map(|b| Value::Text(std::str::from_utf8(b).expect("checked by Output::check")))
-                .collect(),
-            ColumnData::Bytes { lengths, data } => split(lengths, data).map(Value::Bytes).collect(),
+    /// The column's cells in row order, one at a time: a batch's output is
+    /// never held a second time as wide per-cell values.
+    pub fn values(&self) -> Box<dyn Iterator<Item = Value<'_>> + '_> {
+        let null = move |i: usize| self.nulls.get(i).is_some_and(|&n| n != 0);
+        let cells: Box<dyn Iterator<Item = Value<'_>> + '_> = match &self.data {
+            ColumnData::Int64(v) => Box::new(v.iter().map(|&x| Value::Int(x))),
+            ColumnData::Float64(v) => Box::new(v.iter().map(|&x| Value::Float(x))),
+            ColumnData::Bool(v) => Box::new(v.iter().map(|&x| Value::Bool(x != 0))),
+            ColumnData::Text { lengths, data } => {
+                Box::new(split(lengths, data).map(|b| {
+                    Value::Text(std::str::from_utf8(b).expect("checked by Output::check"))
+                }))
+            }
+            ColumnData::Bytes { lengths, data } => Box::new(split(lengths, data).map(Value::Bytes)),
         };
-        cells
-            .into_iter()
-            .enumerate()
-            .map(|(i, v)| if null(i) { Value::Null } else { v })
-            .collect()
+        Box::new(
+            cells
+                .enumerate()
+                .map(move |(i, v)| if null(i) { Value::Null } else { v }),
+        )
     }
 }
 

@@ -498,3 +498,64 @@ async fn deep_recursion_under_the_largest_stack_traps_instead_of_crashing_the_ho
         "{err}"
     );
 }
+
+/// A module that floods its output (10 million boolean rows from one
+/// record, about 20 MB in its own memory): the host holds the output in
+/// typed columns, never as a wide value per cell, so its peak memory stays
+/// within twice the module's cap plus a fixed allowance; every row lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_module_does_not_blow_up_the_host() {
+    let topic = "flood";
+    create_topic(shared_broker(), topic, 1);
+    let rows = 10_000_000u64;
+    let records = vec![Produce {
+        partition: 0,
+        key: None,
+        value: format!("flood:{rows}"),
+    }];
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let cap_mib = 64;
+    let config = format!(
+        r#"
+pipeline = "{topic}"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+[module]
+path = "{module}"
+params = {{ mode = "flood" }}
+[limits]
+max_memory_mib = {cap_mib}
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+name = "flood"
+columns = {{ flag = "boolean" }}
+"#,
+        brokers = shared_broker(),
+        module = plugin("hostile").display(),
+        db = db.display()
+    );
+    let run = run_measured(&write_config(dir.path(), &config), "warn");
+    assert!(run.success, "{}", run.log);
+    let pool = sqlite(&db).await;
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM flood")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored as u64, rows);
+    // Measured: 88 MiB; 312 MiB while the sink took the output as one wide
+    // value per cell.
+    let allowance = 128;
+    assert!(
+        run.peak_rss_mib <= 2 * cap_mib + allowance,
+        "host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB for {rows} boolean rows",
+        run.peak_rss_mib
+    );
+    println!(
+        "flood: {rows} boolean rows from one record, host peak RSS {} MiB (cap {cap_mib} MiB)",
+        run.peak_rss_mib
+    );
+}

@@ -73,12 +73,7 @@ fn rows(t: &TargetRows, key: &[String]) -> Vec<(String, String)> {
     let columns: Vec<(&str, Vec<String>)> = t
         .columns
         .iter()
-        .map(|c| {
-            (
-                c.name.as_str(),
-                c.values().into_iter().map(render).collect(),
-            )
-        })
+        .map(|c| (c.name.as_str(), c.values().map(render).collect()))
         .collect();
     (0..t.rows as usize)
         .map(|i| {

@@ -68,8 +68,7 @@ impl<'a> TypedColumn<'a> {
         }
     }
 
-    fn convert(ty: ColumnType, values: Vec<Value<'a>>) -> TypedColumn<'a> {
-        let it = values.into_iter();
+    fn convert(ty: ColumnType, it: impl Iterator<Item = Value<'a>>) -> TypedColumn<'a> {
         match ty {
             ColumnType::Integer => TypedColumn::Integer(
                 it.map(|v| match v {

@@ -10,6 +10,9 @@
 //!   `poison-recurse` recurses until the Wasm stack is exhausted, and traps
 //!   on any other value containing `poison` (the host bisects and
 //!   dead-letters each of them)
+//! - `"flood"`: for a record whose value is `flood:N`, N rows of one
+//!   boolean column into target `flood` (`flag`); other records write
+//!   nothing. The host must not need much more memory than the module.
 //! - `"floats"`: one row per record into target `floats` (`offset`, `x`):
 //!   the value parsed as a float (`NaN`, `inf`, `-0` included), null if it
 //!   is not one
@@ -35,7 +38,9 @@ impl Transform for Hostile {
     fn init(params: &Params) -> Result<Self, String> {
         let mode = mode_of(params.json()).unwrap_or_else(|| "echo".to_string());
         match mode.as_str() {
-            "spin" | "bomb" | "poison" | "floats" | "fail" | "echo" => Ok(Hostile { mode }),
+            "spin" | "bomb" | "poison" | "flood" | "floats" | "fail" | "echo" => {
+                Ok(Hostile { mode })
+            }
             other => Err(format!("unknown mode `{other}`")),
         }
     }
@@ -45,6 +50,17 @@ impl Transform for Hostile {
             "spin" => spin(batch.len() as u64),
             "bomb" => bomb(),
             "fail" => return Err(BatchError::fatal("hostile plugin refuses this batch")),
+            "flood" => {
+                let t = out.target("flood", &[("flag", Kind::Bool)]);
+                for r in batch.records() {
+                    let value = std::str::from_utf8(r.value.unwrap_or_default()).unwrap_or("");
+                    let n: u64 = value.strip_prefix("flood:").and_then(|n| n.parse().ok()).unwrap_or(0);
+                    for i in 0..n {
+                        out.row(t).bool(i % 3 == 0);
+                    }
+                }
+                return Ok(());
+            }
             "floats" => {
                 let t = out.target("floats", &[("offset", Kind::Int64), ("x", Kind::Float64)]);
                 for r in batch.records() {
