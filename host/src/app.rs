@@ -7,9 +7,9 @@
 
 use crate::config::PipelineConfig;
 use crate::control::{self, ControlState, ServeLimits};
-use crate::modules::{ModuleStore, StoreError, StoreVersions};
+use crate::modules::{ModuleStore, StoreError, StoreVersions, Version};
 use crate::pipeline::{
-    Pipeline, PipelineError, RunOptions, RunStats, Sink, Transform, VersionError,
+    Pipeline, PipelineError, RunOptions, RunStats, Sink, StatusBoard, Transform, VersionError,
 };
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
 use crate::sink::{SinkError, SinkKind, mysql, postgres, sqlite};
@@ -29,8 +29,6 @@ pub enum AppError {
     Sink(#[from] SinkError),
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error(transparent)]
-    Version(#[from] VersionError),
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error("control plane on {listen}")]
@@ -122,49 +120,20 @@ async fn run_with<S: Sink>(
     let active = versions
         .active_or_seed(&module.component, &config.params_json())
         .await?;
-    let configured = &module.transform;
-    let transform = if active.module_digest == configured.module_digest()
-        && active.params == configured.params()
-    {
-        module.transform
-    } else {
-        tracing::warn!(
-            version = active.version,
-            module = %active.module_digest,
-            "the module store's active version differs from module.path/params in the config; \
-             running the store's (deploy with `sluice deploy --activate` to change it)"
-        );
-        versions.load(&active).await?
-    };
-    tracing::info!(
-        version = active.version,
-        module = %active.module_digest,
-        params = %active.params,
-        "running module version"
-    );
-    let group = config.group_id();
-    let source_config = config.source.clone();
-    let source = tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))
-        .await
-        .expect("source connect task")?;
-    let options = RunOptions {
-        pipeline: config.pipeline.clone(),
-        batch_interval: Duration::from_millis(config.source.batch_interval_ms),
-        on_poison: config.limits.on_poison,
-        until_caught_up,
-    };
-    let pipeline = Pipeline::new(options, source, sink, versions, transform);
+    let status = StatusBoard::default();
+    // The control plane comes up before the active version is loaded, so
+    // a version this host cannot run can always be rolled back through it.
     let control_stop = shutdown.child_token();
     let control = match &config.control {
         Some(c) => {
             let state = ControlState {
                 pipeline: config.pipeline.clone(),
                 store,
-                runtime: module.runtime,
+                runtime: Arc::clone(&module.runtime),
                 cache_dir: config.module.cache_dir.clone(),
                 token: c.effective_token(),
                 max_module_bytes: c.max_module_bytes,
-                status: pipeline.status(),
+                status: status.clone(),
                 validations: tokio::sync::Semaphore::new(control::server::MAX_PARALLEL_VALIDATIONS),
             };
             let limits = ServeLimits {
@@ -175,12 +144,105 @@ async fn run_with<S: Sink>(
         }
         None => None,
     };
-    let result = pipeline.run(shutdown).await;
+    let run = async {
+        let Some(transform) =
+            first_runnable(&versions, active, module.transform, &status, &shutdown).await?
+        else {
+            return Ok(RunStats::default());
+        };
+        let group = config.group_id();
+        let source_config = config.source.clone();
+        let source =
+            tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))
+                .await
+                .expect("source connect task")?;
+        let options = RunOptions {
+            pipeline: config.pipeline.clone(),
+            batch_interval: Duration::from_millis(config.source.batch_interval_ms),
+            on_poison: config.limits.on_poison,
+            until_caught_up,
+        };
+        let pipeline = Pipeline::new(options, source, sink, versions, transform, status.clone());
+        Ok(pipeline.run(shutdown.clone()).await?)
+    };
+    let result = run.await;
     control_stop.cancel();
     if let Some(server) = control {
         let _ = server.await;
     }
-    Ok(result?)
+    result
+}
+
+/// How often a host that cannot run the active version asks again.
+const UNRUNNABLE_RECHECK: Duration = Duration::from_secs(1);
+
+/// The transform of the active version: the configured one if it is that
+/// version, else loaded from the store. While the active version cannot
+/// run on this host, waits (saying so on the status board and in the log)
+/// until another version is activated; `None` if shut down meanwhile.
+async fn first_runnable(
+    versions: &StoreVersions,
+    mut active: Version,
+    configured: WasmTransform,
+    status: &StatusBoard,
+    shutdown: &CancellationToken,
+) -> Result<Option<WasmTransform>, AppError> {
+    let mut configured = Some(configured);
+    loop {
+        let is_configured = configured.as_ref().is_some_and(|c| {
+            active.module_digest == c.module_digest() && active.params == c.params()
+        });
+        let loaded = match is_configured {
+            true => Ok(configured.take().expect("checked above")),
+            false => {
+                tracing::warn!(
+                    version = active.version,
+                    module = %active.module_digest,
+                    "the module store's active version differs from module.path/params in the \
+                     config; running the store's (deploy with `sluice deploy --activate` to change it)"
+                );
+                versions.load(&active).await
+            }
+        };
+        match loaded {
+            Ok(transform) => {
+                status.update(|s| s.version_problem = None);
+                tracing::info!(
+                    version = active.version,
+                    module = %active.module_digest,
+                    params = %active.params,
+                    "running module version"
+                );
+                return Ok(Some(transform));
+            }
+            Err(e @ VersionError::Unusable { .. }) => {
+                tracing::error!(
+                    "{e}; waiting for another version to be activated (roll back, or give this \
+                     host the limits it needs)"
+                );
+                status.update(|s| s.version_problem = Some(e.to_string()));
+            }
+            Err(e) => tracing::warn!("{e}; trying again"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(None),
+            _ = tokio::time::sleep(UNRUNNABLE_RECHECK) => {}
+        }
+        loop {
+            match versions.active().await {
+                Ok(Some(newer)) if newer.version != active.version => {
+                    active = newer;
+                    break;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("{e}; trying again"),
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(UNRUNNABLE_RECHECK) => {}
+            }
+        }
+    }
 }
 
 /// Binds the control API (so a taken port fails the start) and serves it

@@ -416,3 +416,82 @@ fn http_get(base: &str, path: &str) -> String {
     );
     out
 }
+
+/// Two hosts of one pipeline with different limits. A version host A
+/// accepts (its `init` needs 100 MiB) cannot run on host B (64 MiB cap): B
+/// keeps the version it runs and says so on its status; restarted, B serves
+/// its control API and waits instead of dying; `rollback` through B's API
+/// works, and B runs again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_version_one_host_cannot_run_leaves_both_running_and_rollback_works() {
+    let topic = "modules-limits";
+    let pipeline = "limits";
+    create_topic(shared_broker(), topic, PARTITIONS);
+    let db = SinkDb::fresh_postgres("sluice_modules_limits").await;
+    let dir = TempDir::new("limits");
+    let echo_target = "\n[[sink.targets]]\nname = \"echo\"\ncolumns = { offset = \"integer\", value = \"text\" }\n";
+    let write = |name: &str, port: u16, extra: &str| {
+        let config = dir.path().join(format!("{name}.toml"));
+        let base = identity_config_into(pipeline, shared_broker(), topic, &db.sink_toml(), 500);
+        let text = format!(
+            "{base}{echo_target}\n{}{extra}",
+            control_toml(port, 4 << 20)
+        );
+        std::fs::write(&config, text).unwrap();
+        config
+    };
+    let (port_a, url_a) = control_port();
+    let (port_b, url_b) = control_port();
+    let config_a = write("a", port_a, "");
+    let config_b = write("b", port_b, "\n[limits]\nmax_memory_mib = 64\n");
+    let producer = Producer::start(shared_broker(), topic, PARTITIONS);
+    let a = Host::start(&config_a, &dir.path().join("a.log"));
+    let b = Host::start(&config_b, &dir.path().join("b.log"));
+    a.wait_for_api(port_a);
+    b.wait_for_api(port_b);
+    a.wait_for_log("batch committed", 1, Duration::from_secs(90));
+
+    let hostile = plugin("hostile");
+    cli_ok(
+        &url_a,
+        &[
+            "deploy",
+            hostile.to_str().unwrap(),
+            "--params",
+            r#"{"mode":"hungry"}"#,
+            "--activate",
+        ],
+    );
+    a.wait_for_log("switching to module version", 1, Duration::from_secs(30));
+    b.wait_for_log("cannot run on this host", 1, Duration::from_secs(30));
+    let status_b = ControlClient::new(&url_b, None).status().await.unwrap();
+    let problem = status_b["running"]["version_problem"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(problem.contains("memory limit of 64 MiB"), "{status_b}");
+    assert_eq!(
+        status_b["running"]["module_digest"].as_str(),
+        Some(digest_of("identity").as_str())
+    );
+
+    // Restarted, B cannot start the active version: it serves its API and
+    // waits, and the rollback goes through it.
+    b.stop();
+    let b = Host::start(&config_b, &dir.path().join("b2.log"));
+    b.wait_for_api(port_b);
+    b.wait_for_log("waiting for another version", 1, Duration::from_secs(60));
+    let waiting = ControlClient::new(&url_b, None).status().await.unwrap();
+    assert!(
+        waiting["running"]["version_problem"].is_string(),
+        "{waiting}"
+    );
+    cli_ok(&url_b, &["rollback"]);
+    b.wait_for_log("running module version", 1, Duration::from_secs(30));
+    b.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    a.wait_for_log("switching to module version", 2, Duration::from_secs(30));
+    let healthy = ControlClient::new(&url_b, None).status().await.unwrap();
+    assert!(healthy["running"]["version_problem"].is_null(), "{healthy}");
+    producer.stop();
+    a.stop();
+    b.stop();
+}

@@ -10,7 +10,7 @@ use super::{ModuleStore, StoreError, Version};
 use crate::pipeline::{Swap, Transform, VersionError, Versions};
 use crate::runtime::{Runtime, WasmTransform};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The versions of one pipeline, as its module store holds them.
 pub struct StoreVersions {
@@ -18,6 +18,9 @@ pub struct StoreVersions {
     runtime: Arc<Runtime>,
     cache_dir: Option<PathBuf>,
     pipeline: String,
+    /// The last active version that could not be loaded here (module
+    /// digest, params digest) and why: not compiled again on every ask.
+    refused: Mutex<Option<(String, String, VersionError)>>,
 }
 
 impl StoreVersions {
@@ -32,6 +35,7 @@ impl StoreVersions {
             runtime,
             cache_dir,
             pipeline,
+            refused: Mutex::new(None),
         }
     }
 
@@ -49,8 +53,32 @@ impl StoreVersions {
         self.store.seed(&self.pipeline, &digest, params).await
     }
 
-    /// Loads `version`'s module from the store and binds its params.
+    /// The active version, re-read from the store.
+    pub async fn active(&self) -> Result<Option<Version>, VersionError> {
+        self.store
+            .active(&self.pipeline)
+            .await
+            .map_err(|e| VersionError::Unavailable(e.to_string()))
+    }
+
+    /// Loads `version`'s module from the store and binds its params. A
+    /// version that cannot run here is remembered, and refused again
+    /// without compiling it again.
     pub async fn load(&self, version: &Version) -> Result<WasmTransform, VersionError> {
+        let key = (version.module_digest.clone(), version.params_digest.clone());
+        if let Some((digest, params, error)) = &*self.refused.lock().expect("not poisoned")
+            && (digest, params) == (&key.0, &key.1)
+        {
+            return Err(error.clone());
+        }
+        let loaded = self.load_uncached(version).await;
+        if let Err(e @ VersionError::Unusable { .. }) = &loaded {
+            *self.refused.lock().expect("not poisoned") = Some((key.0, key.1, e.clone()));
+        }
+        loaded
+    }
+
+    async fn load_uncached(&self, version: &Version) -> Result<WasmTransform, VersionError> {
         let unusable = |message: String| VersionError::Unusable {
             version: version.version,
             message,
@@ -81,12 +109,7 @@ impl Versions for StoreVersions {
         &self,
         running: &WasmTransform,
     ) -> Result<Option<Swap<WasmTransform>>, VersionError> {
-        let active = self
-            .store
-            .active(&self.pipeline)
-            .await
-            .map_err(|e| VersionError::Unavailable(e.to_string()))?;
-        let Some(active) = active else {
+        let Some(active) = self.active().await? else {
             return Ok(None);
         };
         let params_digest = crate::batch::sha256_hex(running.params().as_bytes());

@@ -79,13 +79,15 @@ pub struct Swap<T> {
 }
 
 /// Why the active version could not be followed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum VersionError {
     /// The state store did not answer: keep the running version, ask again.
     #[error("reading the active module version: {0}")]
     Unavailable(String),
-    /// The active version cannot run on this host: fatal.
-    #[error("module version {version} cannot run: {message}")]
+    /// The active version cannot run on this host (its module does not
+    /// load, or `init` fails under this host's limits): the host keeps the
+    /// version it runs and says so on its status.
+    #[error("module version {version} cannot run on this host: {message}")]
     Unusable { version: i64, message: String },
 }
 
@@ -96,8 +98,6 @@ pub enum PipelineError {
     Source(#[from] SourceError),
     #[error(transparent)]
     Sink(#[from] SinkError),
-    #[error(transparent)]
-    Version(#[from] VersionError),
     #[error("batch {batch_id} ({ranges}): {error}")]
     Transform {
         batch_id: String,
@@ -159,6 +159,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         sink: S,
         versions: V,
         transform: V::Transform,
+        status: StatusBoard,
     ) -> Self {
         let preparer = Preparer::new(options.pipeline.clone(), options.on_poison, transform);
         let pipeline = Pipeline {
@@ -171,7 +172,7 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
             pending_swap: None,
             preparer: Arc::new(preparer),
             stats: RunStats::default(),
-            status: StatusBoard::default(),
+            status,
         };
         pipeline.publish_version();
         pipeline
@@ -180,6 +181,23 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
     /// The board this pipeline publishes its status on.
     pub fn status(&self) -> StatusBoard {
         self.status.clone()
+    }
+
+    /// Logs (once per change) and publishes that the active version cannot
+    /// run here, or that it can again (`None`).
+    fn report_version_problem(&self, problem: Option<String>) {
+        let changed = self.status.snapshot().version_problem != problem;
+        if !changed {
+            return;
+        }
+        match &problem {
+            Some(p) => tracing::error!(
+                module = %self.preparer.transform().module_digest(),
+                "{p}; keeping the running version (roll back, or give this host the limits it needs)"
+            ),
+            None => tracing::info!("the active version runs on this host again"),
+        }
+        self.status.update(|s| s.version_problem = problem);
     }
 
     /// Puts the version batches are now prepared with on the status board.
@@ -263,15 +281,22 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
                 self.version_checked.set(Instant::now());
                 match self.versions.newer(self.preparer.transform()).await {
                     Ok(Some(swap)) => swap,
-                    Ok(None) => return Ok(prepared),
+                    Ok(None) => {
+                        self.report_version_problem(None);
+                        return Ok(prepared);
+                    }
                     Err(VersionError::Unavailable(e)) => {
                         tracing::warn!("{e}; keeping the running version");
                         return Ok(prepared);
                     }
-                    Err(e) => return Err(e.into()),
+                    Err(e) => {
+                        self.report_version_problem(Some(e.to_string()));
+                        return Ok(prepared);
+                    }
                 }
             }
         };
+        self.report_version_problem(None);
         tracing::info!(
             version = swap.version,
             module = %swap.transform.module_digest(),
@@ -467,8 +492,12 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
                     return Some(swap);
                 }
                 Ok(None) => {}
-                Err(e) => {
+                Err(VersionError::Unavailable(e)) => {
                     tracing::warn!("{e}; keeping the running version");
+                    return None;
+                }
+                Err(e) => {
+                    self.report_version_problem(Some(e.to_string()));
                     return None;
                 }
             }

@@ -24,6 +24,10 @@ pub struct Status {
     pub fenced: u64,
     pub last_batch: Option<LastBatch>,
     pub partitions: Vec<PartitionStatus>,
+    /// Set while the store's active version cannot run on this host (say,
+    /// its `init` needs more memory than this host's limits give): the
+    /// host keeps the version it runs, or waits if it has none yet.
+    pub version_problem: Option<String>,
 }
 
 /// The last batch this host committed.

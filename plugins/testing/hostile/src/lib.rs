@@ -16,6 +16,8 @@
 //! - `"floats"`: one row per record into target `floats` (`offset`, `x`):
 //!   the value parsed as a float (`NaN`, `inf`, `-0` included), null if it
 //!   is not one
+//! - `"hungry"`: needs 100 MiB of memory in `init` (a host whose cap is
+//!   lower cannot run it), then passes every value through like `echo`
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -38,6 +40,11 @@ impl Transform for Hostile {
     fn init(params: &Params) -> Result<Self, String> {
         let mode = mode_of(params.json()).unwrap_or_else(|| "echo".to_string());
         match mode.as_str() {
+            "hungry" => {
+                let appetite = vec![1u8; 100 << 20];
+                std::hint::black_box(&appetite);
+                Ok(Hostile { mode })
+            }
             "spin" | "bomb" | "poison" | "flood" | "floats" | "fail" | "echo" => {
                 Ok(Hostile { mode })
             }
