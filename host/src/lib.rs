@@ -32,6 +32,9 @@
 //! - [`replay`]: re-running committed batches from their lineage: `verify`
 //!   (recorded version, output digests compared) and `shadow` (a candidate
 //!   version, output diffed), read-only.
+//! - [`reset`]: reprocessing on purpose: moving a pipeline's checkpoints to
+//!   an offset, time, log start or end (`sink::sql::reset` moves them, with
+//!   the lineage the move makes stale).
 //! - [`app`]: wiring a config into a running pipeline (used by the CLI).
 
 pub mod app;
@@ -42,6 +45,7 @@ pub mod modules;
 pub mod output;
 pub mod pipeline;
 pub mod replay;
+pub mod reset;
 pub mod runtime;
 pub mod sink;
 pub mod source;

@@ -100,6 +100,69 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         last: usize,
     },
+    /// Move the pipeline's checkpoints to reprocess (or skip) records: to
+    /// an offset, a time, the log start or the log end. Running instances
+    /// are fenced at their next commit and continue from there. The old
+    /// run's lineage and dead letters of re-run offsets move to
+    /// PIPELINE@reset-N. Target rows are not touched: append rows come
+    /// again, accumulate targets add again (clear them first if that is
+    /// not wanted); upsert and delete targets converge.
+    Reset {
+        /// The pipeline's TOML config.
+        config: PathBuf,
+        #[command(flatten)]
+        to: ResetArgs,
+        /// Only these partitions, as TOPIC:PARTITION (repeatable); default:
+        /// every partition of the pipeline's topics.
+        #[arg(long = "partition")]
+        partitions: Vec<String>,
+        /// Show what would move, change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+/// Where `reset` moves the checkpoints (exactly one).
+#[derive(clap::Args)]
+#[group(required = true, multiple = false)]
+struct ResetArgs {
+    /// This offset in every chosen partition.
+    #[arg(long)]
+    to_offset: Option<i64>,
+    /// The first offset with a record time at or after this (ms since the
+    /// epoch).
+    #[arg(long)]
+    to_time: Option<i64>,
+    /// The oldest offset still in each log.
+    #[arg(long)]
+    to_earliest: bool,
+    /// The log end (skip everything there is now).
+    #[arg(long)]
+    to_latest: bool,
+}
+
+impl ResetArgs {
+    fn target(&self) -> sluice::source::ResetTo {
+        use sluice::source::ResetTo;
+        match (self.to_offset, self.to_time, self.to_earliest) {
+            (Some(o), _, _) => ResetTo::Offset(o),
+            (_, Some(t), _) => ResetTo::Time(t),
+            (_, _, true) => ResetTo::Earliest,
+            _ => ResetTo::Latest,
+        }
+    }
+}
+
+fn parse_partition(spec: &str) -> anyhow::Result<sluice::batch::TopicPartition> {
+    let (topic, partition) = spec
+        .rsplit_once(':')
+        .with_context(|| format!("--partition {spec:?}: expected TOPIC:PARTITION"))?;
+    Ok(sluice::batch::TopicPartition {
+        topic: topic.to_string(),
+        partition: partition
+            .parse()
+            .with_context(|| format!("--partition {spec:?}: expected TOPIC:PARTITION"))?,
+    })
 }
 
 /// Which committed batches `verify` replays (all by default).
@@ -288,6 +351,12 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             params,
             last,
         } => shadow(config, module, params, last).await,
+        Command::Reset {
+            config,
+            to,
+            partitions,
+            dry_run,
+        } => reset(config, to, partitions, dry_run).await,
         Command::Status { api } => {
             let status = api.client().status().await?;
             println!("{}", serde_json::to_string_pretty(&status)?);
@@ -352,6 +421,49 @@ async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
         differ.len(),
         differ.join(", ")
     );
+    Ok(())
+}
+
+async fn reset(
+    config: PathBuf,
+    to: ResetArgs,
+    partitions: Vec<String>,
+    dry_run: bool,
+) -> anyhow::Result<()> {
+    let config = sluice::config::PipelineConfig::load(&config)?;
+    let chosen = match partitions.is_empty() {
+        true => None,
+        false => Some(
+            partitions
+                .iter()
+                .map(|p| parse_partition(p))
+                .collect::<anyhow::Result<_>>()?,
+        ),
+    };
+    let done = sluice::reset::reset(&config, to.target(), chosen, dry_run).await?;
+    let verb = if dry_run { "would move" } else { "moved" };
+    for m in &done.moves {
+        let from = m
+            .from
+            .map_or("(no checkpoint)".to_string(), |o| o.to_string());
+        println!("{}: checkpoint {from} -> {}", m.partition, m.to);
+    }
+    println!(
+        "{verb} {} batches and {} dead letters of the old run to pipeline `{}` (readable there)",
+        done.batches_archived, done.dead_letters_archived, done.archived_as
+    );
+    for (table, mode) in sluice::reset::targets_needing_care(&config) {
+        println!(
+            "note: target table `{table}` is {mode:?}: re-processed records {} (clear it first if that is not wanted)",
+            match mode {
+                sluice::config::WriteMode::Accumulate => "add to it again",
+                _ => "are appended again",
+            }
+        );
+    }
+    if dry_run {
+        println!("dry run: nothing changed");
+    }
     Ok(())
 }
 

@@ -334,10 +334,11 @@ async fn api_fuzzed_from_its_openapi_document_never_fails() {
         let mut st = std::process::Command::new("st");
         st.args(["run", &schema, "--url", &url])
             .args(["--checks", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"])
-            .args(["--max-examples", "60", "--seed", "7", "--workers", "2"])
+            // One worker: with two, hypothesis's lambda-source cache (not
+            // thread-safe) failed a run with an internal KeyError.
+            .args(["--max-examples", "60", "--seed", "7", "--workers", "1"])
             .args(["--request-timeout", "30", "--no-color"])
             .args(["--phases", "examples,coverage,fuzzing"])
-            .env("SCHEMATHESIS_HOOKS", "")
             .current_dir(dir.path());
         if let Some(h) = &auth {
             st.args(["--header", h]);

@@ -132,3 +132,106 @@ fn a_partition_returning_to_its_former_owner_resumes_at_the_new_checkpoint() {
     producer.stop();
     first.stop();
 }
+
+/// Runs `sluice ARGS` and returns its stdout, asserting success.
+fn sluice_ok(args: &[&str]) -> String {
+    let out = std::process::Command::new(sluice_tests::sluice_bin())
+        .args(args)
+        .output()
+        .expect("run sluice");
+    assert!(
+        out.status.success(),
+        "sluice {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+async fn count(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+/// `sluice reset`: a dry run changes nothing; one partition moved back to
+/// an offset is processed again from there (append rows come again), the
+/// old run's lineage moves to `PIPELINE@reset-1` and stays readable, and
+/// `verify` passes on the new lineage; a reset while an instance runs
+/// fences it at its next commit and it continues from the new checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
+    use sluice_tests::{numbered, produce, run_ok, sqlite};
+    let name = "recovery-reset";
+    let dir = TempDir::new(name);
+    let config = pipeline(name, &dir, "");
+    let config_arg = config.to_str().unwrap();
+    produce(shared_broker(), name, &numbered(name, 200, 2));
+    run_ok(&config);
+    let pool = sqlite(&dir.path().join("out.db")).await;
+    assert_eq!(count(&pool, "SELECT count(*) FROM records").await, 200);
+
+    let dry = sluice_ok(&["reset", config_arg, "--to-earliest", "--dry-run"]);
+    assert!(
+        dry.contains("would move") && dry.contains("dry run"),
+        "{dry}"
+    );
+    let by_time = sluice_ok(&["reset", config_arg, "--to-time", "0", "--dry-run"]);
+    assert!(
+        by_time.contains(&format!("{name}[0]: checkpoint 100 -> 0")),
+        "{by_time}"
+    );
+    let checkpoints = "SELECT sum(next_offset) FROM sluice_checkpoints";
+    assert_eq!(
+        count(&pool, checkpoints).await,
+        200,
+        "a dry run changed checkpoints"
+    );
+
+    let partition = format!("{name}:0");
+    let moved = sluice_ok(&[
+        "reset",
+        config_arg,
+        "--to-offset",
+        "50",
+        "--partition",
+        &partition,
+    ]);
+    assert!(
+        moved.contains(&format!("{name}[0]: checkpoint 100 -> 50")),
+        "{moved}"
+    );
+    assert!(moved.contains(&format!("`{name}@reset-1`")), "{moved}");
+    assert!(moved.contains("appended again"), "{moved}");
+    run_ok(&config);
+    assert_eq!(count(&pool, "SELECT count(*) FROM records").await, 250);
+    let twice = count(
+        &pool,
+        "SELECT count(*) FROM (SELECT partition, \"offset\" FROM records \
+         GROUP BY 1, 2 HAVING count(*) = 2)",
+    )
+    .await;
+    assert_eq!(twice, 50, "partition 0 offsets 50..100 processed twice");
+    let archived = format!("SELECT count(*) FROM sluice_batches WHERE pipeline = '{name}@reset-1'");
+    assert!(
+        count(&pool, &archived).await >= 1,
+        "the old run's lineage is kept"
+    );
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+
+    // A running instance: fenced at its next commit, continues from 0.
+    let host = Host::start(&config, &dir.path().join("running.log"));
+    host.wait_for_log("reading partition", 2, Duration::from_secs(60));
+    sluice_ok(&["reset", config_arg, "--to-earliest"]);
+    produce(shared_broker(), name, &numbered("late", 10, 2));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count(&pool, "SELECT count(*) FROM records").await < 250 + 210 {
+        assert!(
+            Instant::now() < deadline,
+            "not re-read after the reset:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(host.log().contains("fenced"), "{}", host.log());
+    host.stop();
+    assert_eq!(count(&pool, "SELECT count(*) FROM records").await, 460);
+}

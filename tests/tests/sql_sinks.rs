@@ -315,8 +315,9 @@ async fn at_least_once_replays_dead_letters_after_a_crash_between_its_transactio
             .map(|i| Produce {
                 partition: (i % 2) as i32,
                 key: Some(format!("e{i}")),
+                // Malformed on both partitions, so every batch has some.
                 value: match i % 10 {
-                    3 => format!("not json {i}"),
+                    3 | 4 => format!("not json {i}"),
                     _ => format!(
                         r#"{{"id":{i},"user":"u{}","event":"purchase","amount":{i}.5}}"#,
                         i % 7
@@ -336,7 +337,8 @@ brokers = "{brokers}"
 topics = ["{name}"]
 batch_interval_ms = 100
 max_records_per_partition = 500
-properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
+# Static assignment: no group join, so nothing waits on the coordinator.
+assign = {{ "{name}" = [0, 1] }}
 [module]
 path = "{module}"
 params = {{ event = "purchase" }}
@@ -354,11 +356,20 @@ columns = {{ id = "integer", user = "text", amount = "real" }}
         sink = db.sink_toml(),
     );
     let config = write_config(dir.path(), &config);
-    let mut first = spawn_until_caught_up(&config, "info", Stdio::null());
+    let first_log = dir.path().join("first.log");
+    let mut first = spawn_until_caught_up(
+        &config,
+        "info",
+        Stdio::from(std::fs::File::create(&first_log).unwrap()),
+    );
     // Caught up once: checkpoints exist for both partitions.
-    assert!(first.wait().unwrap().success());
+    assert!(
+        first.wait().unwrap().success(),
+        "{}",
+        std::fs::read_to_string(&first_log).unwrap_or_default()
+    );
     let letters_before = db.dead_letters().await;
-    assert_eq!(letters_before, 200);
+    assert_eq!(letters_before, 400);
 
     let pool = db.pool().await;
     let mut lock = pool.begin().await.unwrap();
@@ -370,12 +381,18 @@ columns = {{ id = "integer", user = "text", amount = "real" }}
     .await
     .unwrap();
     produce(brokers, name, &events(2_000, 3_000));
-    let mut second = spawn_until_caught_up(&config, "info", Stdio::null());
+    let second_log = dir.path().join("second.log");
+    let mut second = spawn_until_caught_up(
+        &config,
+        "info",
+        Stdio::from(std::fs::File::create(&second_log).unwrap()),
+    );
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.dead_letters().await == letters_before {
         assert!(
             Instant::now() < deadline,
-            "the rows transaction never committed"
+            "the rows transaction never committed; log:\n{}",
+            std::fs::read_to_string(&second_log).unwrap_or_default()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

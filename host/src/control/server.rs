@@ -7,18 +7,19 @@
 //! not touch batches: a version reaches the pipelines through the module
 //! store, which every instance reads between batches.
 
-use crate::modules::{ModuleStore, Rejected, StoreError, validate};
+use super::edge::{drain, edge};
+use super::error::ApiError;
+use super::upload::read_upload;
+use crate::modules::{ModuleStore, validate};
 use crate::pipeline::StatusBoard;
 use crate::runtime::Runtime;
-use axum::body::{Body, Bytes};
-use axum::extract::multipart::{Field, MultipartError};
-use axum::extract::{DefaultBodyLimit, FromRequest, Multipart, Query, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::PathBuf;
@@ -73,13 +74,6 @@ pub async fn serve(
 /// Largest body of a JSON request (activate): params included.
 pub const JSON_BODY_MAX_BYTES: usize = 1024 * 1024;
 
-/// A refused request's unread body is read and dropped up to this much (and
-/// for at most `DRAIN_FOR`) before the answer, so the client, still
-/// sending, reads the refusal instead of a connection reset. Past it the
-/// connection is closed.
-const DRAIN_MAX_BYTES: usize = 64 * 1024 * 1024;
-const DRAIN_FOR: Duration = Duration::from_secs(5);
-
 /// The routes; writes behind the bearer-token check; every error answered
 /// as JSON.
 pub fn router(state: Arc<ControlState>, request_timeout: Duration) -> Router {
@@ -112,71 +106,8 @@ pub fn router(state: Arc<ControlState>, request_timeout: Duration) -> Router {
 
 /// A deploy's body: the module, its params and multipart framing (the
 /// handler says which part is too large).
-fn deploy_body_max(max_module_bytes: usize) -> usize {
+pub(super) fn deploy_body_max(max_module_bytes: usize) -> usize {
     max_module_bytes + JSON_BODY_MAX_BYTES + 64 * 1024
-}
-
-/// An error answer: a status and a message a user can act on.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    message: String,
-}
-
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: &'a str,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (
-            self.status,
-            Json(ErrorBody {
-                error: &self.message,
-            }),
-        )
-            .into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer"),
-            );
-        }
-        response
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        let status = match &e {
-            StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            StoreError::UnknownModule(_) => StatusCode::NOT_FOUND,
-            StoreError::NothingToRollBack(_) => StatusCode::CONFLICT,
-            StoreError::Database(_) | StoreError::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        ApiError::new(status, e.to_string())
-    }
-}
-
-impl From<Rejected> for ApiError {
-    fn from(e: Rejected) -> Self {
-        let status = match &e {
-            Rejected::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejected::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::UNPROCESSABLE_ENTITY,
-        };
-        ApiError::new(status, e.to_string())
-    }
 }
 
 /// Refuses a write without the configured bearer token (401), before its
@@ -217,94 +148,6 @@ fn authorized(state: &ControlState, headers: &HeaderMap) -> bool {
     given.is_some_and(|g| {
         crate::batch::sha256_hex(g.as_bytes()) == crate::batch::sha256_hex(expected.as_bytes())
     })
-}
-
-/// Reads and drops what is left of a refused request's body (bounded by
-/// `DRAIN_MAX_BYTES` and `DRAIN_FOR`), so the client reads the refusal.
-async fn drain(body: Body) {
-    let mut body = body;
-    let mut left = DRAIN_MAX_BYTES;
-    let reading = async {
-        while let Some(Ok(frame)) = body.frame().await {
-            let n = frame.data_ref().map_or(0, Bytes::len);
-            if n >= left {
-                return;
-            }
-            left -= n;
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_FOR, reading).await;
-}
-
-/// The edge of every request: refuses a declared body over the endpoint's
-/// limit before the handler runs (drained, so the client reads the
-/// answer), makes every error an `{"error": "..."}` JSON answer (axum's own
-/// rejections, the request timeout and unknown routes answer in plain text
-/// or not at all), and asks the client to close the connection after an
-/// error to a request that carried a body: that body may be partly unread,
-/// and the connection cannot serve another request.
-async fn edge(State(state): State<Arc<ControlState>>, request: Request, next: Next) -> Response {
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let had_body = request.headers().contains_key(header::TRANSFER_ENCODING)
-        || declared.is_some_and(|n| n > 0);
-    let limit = match request.uri().path() {
-        "/v1/modules" => deploy_body_max(state.max_module_bytes),
-        _ => JSON_BODY_MAX_BYTES,
-    };
-    let response = match declared {
-        Some(n) if n > limit as u64 => {
-            drain(request.into_body()).await;
-            ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("the body is {n} bytes, over this endpoint's limit of {limit} bytes"),
-            )
-            .into_response()
-        }
-        _ => next.run(request).await,
-    };
-    let status = response.status();
-    if !(status.is_client_error() || status.is_server_error()) {
-        return response;
-    }
-    let mut response = as_json(response).await;
-    if had_body {
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    response
-}
-
-/// An error answer as `{"error": ...}` JSON, its text kept as the message.
-async fn as_json(response: Response) -> Response {
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if is_json {
-        return response;
-    }
-    let status = response.status();
-    let (parts, body) = response.into_parts();
-    let text = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
-        .unwrap_or_default();
-    let message = match text.is_empty() {
-        true => status.canonical_reason().unwrap_or("error").to_lowercase(),
-        false => text,
-    };
-    let mut rewritten = ApiError::new(status, message).into_response();
-    for (name, value) in &parts.headers {
-        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
-            rewritten.headers_mut().insert(name, value.clone());
-        }
-    }
-    rewritten
 }
 
 async fn not_found(uri: Uri) -> ApiError {
@@ -384,12 +227,6 @@ struct Deployed {
     activated: Option<crate::modules::Version>,
 }
 
-/// A deploy's upload: the component and the params for `init`.
-struct Upload {
-    component: Bytes,
-    params: String,
-}
-
 async fn deploy(
     State(state): State<Arc<ControlState>>,
     Query(query): Query<DeployQuery>,
@@ -424,129 +261,6 @@ async fn deploy(
         activated,
     };
     Ok((StatusCode::CREATED, Json(deployed)).into_response())
-}
-
-/// Reads a deploy's body in either form, refusing a module over
-/// `max_module_bytes` or params over `JSON_BODY_MAX_BYTES` by name.
-async fn read_upload(state: &ControlState, request: Request) -> Result<Upload, ApiError> {
-    let limit = state.max_module_bytes;
-    let too_large = || {
-        ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("module is over the limit of {limit} bytes (control.max_module_bytes)"),
-        )
-    };
-    let is_multipart = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"multipart/form-data"));
-    if !is_multipart {
-        let component = read_limited(request.into_body(), limit)
-            .await?
-            .ok_or_else(too_large)?;
-        return Ok(Upload {
-            component,
-            params: "{}".to_string(),
-        });
-    }
-    let mut form = Multipart::from_request(request, &())
-        .await
-        .map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-    let (mut component, mut params) = (None, None);
-    while let Some(field) = form.next_field().await.map_err(multipart_error)? {
-        match field.name() {
-            Some("module") => match read_part(field, limit).await? {
-                Some(bytes) => component = Some(bytes),
-                None => {
-                    drain_form(&mut form).await;
-                    return Err(too_large());
-                }
-            },
-            Some("params") => {
-                let bytes = read_part(field, JSON_BODY_MAX_BYTES)
-                    .await?
-                    .ok_or_else(|| {
-                        ApiError::new(
-                            StatusCode::PAYLOAD_TOO_LARGE,
-                            format!("params are over the limit of {JSON_BODY_MAX_BYTES} bytes"),
-                        )
-                    })?;
-                let text = String::from_utf8(bytes.to_vec()).map_err(|_| {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "params are not UTF-8 text",
-                    )
-                })?;
-                params = Some(text);
-            }
-            other => {
-                return Err(ApiError::new(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "unknown form part {:?}: a deploy takes `module` and `params`",
-                        other.unwrap_or("")
-                    ),
-                ));
-            }
-        }
-    }
-    let component = component.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "the form has no `module` part (the component)",
-        )
-    })?;
-    Ok(Upload {
-        component,
-        params: params.unwrap_or_else(|| "{}".to_string()),
-    })
-}
-
-/// The whole body, or `None` if it is over `limit` bytes (the rest is
-/// drained so the client reads the refusal).
-async fn read_limited(mut body: Body, limit: usize) -> Result<Option<Bytes>, ApiError> {
-    let mut bytes = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            ApiError::new(StatusCode::BAD_REQUEST, format!("reading the body: {e}"))
-        })?;
-        let Some(data) = frame.data_ref() else {
-            continue;
-        };
-        if bytes.len() + data.len() > limit {
-            drain(body).await;
-            return Ok(None);
-        }
-        bytes.extend_from_slice(data);
-    }
-    Ok(Some(bytes.into()))
-}
-
-/// Reads and drops the rest of a refused form (bounded by the route's body
-/// limit and `DRAIN_FOR`), so the client reads the refusal.
-async fn drain_form(form: &mut Multipart) {
-    let draining = async {
-        while let Ok(Some(mut field)) = form.next_field().await {
-            while let Ok(Some(_)) = field.chunk().await {}
-        }
-    };
-    let _ = tokio::time::timeout(DRAIN_FOR, draining).await;
-}
-
-/// One form part, or `None` if it is over `limit` bytes.
-async fn read_part(mut field: Field<'_>, limit: usize) -> Result<Option<Bytes>, ApiError> {
-    let mut bytes = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(multipart_error)? {
-        if bytes.len() + chunk.len() > limit {
-            return Ok(None);
-        }
-        bytes.extend_from_slice(&chunk);
-    }
-    Ok(Some(bytes.into()))
-}
-
-fn multipart_error(e: MultipartError) -> ApiError {
-    ApiError::new(e.status(), format!("reading the form: {}", e.body_text()))
 }
 
 /// Validates on a blocking thread (compiling is CPU-bound); returns the ms.

@@ -19,7 +19,7 @@
 //!
 //! Owns commit retries, fencing and the shutdown drain (a batch already
 //! prepared is committed before stopping); `prepare` owns the transform
-//! retries and bisection of trapping batches. It must
+//! retries and bisection of batches with poison records. It must
 //! not talk SQL, Kafka protocol or Wasm directly: it goes through `Sink`,
 //! `KafkaSource` and `Transform`.
 
@@ -176,11 +176,6 @@ impl<S: Sink, V: Versions> Pipeline<S, V> {
         };
         pipeline.publish_version();
         pipeline
-    }
-
-    /// The board this pipeline publishes its status on.
-    pub fn status(&self) -> StatusBoard {
-        self.status.clone()
     }
 
     /// Logs (once per change) and publishes that the active version cannot

@@ -12,8 +12,10 @@
 //! last stable offset, because a `read_committed` consumer never does.
 
 mod ownership;
+mod positions;
 mod replay;
 
+pub use positions::{LogPositions, ResetTo};
 pub use replay::RangeReader;
 
 use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
@@ -639,8 +641,8 @@ fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
 
 /// librdkafka's cached watermarks from the last fetch response (not wrapped
 /// by the rdkafka crate). Unlike ListOffsets they are right on every broker.
-fn cached_watermarks(
-    consumer: &BaseConsumer<OwnershipContext>,
+fn cached_watermarks<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
     tp: &TopicPartition,
 ) -> Option<(i64, i64)> {
     let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;

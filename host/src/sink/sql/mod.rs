@@ -33,6 +33,7 @@ mod any;
 mod dialect;
 mod multirow;
 mod own_tables;
+pub mod reset;
 #[cfg(test)]
 pub(crate) mod scenarios;
 mod target;

@@ -1,0 +1,324 @@
+//! Moving a pipeline's checkpoints on purpose (`sluice reset`), in one
+//! transaction with the lineage it makes stale.
+//!
+//! # Delivery guarantee
+//!
+//! A reset changes stored checkpoints, so every batch planned from the old
+//! ones fails the offset compare-and-set: a running instance is fenced at
+//! its next commit, re-reads the checkpoint and continues from the new one.
+//! The checkpoint rows are updated first, so a batch commit waiting on them
+//! sees the new offset; lineage and dead letters committed before the reset
+//! are seen and moved. Re-processed records land again in the targets:
+//! append rows come again, upsert/delete targets converge, accumulate
+//! targets add again (the caller warns).
+//!
+//! The batches whose ranges the re-run covers again, and the dead letters
+//! of re-run offsets, are kept but moved out of the pipeline's name into
+//! `PIPELINE@reset-N` (N counting this pipeline's resets), so the new run's
+//! lineage starts clean and the old run stays readable. It must not touch
+//! target tables.
+
+use super::{Dialect, connect_any, text_at};
+use crate::batch::{TopicPartition, now_ms};
+use crate::config::SinkConfig;
+use crate::sink::SinkError;
+use sqlx::{Any, Transaction};
+
+/// One partition's move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionMove {
+    pub partition: TopicPartition,
+    /// The checkpoint before the reset; `None` if it never committed.
+    pub from: Option<i64>,
+    pub to: i64,
+}
+
+/// What a reset did (or, in a dry run, would do).
+#[derive(Debug, Clone)]
+pub struct ResetDone {
+    /// Where the stale lineage and dead letters went.
+    pub archived_as: String,
+    pub moves: Vec<PartitionMove>,
+    pub batches_archived: usize,
+    pub dead_letters_archived: u64,
+}
+
+/// sluice's tables and columns, quoted for one dialect.
+struct Names {
+    checkpoints: String,
+    batches: String,
+    ranges: String,
+    dead_letters: String,
+    d: &'static Dialect,
+}
+
+impl Names {
+    fn new(d: &'static Dialect, sink: &SinkConfig) -> Result<Self, SinkError> {
+        let table =
+            |t: &str| d.qualified(sink.schema.as_deref(), &format!("{}{t}", sink.table_prefix));
+        Ok(Names {
+            checkpoints: table("checkpoints")?,
+            batches: table("batches")?,
+            ranges: table("batch_ranges")?,
+            dead_letters: table("dead_letters")?,
+            d,
+        })
+    }
+
+    fn c(&self, column: &str) -> String {
+        self.d
+            .ident(column)
+            .expect("sluice's own column names are valid")
+    }
+
+    fn p(&self, i: usize) -> String {
+        self.d.param(i)
+    }
+
+    /// `pipeline = $a AND topic = $b AND partition = $c`, from placeholder `a`.
+    fn partition_key(&self, a: usize) -> String {
+        format!(
+            "{} = {} AND {} = {} AND {} = {}",
+            self.c("pipeline"),
+            self.p(a),
+            self.c("topic"),
+            self.p(a + 1),
+            self.c("partition"),
+            self.p(a + 2)
+        )
+    }
+}
+
+fn db_err(e: sqlx::Error) -> SinkError {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => SinkError::Unavailable(e.to_string()),
+        other => SinkError::Database(format!("reset: {other}")),
+    }
+}
+
+/// Moves `pipeline`'s checkpoints of the given partitions to their offsets,
+/// archiving the lineage and dead letters the move makes stale; with
+/// `dry_run`, reports and rolls back.
+pub async fn reset(
+    sink: &SinkConfig,
+    pipeline: &str,
+    targets: &[(TopicPartition, i64)],
+    dry_run: bool,
+) -> Result<ResetDone, SinkError> {
+    let (pool, d) = connect_any(sink).await?;
+    let n = Names::new(d, sink)?;
+    let mut tx = pool.begin().await.map_err(db_err)?;
+    let mut moves = Vec::new();
+    for (tp, to) in targets {
+        let from = move_checkpoint(&mut tx, &n, pipeline, tp, *to).await?;
+        moves.push(PartitionMove {
+            partition: tp.clone(),
+            from,
+            to: *to,
+        });
+    }
+    let archived_as = format!(
+        "{pipeline}@reset-{}",
+        resets_so_far(&mut tx, &n, pipeline).await? + 1
+    );
+    let mut stale = Vec::new();
+    for (tp, to) in targets {
+        for id in batches_covering(&mut tx, &n, pipeline, tp, *to).await? {
+            if !stale.contains(&id) {
+                stale.push(id);
+            }
+        }
+    }
+    for id in &stale {
+        archive_batch(&mut tx, &n, pipeline, &archived_as, id).await?;
+    }
+    let mut dead_letters_archived = 0;
+    for (tp, to) in targets {
+        dead_letters_archived +=
+            archive_dead_letters(&mut tx, &n, pipeline, &archived_as, tp, *to).await?;
+    }
+    match dry_run {
+        true => tx.rollback().await.map_err(db_err)?,
+        false => tx.commit().await.map_err(db_err)?,
+    }
+    Ok(ResetDone {
+        archived_as,
+        moves,
+        batches_archived: stale.len(),
+        dead_letters_archived,
+    })
+}
+
+/// Sets the checkpoint (inserting it if the partition never committed);
+/// returns the one it replaced.
+async fn move_checkpoint(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+    tp: &TopicPartition,
+    to: i64,
+) -> Result<Option<i64>, SinkError> {
+    let next = n.c("next_offset");
+    let from: Option<i64> = sqlx::query_scalar(&format!(
+        "SELECT {next} FROM {} WHERE {}",
+        n.checkpoints,
+        n.partition_key(1)
+    ))
+    .bind(pipeline)
+    .bind(&tp.topic)
+    .bind(tp.partition as i64)
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    let now = now_ms();
+    match from {
+        Some(_) => {
+            sqlx::query(&format!(
+                "UPDATE {} SET {next} = {}, {} = {} WHERE {}",
+                n.checkpoints,
+                n.p(1),
+                n.c("updated_at_ms"),
+                n.p(2),
+                n.partition_key(3)
+            ))
+            .bind(to)
+            .bind(now)
+            .bind(pipeline)
+            .bind(&tp.topic)
+            .bind(tp.partition as i64)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        }
+        None => {
+            sqlx::query(&format!(
+                "INSERT INTO {} ({}, {}, {}, {next}, {}) VALUES ({})",
+                n.checkpoints,
+                n.c("pipeline"),
+                n.c("topic"),
+                n.c("partition"),
+                n.c("updated_at_ms"),
+                n.d.params(1, 5)
+            ))
+            .bind(pipeline)
+            .bind(&tp.topic)
+            .bind(tp.partition as i64)
+            .bind(to)
+            .bind(now)
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        }
+    }
+    Ok(from)
+}
+
+/// How many resets moved this pipeline's lineage aside before.
+async fn resets_so_far(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+) -> Result<u64, SinkError> {
+    let prefix = format!("{pipeline}@reset-");
+    let mut most = 0;
+    for table in [&n.batches, &n.dead_letters] {
+        let rows = sqlx::query(&format!("SELECT DISTINCT {} FROM {table}", n.c("pipeline")))
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db_err)?;
+        for row in rows {
+            let name = text_at(&row, 0).map_err(db_err)?;
+            if let Some(k) = name
+                .strip_prefix(&prefix)
+                .and_then(|k| k.parse::<u64>().ok())
+            {
+                most = most.max(k);
+            }
+        }
+    }
+    Ok(most)
+}
+
+/// Batches with a range of `tp` that ends after `to`: the re-run covers
+/// (part of) them again.
+async fn batches_covering(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+    tp: &TopicPartition,
+    to: i64,
+) -> Result<Vec<String>, SinkError> {
+    let rows = sqlx::query(&format!(
+        "SELECT DISTINCT {} FROM {} WHERE {} AND {} > {}",
+        n.c("batch_id"),
+        n.ranges,
+        n.partition_key(1),
+        n.c("until_offset"),
+        n.p(4)
+    ))
+    .bind(pipeline)
+    .bind(&tp.topic)
+    .bind(tp.partition as i64)
+    .bind(to)
+    .fetch_all(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    rows.iter().map(|r| text_at(r, 0).map_err(db_err)).collect()
+}
+
+/// Moves one batch's lineage rows (the batch and all its ranges) to
+/// `archived_as`.
+async fn archive_batch(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+    archived_as: &str,
+    batch_id: &str,
+) -> Result<(), SinkError> {
+    for table in [&n.batches, &n.ranges] {
+        sqlx::query(&format!(
+            "UPDATE {table} SET {pl} = {} WHERE {pl} = {} AND {} = {}",
+            n.p(1),
+            n.p(2),
+            n.c("batch_id"),
+            n.p(3),
+            pl = n.c("pipeline"),
+        ))
+        .bind(archived_as)
+        .bind(pipeline)
+        .bind(batch_id)
+        .execute(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    }
+    Ok(())
+}
+
+/// Moves the dead letters of `tp` at or after `to` to `archived_as`.
+async fn archive_dead_letters(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+    archived_as: &str,
+    tp: &TopicPartition,
+    to: i64,
+) -> Result<u64, SinkError> {
+    let moved = sqlx::query(&format!(
+        "UPDATE {} SET {} = {} WHERE {} AND {} >= {}",
+        n.dead_letters,
+        n.c("pipeline"),
+        n.p(1),
+        n.partition_key(2),
+        n.c("offset"),
+        n.p(5)
+    ))
+    .bind(archived_as)
+    .bind(pipeline)
+    .bind(&tp.topic)
+    .bind(tp.partition as i64)
+    .bind(to)
+    .execute(&mut **tx)
+    .await
+    .map_err(db_err)?;
+    Ok(moved.rows_affected())
+}
