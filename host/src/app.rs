@@ -1,9 +1,10 @@
 //! Wiring: turns a validated config into a running pipeline.
 //!
-//! Owns the start-up order (module first, so a bad module fails before any
-//! connection; then sink, module store, source, control plane) and the
-//! errors a user sees when a piece is missing. It must not hold batch logic:
-//! that is `pipeline`.
+//! Owns the start-up order (the configured module first, so a bad module
+//! fails before any connection; then sink, module store, control plane, the
+//! active version — waited for while this host cannot run it — and the
+//! source) and the errors a user sees when a piece is missing. It must not
+//! hold batch logic: that is `pipeline`.
 
 use crate::config::PipelineConfig;
 use crate::control::{self, ControlState, ServeLimits};

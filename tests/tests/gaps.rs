@@ -314,6 +314,56 @@ fn transform_ms_of_batch_with_dead_letters(log: &str) -> u64 {
         .unwrap_or_else(|| panic!("no batch with dead letters in:\n{log}"))
 }
 
+/// A hostile pipeline run over `n` numbered records of a new one-partition
+/// topic, some replaced by `poison` (index, value), under `limits`.
+struct HostileRun {
+    /// Keeps the database and config until the test ends.
+    dir: TempDir,
+    config: std::path::PathBuf,
+    run: MeasuredRun,
+    pool: sqlx::SqlitePool,
+}
+
+async fn run_hostile(topic: &str, n: usize, poison: &[(usize, &str)], limits: &str) -> HostileRun {
+    create_topic(shared_broker(), topic, 1);
+    let mut records = numbered("ok", n, 1);
+    for &(i, value) in poison {
+        records[i].value = value.into();
+    }
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, limits));
+    let run = run_measured(&config, "info");
+    assert!(run.success, "{}", run.log);
+    let pool = sqlite(&db).await;
+    HostileRun {
+        dir,
+        config,
+        run,
+        pool,
+    }
+}
+
+impl HostileRun {
+    async fn echo_rows(&self) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM echo")
+            .fetch_one(&self.pool)
+            .await
+            .unwrap()
+    }
+
+    /// (offset, kind, reason) of every dead letter, by offset.
+    async fn dead_letters(&self) -> Vec<(i64, String, String)> {
+        sqlx::query_as(
+            "SELECT \"offset\", kind, reason FROM sluice_dead_letters ORDER BY \"offset\"",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
 /// One record that loops (fuel), one that allocates past the cap (memory)
 /// and one that traps, among 5,000 in one batch: each ends as exactly one
 /// dead letter of its kind, the other 4,997 commit, the host's peak memory
@@ -321,32 +371,16 @@ fn transform_ms_of_batch_with_dead_letters(log: &str) -> u64 {
 /// reproduces the batch.
 #[tokio::test(flavor = "multi_thread")]
 async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
-    let topic = "poison-kinds";
-    create_topic(shared_broker(), topic, 1);
-    let mut records = numbered("ok", 5_000, 1);
-    records[1_234].value = "poison-spin: loops".into();
-    records[2_500].value = "poison-bomb: allocates".into();
-    records[4_321].value = "poison: traps".into();
-    produce(shared_broker(), topic, &records);
-    let dir = TempDir::new(topic);
-    let db = dir.path().join("out.db");
     let cap_mib = 64;
     let limits = format!("fuel_per_batch = 300000000\nmax_memory_mib = {cap_mib}");
-    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, &limits));
-    let run = run_measured(&config, "info");
-    assert!(run.success, "{}", run.log);
-    let pool = sqlite(&db).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 4_997);
-    let dead: Vec<(i64, String, String)> = sqlx::query_as(
-        "SELECT \"offset\", kind, reason FROM sluice_dead_letters ORDER BY \"offset\"",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let poison = [
+        (1_234, "poison-spin: loops"),
+        (2_500, "poison-bomb: allocates"),
+        (4_321, "poison: traps"),
+    ];
+    let h = run_hostile("poison-kinds", 5_000, &poison, &limits).await;
+    assert_eq!(h.echo_rows().await, 4_997);
+    let dead = h.dead_letters().await;
     let kinds: Vec<(i64, &str)> = dead.iter().map(|(o, k, _)| (*o, k.as_str())).collect();
     assert_eq!(
         kinds,
@@ -357,13 +391,13 @@ async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
     assert!(dead[1].2.contains("memory"), "{dead:?}");
     let allowance = 256;
     assert!(
-        run.peak_rss_mib <= 2 * cap_mib + allowance,
+        h.run.peak_rss_mib <= 2 * cap_mib + allowance,
         "host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB",
-        run.peak_rss_mib
+        h.run.peak_rss_mib
     );
     let verified = std::process::Command::new(sluice_bin())
         .arg("verify")
-        .arg(&config)
+        .arg(&h.config)
         .output()
         .expect("run sluice verify");
     let said = String::from_utf8_lossy(&verified.stdout);
@@ -375,8 +409,8 @@ async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
     assert!(said.contains("0 differ"), "{said}");
     println!(
         "3 poison records of 3 kinds in 5,000: isolated in {} ms of transform, host peak RSS {} MiB",
-        transform_ms_of_batch_with_dead_letters(&run.log),
-        run.peak_rss_mib
+        transform_ms_of_batch_with_dead_letters(&h.run.log),
+        h.run.peak_rss_mib
     );
 }
 
@@ -425,28 +459,16 @@ async fn bisection_cost_of_one_poison_record_in_ten_thousand() {
 /// commits.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_record_past_the_deadline_on_every_try_becomes_a_deadline_dead_letter() {
-    let topic = "poison-deadline";
-    create_topic(shared_broker(), topic, 1);
-    let mut records = numbered("ok", 100, 1);
-    records[42].value = "poison-spin: loops".into();
-    produce(shared_broker(), topic, &records);
-    let dir = TempDir::new(topic);
-    let db = dir.path().join("out.db");
     let limits = "fuel_per_batch = 1000000000000\nbatch_timeout_ms = 300";
-    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, limits));
-    let run = run_measured(&config, "info");
-    assert!(run.success, "{}", run.log);
-    let pool = sqlite(&db).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 99);
-    let dead: Vec<(i64, String, String)> =
-        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let h = run_hostile(
+        "poison-deadline",
+        100,
+        &[(42, "poison-spin: loops")],
+        limits,
+    )
+    .await;
+    assert_eq!(h.echo_rows().await, 99);
+    let dead = h.dead_letters().await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(
         (dead[0].0, dead[0].1.as_str()),
@@ -463,33 +485,18 @@ async fn a_record_past_the_deadline_on_every_try_becomes_a_deadline_dead_letter(
 #[tokio::test(flavor = "multi_thread")]
 async fn deep_recursion_under_the_largest_stack_traps_instead_of_crashing_the_host() {
     let topic = "poison-recurse";
-    create_topic(shared_broker(), topic, 1);
-    let mut records = numbered("ok", 50, 1);
-    records[7].value = "poison-recurse: deeper and deeper".into();
-    produce(shared_broker(), topic, &records);
-    let dir = TempDir::new(topic);
-    let db = dir.path().join("out.db");
     let limits = format!("max_stack_kib = {}", sluice::config::MAX_STACK_KIB);
-    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, &limits));
-    let run = run_measured(&config, "info");
-    assert!(run.success, "{}", run.log);
-    let pool = sqlite(&db).await;
-    let dead: Vec<(i64, String, String)> =
-        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let poison = [(7, "poison-recurse: deeper and deeper")];
+    let h = run_hostile(topic, 50, &poison, &limits).await;
+    let dead = h.dead_letters().await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!((dead[0].0, dead[0].1.as_str()), (7, "trap"), "{dead:?}");
     assert!(dead[0].2.contains("stack"), "{dead:?}");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 49);
+    assert_eq!(h.echo_rows().await, 49);
 
     let too_deep = format!("max_stack_kib = {}", sluice::config::MAX_STACK_KIB + 1);
-    let refused = write_config(dir.path(), &hostile_config(topic, topic, &db, &too_deep));
+    let db = h.dir.path().join("out.db");
+    let refused = write_config(h.dir.path(), &hostile_config(topic, topic, &db, &too_deep));
     let out = run_until_caught_up(&refused, Duration::from_secs(60));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
