@@ -234,27 +234,7 @@ async fn poison_records_become_dead_letters_and_the_rest_commits() {
     produce(brokers, topic, &records);
     let dir = TempDir::new("poison");
     let db = dir.path().join("out.db");
-    let config = write_config(
-        dir.path(),
-        &format!(
-            r#"
-pipeline = "poison"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-[module]
-path = "{module}"
-params = {{ mode = "poison" }}
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "echo"
-columns = {{ offset = "integer", value = "text" }}
-"#,
-            module = plugin("hostile").display(),
-            db = db.display()
-        ),
-    );
+    let config = write_config(dir.path(), &hostile_config("poison", topic, &db, ""));
     run_ok(&config);
     let pool = sqlite(&db).await;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")

@@ -222,17 +222,9 @@ impl KafkaSource {
             }
             self.apply_ownership_events();
         }
-        let mut still_owned = TopicPartitionList::new();
-        for e in held.elements() {
-            let tp = TopicPartition {
-                topic: e.topic().to_string(),
-                partition: e.partition(),
-            };
-            if self.partitions.contains_key(&tp) {
-                still_owned.add_partition(e.topic(), e.partition());
-            }
-        }
-        if let Err(e) = self.consumer.resume(&still_owned) {
+        // The started partitions still owned: one revoked and assigned again
+        // meanwhile is new, paused until its checkpoint is read.
+        if let Err(e) = self.consumer.resume(&self.started_list()) {
             self.held_error
                 .get_or_insert(SourceError::Kafka(format!("resume after the commit: {e}")));
         }
@@ -370,14 +362,16 @@ impl KafkaSource {
                 // A stale cache can only understate the log start, so below
                 // it is certain; beyond the end must hold for a while.
                 let beyond = waiting && from > high;
-                let since = match beyond {
-                    true => *state.beyond_end_since.get_or_insert_with(Instant::now),
-                    false => {
-                        state.beyond_end_since = None;
-                        Instant::now()
-                    }
-                };
-                if waiting && (from < low || since.elapsed() >= BEYOND_END_CONFIRM) {
+                if !beyond {
+                    state.beyond_end_since = None;
+                }
+                let confirmed_beyond = beyond
+                    && state
+                        .beyond_end_since
+                        .get_or_insert_with(Instant::now)
+                        .elapsed()
+                        >= BEYOND_END_CONFIRM;
+                if waiting && (from < low || confirmed_beyond) {
                     return Err(self.range_violation(tp, from).expect("outside the bounds"));
                 }
                 // Not caught up while beyond the end is unconfirmed: it is
