@@ -185,6 +185,33 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
         "a dry run changed checkpoints"
     );
 
+    // Refused, nothing changed: an offset outside the log, a partition the
+    // pipeline does not read, no target at all.
+    for (args, says) in [
+        (vec!["--to-offset", "999999"], "is not in the log"),
+        (
+            vec!["--to-earliest", "--partition", "elsewhere:0"],
+            "not a partition",
+        ),
+        (vec![], "required"),
+    ] {
+        let out = std::process::Command::new(sluice_tests::sluice_bin())
+            .args(["reset", config_arg])
+            .args(&args)
+            .output()
+            .expect("run sluice");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(says),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        count(&pool, checkpoints).await,
+        200,
+        "a refused reset changed checkpoints"
+    );
+
     let partition = format!("{name}:0");
     let moved = sluice_ok(&[
         "reset",
