@@ -51,6 +51,10 @@ pub struct Plan {
     pub params_digest: String,
     /// Milliseconds since the Unix epoch, fixed when the batch was planned.
     pub batch_time_ms: i64,
+    /// What else shaped the batch's result (engine, limits, poison
+    /// policy), as recorded in lineage; empty until the preparer sets it.
+    /// Not part of the batch id.
+    pub settings: String,
 }
 
 impl Plan {
@@ -80,6 +84,7 @@ impl Plan {
             module_digest: module_digest.to_string(),
             params_digest: params_digest.to_string(),
             batch_time_ms,
+            settings: String::new(),
         }
     }
 

@@ -4,7 +4,7 @@
 //! `///` comment is the user documentation (the README's config reference is
 //! generated from the same words). It must not connect to anything.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -207,10 +207,29 @@ pub struct LimitsConfig {
     /// pipeline. (`on_trap`, its former name, is still accepted.)
     #[serde(default, alias = "on_trap")]
     pub on_poison: OnPoison,
+    /// Most output one batch may hand the host, in MiB (values, lengths,
+    /// null flags, rejection reasons); defaults to `max_memory_mib`. More
+    /// fails the run before the sink copies it: bisected like a poison, a
+    /// record whose output alone is larger becomes an `output` dead letter;
+    /// a batch whose records are each fine but together too large fails,
+    /// saying to lower `source.max_records_per_partition`.
+    #[serde(default)]
+    pub max_output_mib: Option<u64>,
+    /// Wall-clock budget for compiling a module, in milliseconds (100 to
+    /// 3600000). The `sluice` binary compiles in a child process of lower
+    /// priority that is killed past it, so a module made to compile slowly
+    /// costs a host's cores at most this long, and is refused.
+    #[serde(default = "default_compile_timeout")]
+    pub compile_timeout_ms: u64,
+    /// Memory budget for compiling a module, in MiB (128 to 65536): the
+    /// compiling child's address-space limit. A module that needs more is
+    /// refused.
+    #[serde(default = "default_compile_memory")]
+    pub compile_memory_mib: u64,
 }
 
 /// What to do with records that fail the module on their own.
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, Deserialize, Serialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "kebab-case")]
 pub enum OnPoison {
     #[default]
@@ -226,6 +245,9 @@ impl Default for LimitsConfig {
             max_memory_mib: default_memory(),
             max_stack_kib: default_stack(),
             on_poison: OnPoison::default(),
+            max_output_mib: None,
+            compile_timeout_ms: default_compile_timeout(),
+            compile_memory_mib: default_compile_memory(),
         }
     }
 }
@@ -348,6 +370,14 @@ fn default_timeout() -> u64 {
 fn default_memory() -> u64 {
     256
 }
+fn default_compile_timeout() -> u64 {
+    60_000
+}
+
+fn default_compile_memory() -> u64 {
+    2048
+}
+
 fn default_stack() -> u64 {
     1024
 }
@@ -484,6 +514,21 @@ impl PipelineConfig {
             return invalid(format!(
                 "`limits.max_stack_kib` = {} is outside {MIN_STACK_KIB}..={MAX_STACK_KIB}",
                 self.limits.max_stack_kib
+            ));
+        }
+        if self.limits.max_output_mib == Some(0) {
+            return invalid("`limits.max_output_mib` must be positive".into());
+        }
+        if !(100..=3_600_000).contains(&self.limits.compile_timeout_ms) {
+            return invalid(format!(
+                "`limits.compile_timeout_ms` = {} is outside 100..=3600000",
+                self.limits.compile_timeout_ms
+            ));
+        }
+        if !(128..=65_536).contains(&self.limits.compile_memory_mib) {
+            return invalid(format!(
+                "`limits.compile_memory_mib` = {} is outside 128..=65536",
+                self.limits.compile_memory_mib
             ));
         }
         if let Err(e) = crate::sink::SinkKind::of_url(&self.sink.url) {

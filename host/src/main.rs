@@ -234,6 +234,23 @@ impl Api {
 }
 
 fn main() -> std::process::ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(sluice::runtime::WORKER_SUBCOMMAND) {
+        let status = sluice::runtime::worker_main(&args[2..]);
+        return std::process::ExitCode::from(status as u8);
+    }
+    // Modules are compiled by this same binary in budgeted child processes:
+    // /proc/self/exe is this very binary even if its file was replaced by
+    // an upgrade since (a newer one would compile for another engine).
+    let this_binary = std::path::Path::new("/proc/self/exe");
+    match this_binary.exists() {
+        true => sluice::runtime::compile_in_child_processes(this_binary.to_path_buf()),
+        false => {
+            if let Ok(exe) = std::env::current_exe() {
+                sluice::runtime::compile_in_child_processes(exe);
+            }
+        }
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
@@ -390,8 +407,12 @@ async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
     );
     let bar = progress(batches.len(), "verifying");
     let mut differ = Vec::new();
+    let mut caveats = std::collections::BTreeMap::new();
     for batch in &batches {
         let verdict = replayer.verify(batch).await?;
+        if let Some(caveat) = verdict.caveat.clone() {
+            *caveats.entry(caveat).or_insert(0usize) += 1;
+        }
         if !verdict.matches() {
             bar.suspend(|| {
                 println!(
@@ -409,6 +430,9 @@ async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
+    for (caveat, count) in caveats {
+        println!("note: {count} batch(es): {caveat}");
+    }
     println!(
         "verified {} batches: {} match, {} differ",
         batches.len(),

@@ -217,6 +217,30 @@ impl Output {
         Ok(())
     }
 
+    /// Bytes the output holds in the host (values, lengths, null flags,
+    /// names, rejection reasons): what `limits.max_output_mib` bounds.
+    pub fn byte_size(&self) -> usize {
+        let columns: usize = self
+            .targets
+            .iter()
+            .flat_map(|t| &t.columns)
+            .map(|c| {
+                c.name.len()
+                    + c.nulls.len()
+                    + match &c.data {
+                        ColumnData::Int64(v) => v.len() * 8,
+                        ColumnData::Float64(v) => v.len() * 8,
+                        ColumnData::Bool(v) => v.len(),
+                        ColumnData::Text { lengths, data } | ColumnData::Bytes { lengths, data } => {
+                            lengths.len() * 4 + data.len()
+                        }
+                    }
+            })
+            .sum();
+        let rejections: usize = self.rejections.iter().map(|r| 4 + r.reason.len()).sum();
+        columns + rejections
+    }
+
     /// Total rows over all targets.
     pub fn row_count(&self) -> u64 {
         self.targets.iter().map(|t| t.rows as u64).sum()
@@ -238,9 +262,55 @@ impl Output {
             }));
     }
 
-    /// sha256 over a canonical encoding of the whole output: the same rows
-    /// in the same order always give the same digest.
-    pub fn digest(&self) -> String {
+    /// sha256 over the canonical form of a batch's result: its rows and
+    /// its dead letters. Equal results give equal digests however they were
+    /// represented: a column without a null list and one of all zeros,
+    /// whatever a module left under a null, any non-zero byte as `true`.
+    ///
+    /// The form (every integer little-endian, every string and byte string
+    /// as its u64 length then its bytes): the tag `sluice-output-2`; the
+    /// number of targets (u64); per target its name, row count (u64) and
+    /// column count (u64); per column its name, its type tag (one byte:
+    /// 1 int64, 2 float64, 3 text, 4 bytes, 5 bool) and then either 0 and
+    /// every row's value (no row is null) or 1 and per row 0 (null) or 1
+    /// and the value; a value is 8 bytes (int64, the float64's bits), one
+    /// byte 0/1 (bool) or a length-prefixed string. Then the number of dead
+    /// letters (u64) and, by record index, each one's index (u64), kind and
+    /// — for a record the module rejected, whose reason is the module's own
+    /// output — 1 and the reason, else 0 (the host's wording of a trap or a
+    /// limit may change between versions; the kind and the record may not).
+    pub fn digest(&self, dead_letters: &[(usize, &str, Option<&str>)]) -> String {
+        let mut h = Sha256::new();
+        h.update(b"sluice-output-2");
+        put_len(&mut h, self.targets.len());
+        for t in &self.targets {
+            put_str(&mut h, &t.target);
+            put_len(&mut h, t.rows as usize);
+            put_len(&mut h, t.columns.len());
+            for c in &t.columns {
+                put_str(&mut h, &c.name);
+                h.update([c.data.tag()]);
+                put_column(&mut h, c, t.rows as usize);
+            }
+        }
+        put_len(&mut h, dead_letters.len());
+        for (index, kind, reason) in dead_letters {
+            put_len(&mut h, *index);
+            put_str(&mut h, kind);
+            match reason {
+                Some(reason) => {
+                    h.update([1]);
+                    put_str(&mut h, reason);
+                }
+                None => h.update([0]),
+            }
+        }
+        hex::encode(h.finalize())
+    }
+
+    /// The digest sluice recorded before the canonical form (batches whose
+    /// lineage has no settings): kept so `verify` can check them.
+    pub fn legacy_digest(&self) -> String {
         let mut h = Sha256::new();
         for t in &self.targets {
             h.update(b"T");
@@ -270,6 +340,63 @@ impl Output {
         }
         hex::encode(h.finalize())
     }
+}
+
+fn put_len(h: &mut Sha256, n: usize) {
+    h.update((n as u64).to_le_bytes());
+}
+
+/// One column in the canonical form (see [`Output::digest`]), written
+/// through a buffer: values are small, the hasher is fastest fed in bulk.
+fn put_column(h: &mut Sha256, c: &Column, rows: usize) {
+    const FLUSH: usize = 64 * 1024;
+    let is_null = |row: usize| c.nulls.get(row).is_some_and(|&n| n != 0);
+    let any_null = c.nulls.iter().any(|&n| n != 0);
+    let mut buf: Vec<u8> = Vec::with_capacity(FLUSH + 1024);
+    buf.push(any_null as u8);
+    let mut cell = |buf: &mut Vec<u8>, row: usize, value: &[u8], framed: bool| {
+        if any_null {
+            if is_null(row) {
+                buf.push(0);
+                return;
+            }
+            buf.push(1);
+        }
+        if framed {
+            buf.extend_from_slice(&(value.len() as u64).to_le_bytes());
+        }
+        buf.extend_from_slice(value);
+        if buf.len() >= FLUSH {
+            h.update(&buf);
+            buf.clear();
+        }
+    };
+    match &c.data {
+        ColumnData::Int64(v) => {
+            for (row, x) in v.iter().enumerate().take(rows) {
+                cell(&mut buf, row, &x.to_le_bytes(), false);
+            }
+        }
+        ColumnData::Float64(v) => {
+            for (row, x) in v.iter().enumerate().take(rows) {
+                cell(&mut buf, row, &x.to_bits().to_le_bytes(), false);
+            }
+        }
+        ColumnData::Bool(v) => {
+            for (row, x) in v.iter().enumerate().take(rows) {
+                cell(&mut buf, row, &[(*x != 0) as u8], false);
+            }
+        }
+        ColumnData::Text { lengths, data } | ColumnData::Bytes { lengths, data } => {
+            let mut at = 0usize;
+            for (row, &len) in lengths.iter().enumerate().take(rows) {
+                let value = &data[at..at + len as usize];
+                at += len as usize;
+                cell(&mut buf, row, value, true);
+            }
+        }
+    }
+    h.update(&buf);
 }
 
 fn put_str(h: &mut Sha256, s: &str) {
@@ -346,15 +473,85 @@ mod tests {
 
     #[test]
     fn digest_is_order_sensitive_and_stable() {
+        let d = |o: Output| o.digest(&[]);
+        assert_eq!(d(ints("t", vec![1, 2])), d(ints("t", vec![1, 2])));
+        assert_ne!(d(ints("t", vec![1, 2])), d(ints("t", vec![2, 1])));
+        assert_ne!(d(ints("t", vec![1])), d(ints("u", vec![1])));
+    }
+
+    fn column(nulls: Vec<u8>, data: ColumnData) -> Output {
+        let rows = nulls.len().max(match &data {
+            ColumnData::Bool(v) => v.len(),
+            ColumnData::Int64(v) => v.len(),
+            ColumnData::Text { lengths, .. } => lengths.len(),
+            _ => 0,
+        }) as u32;
+        Output {
+            targets: vec![TargetRows {
+                target: "t".into(),
+                rows,
+                columns: vec![Column {
+                    name: "c".into(),
+                    nulls,
+                    data,
+                }],
+            }],
+            rejections: vec![],
+        }
+    }
+
+    #[test]
+    fn digest_is_canonical_over_representations() {
+        let d = |o: Output| o.digest(&[]);
+        // No null list and a null list of zeros are the same rows.
         assert_eq!(
-            ints("t", vec![1, 2]).digest(),
-            ints("t", vec![1, 2]).digest()
+            d(column(vec![], ColumnData::Int64(vec![1, 2]))),
+            d(column(vec![0, 0], ColumnData::Int64(vec![1, 2])))
+        );
+        // What lies under a null does not count; a null does.
+        assert_eq!(
+            d(column(vec![0, 1], ColumnData::Int64(vec![1, 7]))),
+            d(column(vec![0, 1], ColumnData::Int64(vec![1, 9])))
         );
         assert_ne!(
-            ints("t", vec![1, 2]).digest(),
-            ints("t", vec![2, 1]).digest()
+            d(column(vec![0, 1], ColumnData::Int64(vec![1, 7]))),
+            d(column(vec![], ColumnData::Int64(vec![1, 7])))
         );
-        assert_ne!(ints("t", vec![1]).digest(), ints("u", vec![1]).digest());
+        let text = |nulls, parts: &[&str]| {
+            column(
+                nulls,
+                ColumnData::Text {
+                    lengths: parts.iter().map(|p| p.len() as u32).collect(),
+                    data: parts.concat().into_bytes(),
+                },
+            )
+        };
+        assert_eq!(d(text(vec![1, 0], &["junk", "b"])), d(text(vec![1, 0], &["", "b"])));
+        // Any non-zero byte is `true`.
+        assert_eq!(
+            d(column(vec![], ColumnData::Bool(vec![1, 0]))),
+            d(column(vec![], ColumnData::Bool(vec![255, 0])))
+        );
+        // Framed: moving a byte between strings changes the digest.
+        assert_ne!(d(text(vec![], &["ab", "c"])), d(text(vec![], &["a", "bc"])));
+    }
+
+    #[test]
+    fn digest_covers_dead_letters_and_only_module_reasons() {
+        let o = || ints("t", vec![1]);
+        assert_ne!(o().digest(&[]), o().digest(&[(3, "trap", None)]));
+        assert_ne!(
+            o().digest(&[(3, "trap", None)]),
+            o().digest(&[(4, "trap", None)])
+        );
+        assert_ne!(
+            o().digest(&[(3, "trap", None)]),
+            o().digest(&[(3, "fuel", None)])
+        );
+        assert_ne!(
+            o().digest(&[(3, "rejected", Some("bad"))]),
+            o().digest(&[(3, "rejected", Some("worse"))])
+        );
     }
 
     #[test]

@@ -546,3 +546,123 @@ columns = {{ flag = "boolean" }}
         run.peak_rss_mib
     );
 }
+
+/// A record that needs 100 MiB, under a 64 MiB cap, ends as a `memory` dead
+/// letter; the batch's lineage records the cap, and `verify` under a config
+/// whose cap would let the record through replays it under the recorded
+/// one: the batch reproduces.
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_replays_a_batch_under_the_limits_it_ran_with() {
+    let poison = [(700, "poison-hungry: needs 100 MiB")];
+    let h = run_hostile("replay-limits", 1_000, &poison, "max_memory_mib = 64").await;
+    assert_eq!(h.echo_rows().await, 999);
+    let dead = h.dead_letters().await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!((dead[0].0, dead[0].1.as_str()), (700, "memory"));
+    let settings: Vec<String> = sqlx::query_scalar("SELECT settings FROM sluice_batches")
+        .fetch_all(&h.pool)
+        .await
+        .unwrap();
+    assert!(!settings.is_empty());
+    for s in &settings {
+        let s: serde_json::Value = serde_json::from_str(s).expect("settings are JSON");
+        assert_eq!(s["max_memory_mib"], 64, "{s}");
+        assert_eq!(s["on_poison"], "dead-letter", "{s}");
+        assert!(s["engine"].as_str().unwrap().contains("wasmtime 48.0.8"), "{s}");
+    }
+    let text = std::fs::read_to_string(&h.config).unwrap();
+    std::fs::write(
+        &h.config,
+        text.replace("max_memory_mib = 64", "max_memory_mib = 256"),
+    )
+    .unwrap();
+    let verified = std::process::Command::new(sluice_bin())
+        .arg("verify")
+        .arg(&h.config)
+        .output()
+        .expect("run sluice verify");
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert!(
+        verified.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+    assert!(said.contains("0 differ") && !said.contains("note:"), "{said}");
+}
+
+/// A flood config over `records` (values `flood:N`) with `limits`.
+async fn run_flood(topic: &str, values: &[String], limits: &str) -> (TempDir, MeasuredRun) {
+    create_topic(shared_broker(), topic, 1);
+    let records: Vec<Produce> = values.iter().map(|v| one(0, v)).collect();
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let config = format!(
+        r#"
+pipeline = "{topic}"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+max_records_per_partition = 1000
+[module]
+path = "{module}"
+params = {{ mode = "flood" }}
+[limits]
+{limits}
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+name = "flood"
+columns = {{ flag = "boolean" }}
+"#,
+        brokers = shared_broker(),
+        module = plugin("hostile").display(),
+        db = db.display()
+    );
+    let run = run_measured(&write_config(dir.path(), &config), "warn");
+    (dir, run)
+}
+
+/// The output budget: one record whose output alone is over
+/// `limits.max_output_mib` becomes an `output` dead letter and the rest
+/// commits; records each within it but together over it fail the batch
+/// with the setting to change, committing nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn output_over_the_budget_is_isolated_or_refused_with_the_remedy() {
+    let mut values: Vec<String> = (0..50).map(|_| "flood:1000".to_string()).collect();
+    values[20] = "flood:20000000".into();
+    let (dir, run) = run_flood("output-budget", &values, "max_output_mib = 8").await;
+    assert!(run.success, "{}", run.log);
+    let pool = sqlite(&dir.path().join("out.db")).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM flood")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 49 * 1000);
+    let dead: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!((dead[0].0, dead[0].1.as_str()), (20, "output"));
+    assert!(
+        dead[0].2.contains("over the limit of 8 MiB (`limits.max_output_mib`)"),
+        "{dead:?}"
+    );
+
+    let values: Vec<String> = (0..20).map(|_| "flood:1000000".to_string()).collect();
+    let (dir, run) = run_flood("output-budget-batch", &values, "max_output_mib = 8").await;
+    assert!(!run.success);
+    assert!(
+        run.log.contains("lower `source.max_records_per_partition` or raise the limit"),
+        "{}",
+        run.log
+    );
+    let pool = sqlite(&dir.path().join("out.db")).await;
+    let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_checkpoints")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(committed, 0, "nothing is committed");
+}

@@ -52,13 +52,13 @@ fn same_batch_gives_identical_output_digests_in_fresh_instances() {
         let a = rt.run(&m, params, &plan, &batch).expect("run");
         let b = rt.run(&m, params, &plan, &batch).expect("run again");
         assert!(a.row_count() > 0, "{name} produced rows");
-        assert_eq!(a.digest(), b.digest(), "{name} is deterministic");
+        assert_eq!(a.digest(&[]), b.digest(&[]), "{name} is deterministic");
         // Another runtime (another engine) gives the same bytes too.
         let rt2 = runtime(LimitsConfig::default());
         let c = rt2
             .run(&load(&rt2, name), params, &plan, &batch)
             .expect("run in new engine");
-        assert_eq!(a.digest(), c.digest());
+        assert_eq!(a.digest(&[]), c.digest(&[]));
     }
 }
 
@@ -237,6 +237,18 @@ fn bad_inputs_get_clear_errors() {
             "`sink.lock_timeout_ms` = 0 is outside",
         ),
         (
+            "[limits]\ncompile_timeout_ms = 10\n[sink]",
+            "`limits.compile_timeout_ms` = 10 is outside 100..=3600000",
+        ),
+        (
+            "[limits]\ncompile_memory_mib = 64\n[sink]",
+            "`limits.compile_memory_mib` = 64 is outside 128..=65536",
+        ),
+        (
+            "[limits]\nmax_output_mib = 0\n[sink]",
+            "`limits.max_output_mib` must be positive",
+        ),
+        (
             "[control]\nlisten = \"127.0.0.1:0\"\nmax_connections = 0\n[sink]",
             "`control.max_connections` must be at least 1",
         ),
@@ -322,8 +334,8 @@ fn compiled_modules_are_cached_by_digest_and_engine() {
     let second = rt2.load(&bytes, Some(dir.path())).expect("load cached");
     let (plan, batch) = records(100);
     assert_eq!(
-        rt.run(&first, "{}", &plan, &batch).unwrap().digest(),
-        rt2.run(&second, "{}", &plan, &batch).unwrap().digest()
+        rt.run(&first, "{}", &plan, &batch).unwrap().digest(&[]),
+        rt2.run(&second, "{}", &plan, &batch).unwrap().digest(&[])
     );
     // A damaged artifact is ignored and rebuilt, never trusted.
     std::fs::write(dir.path().join(&name), b"damaged").unwrap();
@@ -346,4 +358,116 @@ fn unreachable_database_is_a_clear_error() {
         err.contains("cannot open sqlite:///nonexistent-dir/sub/x.db"),
         "{err}"
     );
+}
+
+/// A component that exports the world's `init` and `process` by name (so
+/// it passes every check made before compiling; their types are wrong, which
+/// only a compile would find) around a core module of `functions`
+/// functions of dependent arithmetic: a few MB that take cranelift many
+/// seconds and much memory to compile. With `import`, it also imports that
+/// interface.
+fn slow_to_compile(functions: usize, lines: usize, import: Option<&str>) -> Vec<u8> {
+    let mut body = String::new();
+    for i in 0..lines {
+        body.push_str(&format!(
+            "local.get 0 i64.const {i} i64.mul local.get 1 i64.xor local.set 1\n"
+        ));
+    }
+    let mut module = String::from("(core module $m\n(func (export \"nop\"))\n");
+    for f in 0..functions {
+        module.push_str(&format!(
+            "(func (export \"f{f}\") (param i64) (result i64) (local i64)\n{body} local.get 1)\n"
+        ));
+    }
+    module.push_str(")\n");
+    let import = import
+        .map(|name| format!("(import \"{name}\" (instance))\n"))
+        .unwrap_or_default();
+    let text = format!(
+        "(component\n{import}{module}(core instance $i (instantiate $m))\n\
+         (type $nothing (func))\n\
+         (func $init (type $nothing) (canon lift (core func $i \"nop\")))\n\
+         (func $process (type $nothing) (canon lift (core func $i \"nop\")))\n\
+         (export \"init\" (func $init))\n(export \"process\" (func $process)))"
+    );
+    wat::parse_str(&text).expect("the generated component parses")
+}
+
+/// `sluice check` of a config naming `module` with `limits` added; its
+/// success, stderr, peak RSS (MiB) and wall time.
+fn check_measured(dir: &TempDir, module: &[u8], limits: &str) -> (bool, String, u64, Duration) {
+    let path = dir.path().join("module.wasm");
+    std::fs::write(&path, module).unwrap();
+    let config = config_with_module(&path.display().to_string())
+        .replace("[sink]", &format!("[limits]\n{limits}\n[sink]"));
+    let config = write_config(dir.path(), &config);
+    let started = Instant::now();
+    let run = sluice_measured(
+        &["check".as_ref(), config.as_os_str()],
+        &dir.path().join("check.log"),
+        "warn",
+    );
+    (run.success, run.log, run.peak_rss_mib, started.elapsed())
+}
+
+#[test]
+fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
+    let dir = TempDir::new("compile-bomb");
+    let bomb = slow_to_compile(1500, 400, None);
+    eprintln!("compile bomb: {} KiB", bomb.len() / 1024);
+
+    let (ok, err, rss_mib, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 1000");
+    assert!(!ok);
+    assert!(
+        err.contains("module refused: compiling took longer than 1000 ms (`limits.compile_timeout_ms`)"),
+        "{err}"
+    );
+    // The worker is killed at the budget; the host never compiled it.
+    assert!(took < Duration::from_secs(8), "refused after {took:?}");
+    eprintln!("timed out after {took:?}");
+
+    // One huge function: the compiler holds all of it at once.
+    let bomb = slow_to_compile(1, 150_000, None);
+    let (ok, err, _, took) = check_measured(
+        &dir,
+        &bomb,
+        "compile_timeout_ms = 600000\ncompile_memory_mib = 128",
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("module refused: compiling needed more than 128 MiB (`limits.compile_memory_mib`)"),
+        "{err}"
+    );
+    // Stopped by its address-space limit long before any time budget.
+    // (Peak RSS is not asserted here: a process measured with wait4
+    // inherits the high-water mark of the test that forked it, and
+    // generating the bomb's text takes this test ~400 MiB.)
+    assert!(took < Duration::from_secs(30), "refused after {took:?}");
+    eprintln!("out of memory after {took:?}");
+}
+
+#[test]
+fn a_forbidden_import_is_refused_before_compiling() {
+    let dir = TempDir::new("import-bomb");
+    let bomb = slow_to_compile(1500, 400, Some("wasi:sockets/tcp@0.2.0"));
+    let (ok, err, _, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 600000");
+    assert!(!ok);
+    assert!(err.contains("imports `wasi:sockets/tcp@0.2.0`"), "{err}");
+    // Refused by reading its import section: the compile the bomb asks
+    // for (the test above: over its 1 s budget) never starts.
+    assert!(took < Duration::from_secs(3), "refused after {took:?}");
+}
+
+#[test]
+fn a_module_within_its_compile_budget_runs_the_same() {
+    // The identity plugin compiles in the budgeted worker and runs: the
+    // artifact the worker writes is the one this engine would have made.
+    let dir = TempDir::new("compile-ok");
+    let identity = std::fs::read(plugin("identity")).unwrap();
+    let (ok, err, _, _) = check_measured(
+        &dir,
+        &identity,
+        "compile_timeout_ms = 60000\ncompile_memory_mib = 1024",
+    );
+    assert!(ok, "{err}");
 }

@@ -65,7 +65,11 @@ impl From<Rejected> for ApiError {
     fn from(e: Rejected) -> Self {
         let status = match &e {
             Rejected::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Rejected::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            // The host could not compile (no worker process, say): not the
+            // module's fault, and may pass later.
+            Rejected::Busy(_) | Rejected::Module(crate::runtime::ModuleError::Engine(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             _ => StatusCode::UNPROCESSABLE_ENTITY,
         };
         ApiError::new(status, e.to_string())

@@ -26,7 +26,7 @@
 mod prepare;
 mod status;
 
-pub use prepare::{Batch, Preparer, Transform, describe};
+pub use prepare::{Batch, Preparer, Transform, describe, digest};
 pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
 
 use crate::batch::{OffsetRange, Plan, TopicPartition, now_ms};

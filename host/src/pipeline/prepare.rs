@@ -12,7 +12,7 @@ use super::PipelineError;
 use crate::batch::{OffsetRange, Plan, Records, now_ms, sha256_hex};
 use crate::config::OnPoison;
 use crate::output::Output;
-use crate::runtime::RunError;
+use crate::runtime::{Limits, RunError};
 use crate::sink::{DeadLetter, DeadLetterKind};
 use crate::source::KafkaSource;
 use std::time::Instant;
@@ -32,6 +32,8 @@ pub trait Transform: Send + Sync + 'static {
     fn module_digest(&self) -> &str;
     /// The parameters as `init` receives them.
     fn params(&self) -> &str;
+    /// The sandbox limits every batch runs under.
+    fn limits(&self) -> &Limits;
     /// Runs one whole batch in a fresh instance.
     fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError>;
 }
@@ -55,6 +57,8 @@ pub struct Preparer<T: Transform> {
     on_poison: OnPoison,
     transform: T,
     params_digest: String,
+    /// [`Plan::settings`] of every batch prepared here.
+    settings: String,
 }
 
 /// Renders ranges for logs and errors.
@@ -69,11 +73,13 @@ pub fn describe(ranges: &[OffsetRange]) -> String {
 impl<T: Transform> Preparer<T> {
     pub fn new(pipeline: String, on_poison: OnPoison, transform: T) -> Self {
         let params_digest = sha256_hex(transform.params().as_bytes());
+        let settings = transform.limits().replay_settings(on_poison).to_json();
         Preparer {
             pipeline,
             on_poison,
             transform,
             params_digest,
+            settings,
         }
     }
 
@@ -90,13 +96,14 @@ impl<T: Transform> Preparer<T> {
         ranges: Vec<OffsetRange>,
     ) -> Result<Batch, PipelineError> {
         let started = Instant::now();
-        let plan = Plan::new(
+        let mut plan = Plan::new(
             &self.pipeline,
             ranges,
             self.transform.module_digest(),
             &self.params_digest,
             now_ms(),
         );
+        plan.settings = self.settings.clone();
         let records = source.records(&plan.ranges);
         let read_ms = started.elapsed().as_millis() as u64;
         self.transform_planned(plan, records, read_ms)
@@ -106,13 +113,14 @@ impl<T: Transform> Preparer<T> {
     /// committed batch, for `verify` and `shadow`).
     pub fn transform_planned(
         &self,
-        plan: Plan,
+        mut plan: Plan,
         records: Records,
         read_ms: u64,
     ) -> Result<Batch, PipelineError> {
+        plan.settings = self.settings.clone();
         let transforming = Instant::now();
         let (output, dead_letters) = self.transform_batch(&plan, &records)?;
-        let output_digest = output.digest();
+        let output_digest = digest(&output, &dead_letters);
         Ok(Batch {
             plan,
             records,
@@ -210,6 +218,7 @@ impl<T: Transform> Preparer<T> {
             let error = match self.run_with_retries(plan, &sub) {
                 Ok(o) => {
                     output.absorb(o, &map);
+                    self.check_merged_output(&output)?;
                     continue;
                 }
                 Err(e) => e,
@@ -234,6 +243,32 @@ impl<T: Transform> Preparer<T> {
     }
 }
 
+impl<T: Transform> Preparer<T> {
+    /// The parts of a bisected batch each fit the output budget; together
+    /// they may not, and no record is at fault: the batch is too large.
+    fn check_merged_output(&self, output: &Output) -> Result<(), RunError> {
+        match self.transform.limits().check_output(output) {
+            Err(RunError::OutputTooLarge { mib, limit_mib }) => {
+                Err(RunError::BatchOutputTooLarge { mib, limit_mib })
+            }
+            other => other,
+        }
+    }
+}
+
+/// The canonical digest of a batch's result: its rows and dead letters
+/// (the reason only where the module wrote it).
+pub fn digest(output: &Output, dead_letters: &[DeadLetter]) -> String {
+    let dead: Vec<(usize, &str, Option<&str>)> = dead_letters
+        .iter()
+        .map(|d| {
+            let reason = (d.kind == DeadLetterKind::Rejected).then_some(d.reason.as_str());
+            (d.index, d.kind.as_str(), reason)
+        })
+        .collect();
+    output.digest(&dead)
+}
+
 /// The dead-letter kind of a failure one record can cause on its own.
 fn poison_kind(error: &RunError) -> Option<DeadLetterKind> {
     match error {
@@ -242,6 +277,7 @@ fn poison_kind(error: &RunError) -> Option<DeadLetterKind> {
         RunError::MemoryExceeded(_) => Some(DeadLetterKind::Memory),
         RunError::Timeout(_) => Some(DeadLetterKind::Deadline),
         RunError::NonFinite(_) => Some(DeadLetterKind::NonFinite),
+        RunError::OutputTooLarge { .. } => Some(DeadLetterKind::Output),
         _ => None,
     }
 }

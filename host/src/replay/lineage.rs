@@ -21,6 +21,10 @@ pub struct CommittedBatch {
     pub batch_time_ms: i64,
     pub output_digest: String,
     pub committed_at_ms: i64,
+    /// The engine, limits and poison policy it ran under (JSON of
+    /// `ReplaySettings`); empty for batches committed before they were
+    /// recorded.
+    pub settings: String,
     pub ranges: Vec<OffsetRange>,
 }
 
@@ -112,6 +116,7 @@ impl LineageReader {
                 batch_time_ms: row.try_get(3).map_err(db_err)?,
                 output_digest: text_at(&row, 4).map_err(db_err)?,
                 committed_at_ms: row.try_get(5).map_err(db_err)?,
+                settings: text_at(&row, 6).map_err(db_err)?,
             };
             if selection.keeps(&batch) {
                 batches.push(batch);
@@ -142,7 +147,8 @@ fn statements(d: &Dialect, sink: &SinkConfig) -> Result<(String, String), SinkEr
             "params_digest",
             "batch_time_ms",
             "output_digest",
-            "committed_at_ms"
+            "committed_at_ms",
+            "settings"
         ]),
         table("batches")?,
         c("pipeline"),

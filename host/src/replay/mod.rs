@@ -20,7 +20,7 @@ use crate::batch::{Plan, sha256_hex};
 use crate::config::PipelineConfig;
 use crate::modules::{ModuleStore, StoreError};
 use crate::pipeline::{Batch, PipelineError, Preparer};
-use crate::runtime::{Limits, Runtime, WasmTransform};
+use crate::runtime::{ENGINE, Limits, ReplaySettings, Runtime, WasmTransform};
 use crate::sink::SinkError;
 use crate::source::{RangeReader, SourceError};
 use std::collections::HashMap;
@@ -47,6 +47,9 @@ pub enum ReplayError {
 pub struct Verdict {
     pub batch: CommittedBatch,
     pub replayed_digest: String,
+    /// Set when the replay could not run exactly as the batch did: no
+    /// settings recorded, or another engine; says what was used instead.
+    pub caveat: Option<String>,
 }
 
 impl Verdict {
@@ -61,18 +64,17 @@ pub struct Replayer {
     lineage: LineageReader,
     store: ModuleStore,
     reader: RangeReader,
-    runtime: Arc<Runtime>,
-    /// Loaded versions by (module digest, params digest).
-    preparers: HashMap<(String, String), Arc<Preparer<WasmTransform>>>,
+    /// This config's limits: the deadline and compile budget of every
+    /// replay, and the rest for batches that recorded no settings.
+    limits: Limits,
+    /// A runtime per set of recorded limits (a CLI replay may need several).
+    runtimes: HashMap<ReplaySettings, Arc<Runtime>>,
+    /// Loaded versions by (module digest, params digest, settings).
+    preparers: HashMap<(String, String, ReplaySettings), Arc<Preparer<WasmTransform>>>,
 }
 
 impl Replayer {
     pub async fn open(config: &PipelineConfig) -> Result<Replayer, ReplayError> {
-        let runtime =
-            Runtime::new(Limits::from_config(&config.limits)).map_err(|e| ReplayError::Module {
-                module: "-".into(),
-                message: e.to_string(),
-            })?;
         let lineage = LineageReader::open(&config.sink).await?;
         let store = ModuleStore::open(&config.sink).await?;
         let source = config.source.clone();
@@ -85,7 +87,8 @@ impl Replayer {
             lineage,
             store,
             reader,
-            runtime: Arc::new(runtime),
+            limits: Limits::from_config(&config.limits),
+            runtimes: HashMap::new(),
             preparers: HashMap::new(),
         })
     }
@@ -102,10 +105,37 @@ impl Replayer {
     /// compares output digests.
     pub async fn verify(&mut self, batch: &CommittedBatch) -> Result<Verdict, ReplayError> {
         let replayed = self.rerun_recorded(batch).await?;
+        // Batches recorded without settings predate the canonical digest.
+        let replayed_digest = match batch.settings.is_empty() {
+            true => replayed.output.legacy_digest(),
+            false => replayed.output_digest,
+        };
         Ok(Verdict {
             batch: batch.clone(),
-            replayed_digest: replayed.output_digest,
+            replayed_digest,
+            caveat: self.caveat(batch),
         })
+    }
+
+    /// The settings `batch` is replayed under: those it recorded, or this
+    /// config's for a batch that recorded none.
+    pub fn settings_for(&self, batch: &CommittedBatch) -> ReplaySettings {
+        ReplaySettings::from_json(&batch.settings)
+            .unwrap_or_else(|| self.limits.replay_settings(self.config.limits.on_poison))
+    }
+
+    fn caveat(&self, batch: &CommittedBatch) -> Option<String> {
+        match ReplaySettings::from_json(&batch.settings) {
+            None => Some(
+                "no settings recorded (committed by an older sluice): replayed under this config's limits"
+                    .into(),
+            ),
+            Some(s) if s.engine != ENGINE => Some(format!(
+                "recorded under {}, replayed under {ENGINE}",
+                s.engine
+            )),
+            Some(_) => None,
+        }
     }
 
     /// The recorded version's output of `batch`, replayed: the module and
@@ -134,7 +164,8 @@ impl Replayer {
         component: &[u8],
         params: &str,
     ) -> Result<Batch, ReplayError> {
-        let preparer = self.preparer(component, params)?;
+        let settings = self.settings_for(batch);
+        let preparer = self.preparer(component, params, settings)?;
         let plan = Plan::new(
             &self.config.pipeline,
             batch.ranges.clone(),
@@ -165,8 +196,13 @@ impl Replayer {
         &mut self,
         component: &[u8],
         params: &str,
+        settings: ReplaySettings,
     ) -> Result<Arc<Preparer<WasmTransform>>, ReplayError> {
-        let key = (sha256_hex(component), sha256_hex(params.as_bytes()));
+        let key = (
+            sha256_hex(component),
+            sha256_hex(params.as_bytes()),
+            settings.clone(),
+        );
         if let Some(p) = self.preparers.get(&key) {
             return Ok(Arc::clone(p));
         }
@@ -174,19 +210,30 @@ impl Replayer {
             module: key.0.clone(),
             message,
         };
+        let runtime = self.runtime(&settings).map_err(&module_err)?;
         let module = tokio::task::block_in_place(|| {
-            self.runtime
-                .load(component, self.config.module.cache_dir.as_deref())
+            runtime.load(component, self.config.module.cache_dir.as_deref())
         })
         .map_err(|e| module_err(e.to_string()))?;
-        let transform = WasmTransform::new(Arc::clone(&self.runtime), module, params.to_string())
+        let transform = WasmTransform::new(runtime, module, params.to_string())
             .map_err(|e| module_err(e.to_string()))?;
         let preparer = Arc::new(Preparer::new(
             self.config.pipeline.clone(),
-            self.config.limits.on_poison,
+            settings.on_poison,
             transform,
         ));
         self.preparers.insert(key, Arc::clone(&preparer));
         Ok(preparer)
+    }
+
+    /// The runtime for `settings`' limits, made on first use.
+    fn runtime(&mut self, settings: &ReplaySettings) -> Result<Arc<Runtime>, String> {
+        if let Some(r) = self.runtimes.get(settings) {
+            return Ok(Arc::clone(r));
+        }
+        let runtime =
+            Arc::new(Runtime::new(settings.limits(&self.limits)).map_err(|e| e.to_string())?);
+        self.runtimes.insert(settings.clone(), Arc::clone(&runtime));
+        Ok(runtime)
     }
 }

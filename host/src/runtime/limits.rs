@@ -3,8 +3,52 @@
 //! Owns the numbers (from the pipeline config) and the `ResourceLimiter`. It
 //! must not decide what a hit limit means for the pipeline: `RunError` does.
 
-use crate::config::LimitsConfig;
+use crate::config::{LimitsConfig, OnPoison};
+use serde::{Deserialize, Serialize};
 use std::time::Duration;
+
+/// The engine that runs modules, as recorded in lineage.
+pub const ENGINE: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"), ", wasmtime 48.0.8");
+
+/// Everything besides the module, its params and the records that can
+/// change a batch's result: which records end as fuel, memory or stack
+/// dead letters, and the engine that ran it. Recorded with every batch's
+/// lineage (as JSON) and what `verify` and `shadow` replay under. The
+/// batch deadline is not here: a deadline is never part of a result.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReplaySettings {
+    pub engine: String,
+    pub fuel_per_batch: u64,
+    pub max_memory_mib: u64,
+    pub max_stack_kib: u64,
+    pub max_output_mib: u64,
+    pub on_poison: OnPoison,
+}
+
+impl ReplaySettings {
+    /// The JSON text stored in lineage.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain fields serialize")
+    }
+
+    /// Reads what lineage stored; `None` for a batch committed before
+    /// settings were recorded (empty) or unreadable text.
+    pub fn from_json(text: &str) -> Option<ReplaySettings> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// These settings' limits, with the deadline and compile budget of
+    /// `current` (neither shapes a result).
+    pub fn limits(&self, current: &Limits) -> Limits {
+        Limits {
+            fuel_per_batch: self.fuel_per_batch,
+            max_memory_mib: self.max_memory_mib,
+            max_stack_kib: self.max_stack_kib,
+            max_output_bytes: (self.max_output_mib as usize) << 20,
+            ..current.clone()
+        }
+    }
+}
 
 /// The sandbox limits applied to every batch.
 #[derive(Debug, Clone)]
@@ -13,6 +57,12 @@ pub struct Limits {
     pub batch_timeout: Duration,
     max_memory_mib: u64,
     max_stack_kib: u64,
+    /// Most output bytes one run may return.
+    pub max_output_bytes: usize,
+    /// Wall-clock budget for compiling a module in a child process.
+    pub compile_timeout: Duration,
+    /// Data-size budget of that child, in MiB.
+    pub compile_memory_mib: u64,
 }
 
 impl Limits {
@@ -22,6 +72,43 @@ impl Limits {
             batch_timeout: Duration::from_millis(c.batch_timeout_ms),
             max_memory_mib: c.max_memory_mib,
             max_stack_kib: c.max_stack_kib,
+            max_output_bytes: (c.max_output_mib.unwrap_or(c.max_memory_mib) as usize) << 20,
+            compile_timeout: Duration::from_millis(c.compile_timeout_ms),
+            compile_memory_mib: c.compile_memory_mib,
+        }
+    }
+
+    /// The limits a compile worker needs to build the same engine
+    /// configuration as its parent (the rest does not shape compiled code).
+    pub fn for_compiling(max_stack_kib: u64, max_memory_mib: u64) -> Limits {
+        Limits {
+            max_stack_kib,
+            max_memory_mib,
+            ..Limits::default()
+        }
+    }
+
+    /// The settings batches run under these limits are recorded with.
+    pub fn replay_settings(&self, on_poison: OnPoison) -> ReplaySettings {
+        ReplaySettings {
+            engine: ENGINE.to_string(),
+            fuel_per_batch: self.fuel_per_batch,
+            max_memory_mib: self.max_memory_mib,
+            max_stack_kib: self.max_stack_kib,
+            max_output_mib: (self.max_output_bytes >> 20) as u64,
+            on_poison,
+        }
+    }
+
+    /// Fails an output over the output budget.
+    pub fn check_output(&self, output: &crate::output::Output) -> Result<(), super::RunError> {
+        let size = output.byte_size();
+        match size > self.max_output_bytes {
+            true => Err(super::RunError::OutputTooLarge {
+                mib: size.div_ceil(1 << 20) as u64,
+                limit_mib: (self.max_output_bytes >> 20) as u64,
+            }),
+            false => Ok(()),
         }
     }
 
@@ -31,6 +118,10 @@ impl Limits {
 
     pub fn max_memory_bytes(&self) -> usize {
         (self.max_memory_mib as usize) << 20
+    }
+
+    pub fn max_stack_kib(&self) -> u64 {
+        self.max_stack_kib
     }
 
     pub fn max_stack_bytes(&self) -> usize {
@@ -44,8 +135,11 @@ impl Default for Limits {
     }
 }
 
-/// Refuses memory growth past the cap and remembers that it did, so a trap
-/// that follows is reported as "memory exceeded" rather than a plain trap.
+/// Stops a module that grows its memory past the cap: the `memory.grow`
+/// traps (it does not return -1, which a module could observe and act on,
+/// making its output depend on the cap), and the cap remembers it was hit,
+/// so the trap is reported as "memory exceeded". A module's output is thus
+/// the same under every cap it fits in.
 pub struct MemoryCap {
     max_bytes: usize,
     hit: bool,
@@ -73,7 +167,7 @@ impl wasmtime::ResourceLimiter for MemoryCap {
     ) -> wasmtime::Result<bool> {
         if desired > self.max_bytes {
             self.hit = true;
-            return Ok(false);
+            wasmtime::bail!("memory limit of {} MiB reached", self.max_bytes >> 20);
         }
         Ok(true)
     }

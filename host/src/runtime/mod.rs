@@ -8,10 +8,12 @@
 //! Kafka, sinks or offsets: it maps (params, batch) to output, nothing more.
 
 mod bindings;
+mod compile;
 mod limits;
 mod module;
 
-pub use limits::Limits;
+pub use compile::{WORKER_SUBCOMMAND, compile_in_child_processes, worker_main};
+pub use limits::{ENGINE, Limits, ReplaySettings};
 pub use module::{LoadedModule, ModuleError};
 
 use crate::batch::{Plan, Records};
@@ -53,6 +55,14 @@ pub enum RunError {
     /// The module returned rows that break the contract.
     #[error("transform returned invalid output: {0}")]
     BadOutput(String),
+    /// The output is larger than `limits.max_output_mib`: deterministic,
+    /// and isolated like a poison (a smaller batch may fit).
+    #[error("transform returned {mib} MiB of output, over the limit of {limit_mib} MiB (`limits.max_output_mib`)")]
+    OutputTooLarge { mib: u64, limit_mib: u64 },
+    /// The parts of a bisected batch each fit the output budget but not
+    /// together: no record is at fault, the batch is too large.
+    #[error("the batch's records each fit `limits.max_output_mib` ({limit_mib} MiB) but together return {mib} MiB: lower `source.max_records_per_partition` or raise the limit")]
+    BatchOutputTooLarge { mib: u64, limit_mib: u64 },
     /// The module returned a NaN or infinite float: deterministic, and
     /// isolated to the records that produce it.
     #[error("transform returned a float no sink stores: {0}")]
@@ -96,7 +106,7 @@ impl Drop for Runtime {
 impl Runtime {
     /// Builds the deterministic engine and linker for the given limits.
     pub fn new(limits: Limits) -> Result<Runtime, ModuleError> {
-        let engine = Engine::new(&engine_config(&limits))
+        let engine = Engine::new(&engine_config(&limits, Allocation::Pooling))
             .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
         let mut linker = Linker::new(&engine);
         bindings::add_to_linker(&mut linker).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
@@ -110,6 +120,11 @@ impl Runtime {
         })
     }
 
+    /// The limits every batch of this runtime runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
     /// Loads a component from `bytes`: validates its world and imports,
     /// compiles it (or reuses the cached artifact in `cache_dir`).
     pub fn load(
@@ -117,14 +132,27 @@ impl Runtime {
         bytes: &[u8],
         cache_dir: Option<&std::path::Path>,
     ) -> Result<LoadedModule, ModuleError> {
-        module::load(&self.engine, &self.linker, bytes, cache_dir)
+        module::load(&self.engine, &self.linker, &self.limits, bytes, cache_dir)
     }
 
     /// Runs `init(params)` alone, to check a module accepts its parameters.
     pub fn check_params(&self, module: &LoadedModule, params: &str) -> Result<(), RunError> {
         let mut store = self.new_store();
-        let instance = module.instantiate(&mut store)?;
+        let instance = self.instantiate(module, &mut store)?;
         self.init(&mut store, &instance, params)
+    }
+
+    /// A fresh instance; a module whose initial memory is over the cap is
+    /// refused as such (not as a want of pool slots, which is retried).
+    fn instantiate(
+        &self,
+        module: &LoadedModule,
+        store: &mut Store<BatchState>,
+    ) -> Result<bindings::Transform, RunError> {
+        module.instantiate(store).map_err(|e| match store.data().limiter.hit_cap() {
+            true => RunError::MemoryExceeded(self.limits.max_memory_mib()),
+            false => e,
+        })
     }
 
     /// Runs one batch in a fresh instance: `init(params)`, then `process`.
@@ -136,7 +164,7 @@ impl Runtime {
         records: &Records,
     ) -> Result<Output, RunError> {
         let mut store = self.new_store();
-        let instance = module.instantiate(&mut store)?;
+        let instance = self.instantiate(module, &mut store)?;
         self.init(&mut store, &instance, params)?;
         let ctx = wit::BatchContext {
             pipeline: &plan.pipeline,
@@ -152,7 +180,11 @@ impl Runtime {
             emit(&plan.batch_id, line);
         }
         match result {
-            Ok(Ok(out)) => bindings::into_output(out, records.len()),
+            Ok(Ok(out)) => {
+                let output = bindings::into_output(out, records.len())?;
+                self.limits.check_output(&output)?;
+                Ok(output)
+            }
             Ok(Err(e)) => Err(RunError::Declared {
                 message: e.message,
                 retryable: e.retryable,
@@ -238,7 +270,16 @@ fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
     }
 }
 
-fn engine_config(limits: &Limits) -> Config {
+/// How instances get their memory: serving engines pool it; a compile
+/// worker instantiates nothing and must not reserve the pool's address
+/// space. Compiled code is the same under both.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Allocation {
+    Pooling,
+    OnDemand,
+}
+
+fn engine_config(limits: &Limits, allocation: Allocation) -> Config {
     let mut config = Config::new();
     config
         .wasm_component_model(true)
@@ -266,7 +307,9 @@ fn engine_config(limits: &Limits) -> Config {
         // Where the kernel can tell (Linux 6.7+), reset only the pages a batch
         // dirtied instead of memsetting the whole resident prefix.
         .pagemap_scan(wasmtime::Enabled::Auto);
-    config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    if allocation == Allocation::Pooling {
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
     config
 }
 
@@ -308,6 +351,10 @@ impl WasmTransform {
 impl crate::pipeline::Transform for WasmTransform {
     fn module_digest(&self) -> &str {
         &self.module.digest
+    }
+
+    fn limits(&self) -> &Limits {
+        self.runtime.limits()
     }
 
     fn params(&self) -> &str {

@@ -1,5 +1,7 @@
-//! Loading a component: validate (a component, the sluice world, no foreign
-//! imports), compile or reuse the cached artifact, pre-instantiate.
+//! Loading a component: check its structure, imports and exports without
+//! compiling (cheap, so a module that would be refused costs nothing to
+//! refuse), compile under a budget or reuse the cached artifact, check the
+//! world's types, pre-instantiate.
 //!
 //! Owns the compiled-artifact cache, keyed by (sha256 of the .wasm, engine
 //! compatibility hash). It must only ever deserialize artifacts this host
@@ -7,6 +9,8 @@
 
 use super::RunError;
 use super::bindings::{BatchState, Transform, TransformPre};
+use super::compile;
+use super::limits::Limits;
 use crate::batch::sha256_hex;
 use std::hash::{Hash, Hasher};
 use std::path::Path;
@@ -15,6 +19,9 @@ use wasmtime::{Engine, Store};
 
 /// Interfaces a module may import: the world's own.
 const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/log@0.1.0"];
+
+/// The functions the world's transform exports.
+const WORLD_EXPORTS: &[&str] = &["init", "process"];
 
 /// Why a module cannot be used. All are the user's to fix; none is retryable.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +37,9 @@ pub enum ModuleError {
     ForbiddenImport(Vec<String>),
     #[error("module does not implement the sluice:plugin/transform@0.1.0 world: {0}")]
     WrongWorld(String),
+    /// Compiling it would take more time or memory than the limits give.
+    #[error("module refused: {0}")]
+    CompileBudget(String),
     #[error("wasm engine: {0}")]
     Engine(String),
 }
@@ -60,6 +70,7 @@ pub fn engine_hash(engine: &Engine) -> String {
 pub fn load(
     engine: &Engine,
     linker: &Linker<BatchState>,
+    limits: &Limits,
     bytes: &[u8],
     cache_dir: Option<&Path>,
 ) -> Result<LoadedModule, ModuleError> {
@@ -69,8 +80,9 @@ pub fn load(
                 .into(),
         ));
     }
+    check_before_compiling(bytes)?;
     let digest = sha256_hex(bytes);
-    let component = compile_cached(engine, bytes, &digest, cache_dir)?;
+    let component = compile_cached(engine, limits, bytes, &digest, cache_dir)?;
     check_imports(engine, &component)?;
     let pre = linker
         .instantiate_pre(&component)
@@ -85,14 +97,68 @@ fn is_core_module(bytes: &[u8]) -> bool {
     bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
 }
 
+/// The checks that need no compiling: the component's framing, its
+/// top-level imports (only the world's own) and its exports (the world's
+/// `init` and `process`; their types are checked after compiling). Nested modules and components are skipped: what they import
+/// is satisfied inside the component, never by the host.
+fn check_before_compiling(bytes: &[u8]) -> Result<(), ModuleError> {
+    use wasmparser::{Parser, Payload};
+    let malformed = |e: wasmparser::BinaryReaderError| ModuleError::NotAComponent(e.to_string());
+    let mut imports = Vec::new();
+    let mut exports = Vec::new();
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(malformed)? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth -= 1,
+            Payload::ComponentImportSection(section) if depth == 1 => {
+                for import in section {
+                    let import = import.map_err(malformed)?;
+                    // Type imports name the types of the world's functions
+                    // (checked with them after compiling), not host code.
+                    if !matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        imports.push(import.name.name.to_string());
+                    }
+                }
+            }
+            Payload::ComponentExportSection(section) if depth == 1 => {
+                for export in section {
+                    exports.push(export.map_err(malformed)?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    let forbidden: Vec<String> = imports
+        .into_iter()
+        .filter(|name| !ALLOWED_IMPORTS.contains(&name.as_str()))
+        .collect();
+    if !forbidden.is_empty() {
+        return Err(ModuleError::ForbiddenImport(forbidden));
+    }
+    let missing: Vec<&str> = WORLD_EXPORTS
+        .iter()
+        .filter(|name| !exports.iter().any(|e| e == *name))
+        .copied()
+        .collect();
+    match missing.is_empty() {
+        true => Ok(()),
+        false => Err(ModuleError::WrongWorld(format!(
+            "it does not export `{}`",
+            missing.join("`, `")
+        ))),
+    }
+}
+
 fn compile_cached(
     engine: &Engine,
+    limits: &Limits,
     bytes: &[u8],
     digest: &str,
     cache_dir: Option<&Path>,
 ) -> Result<Component, ModuleError> {
     let Some(dir) = cache_dir else {
-        return compile(engine, bytes);
+        return compile::compile(engine, limits, bytes);
     };
     let path = dir.join(format!("{digest}-{}.cwasm", engine_hash(engine)));
     // Read into memory rather than mmap the file: a cache file truncated
@@ -109,7 +175,7 @@ fn compile_cached(
             }
         }
     }
-    let component = compile(engine, bytes)?;
+    let component = compile::compile(engine, limits, bytes)?;
     let artifact = component
         .serialize()
         .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
@@ -133,10 +199,6 @@ fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()
     std::fs::rename(&tmp, path).inspect_err(|_| {
         let _ = std::fs::remove_file(&tmp);
     })
-}
-
-fn compile(engine: &Engine, bytes: &[u8]) -> Result<Component, ModuleError> {
-    Component::from_binary(engine, bytes).map_err(|e| ModuleError::NotAComponent(format!("{e:#}")))
 }
 
 fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleError> {

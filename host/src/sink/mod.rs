@@ -58,6 +58,8 @@ pub enum DeadLetterKind {
     Deadline,
     /// The module wrote a NaN or infinite float for it.
     NonFinite,
+    /// Its output alone is over `limits.max_output_mib`.
+    Output,
 }
 
 impl DeadLetterKind {
@@ -69,6 +71,7 @@ impl DeadLetterKind {
             DeadLetterKind::Memory => "memory",
             DeadLetterKind::Deadline => "deadline",
             DeadLetterKind::NonFinite => "non-finite",
+            DeadLetterKind::Output => "output",
         }
     }
 }

@@ -107,7 +107,7 @@ async fn sink_append<B: SqlBackend>(sink: &SqlSink<B>, output: &Output, round: i
     };
     let plan = Plan::new("bench", vec![range], "m", "p", 0);
     let records = Records::default();
-    let digest = output.digest();
+    let digest = output.digest(&[]);
     let commit = Commit {
         plan: &plan,
         records: &records,

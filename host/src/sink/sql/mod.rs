@@ -136,6 +136,10 @@ impl<B: SqlBackend> SqlSink<B> {
         for ddl in own.ddl(dialect)? {
             create(&backend, &ddl).await?;
         }
+        let batches = format!("{}batches", config.table_prefix);
+        for (column, alter) in own.added_batch_columns(dialect) {
+            add_column(&backend, schema, &batches, column, &alter).await?;
+        }
         let mut targets = HashMap::new();
         for t in &config.targets {
             let target = Target::new(t, dialect, schema)?;
@@ -281,6 +285,27 @@ impl<B: SqlBackend> crate::pipeline::Sink for SqlSink<B> {
 
     async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         SqlSink::commit(self, commit).await
+    }
+}
+
+/// Adds `column` to a table an older version created without it.
+/// Instances starting together may both try: the loser finds it added.
+async fn add_column<B: SqlBackend>(
+    backend: &B,
+    schema: Option<&str>,
+    table: &str,
+    column: &str,
+    alter: &str,
+) -> Result<(), SinkError> {
+    let has_column = |columns: Vec<String>| columns.iter().any(|c| c.eq_ignore_ascii_case(column));
+    if has_column(backend.table_columns(schema, table).await?) {
+        return Ok(());
+    }
+    tracing::info!("adding column {column} to {table}");
+    match backend.execute(alter, &[]).await {
+        Ok(_) => Ok(()),
+        Err(_) if has_column(backend.table_columns(schema, table).await?) => Ok(()),
+        Err(e) => Err(e),
     }
 }
 

@@ -107,6 +107,7 @@ impl OwnTables {
                     "dead_letters",
                     "output_digest",
                     "committed_at_ms",
+                    "settings",
                 ],
             ),
             insert_range: insert_into(
@@ -188,6 +189,7 @@ impl OwnTables {
                     ("dead_letters", t.bigint),
                     ("output_digest", t.key_text),
                     ("committed_at_ms", t.bigint),
+                    ("settings", t.text),
                 ],
                 &["pipeline", "batch_id"],
             ),
@@ -206,6 +208,22 @@ impl OwnTables {
             ),
             dead_letters,
         ])
+    }
+
+    /// Columns added to the `batches` table since its first version, with
+    /// the `ALTER TABLE` that adds each to a table an older version created.
+    /// Rows written before get the column's default.
+    pub(super) fn added_batch_columns(&self, d: &Dialect) -> Vec<(&'static str, String)> {
+        let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
+        vec![(
+            "settings",
+            format!(
+                "ALTER TABLE {} ADD COLUMN {} {} NOT NULL DEFAULT ''",
+                self.batches,
+                c("settings"),
+                d.types.text
+            ),
+        )]
     }
 
     /// The compare-and-set: moves `from -> until` only if the stored offset
@@ -318,6 +336,7 @@ impl OwnTables {
                 Param::Int(c.dead_letters.len() as i64),
                 Param::Text(c.output_digest),
                 Param::Int(now_ms()),
+                Param::Text(&plan.settings),
             ],
         )
         .await?;

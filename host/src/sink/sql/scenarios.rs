@@ -137,7 +137,7 @@ pub async fn try_commit<B: SqlBackend>(
     dead_letters: &[DeadLetter],
 ) -> Result<CommitOutcome, SinkError> {
     let (plan, records) = batch(from, until);
-    let digest = output.digest();
+    let digest = crate::pipeline::digest(output, dead_letters);
     let c = Commit {
         plan: &plan,
         records: &records,

@@ -7,9 +7,10 @@
 //! - `"poison"`: passes records through, but on a value containing
 //!   `poison-spin` loops forever (fuel), on one containing `poison-bomb`
 //!   allocates until the memory cap stops it, on one containing
-//!   `poison-recurse` recurses until the Wasm stack is exhausted, and traps
-//!   on any other value containing `poison` (the host bisects and
-//!   dead-letters each of them)
+//!   `poison-recurse` recurses until the Wasm stack is exhausted, on one
+//!   containing `poison-hungry` uses 100 MiB and then passes it through
+//!   (a record that fits some caps and not others), and traps on any other
+//!   value containing `poison` (the host bisects and dead-letters each)
 //! - `"flood"`: for a record whose value is `flood:N`, N rows of one
 //!   boolean column into target `flood` (`flag`); other records write
 //!   nothing. The host must not need much more memory than the module.
@@ -107,6 +108,10 @@ fn poison(value: &[u8], offset: i64) {
     }
     if has(b"poison-recurse") {
         std::hint::black_box(recurse(offset as u64, 1, 2));
+    }
+    if has(b"poison-hungry") {
+        std::hint::black_box(vec![1u8; 100 << 20]);
+        return;
     }
     if has(b"poison") {
         panic!("poison record at offset {offset}");
