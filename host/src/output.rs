@@ -231,9 +231,8 @@ impl Output {
                         ColumnData::Int64(v) => v.len() * 8,
                         ColumnData::Float64(v) => v.len() * 8,
                         ColumnData::Bool(v) => v.len(),
-                        ColumnData::Text { lengths, data } | ColumnData::Bytes { lengths, data } => {
-                            lengths.len() * 4 + data.len()
-                        }
+                        ColumnData::Text { lengths, data }
+                        | ColumnData::Bytes { lengths, data } => lengths.len() * 4 + data.len(),
                     }
             })
             .sum();
@@ -526,7 +525,10 @@ mod tests {
                 },
             )
         };
-        assert_eq!(d(text(vec![1, 0], &["junk", "b"])), d(text(vec![1, 0], &["", "b"])));
+        assert_eq!(
+            d(text(vec![1, 0], &["junk", "b"])),
+            d(text(vec![1, 0], &["", "b"]))
+        );
         // Any non-zero byte is `true`.
         assert_eq!(
             d(column(vec![], ColumnData::Bool(vec![1, 0]))),

@@ -568,7 +568,10 @@ async fn verify_replays_a_batch_under_the_limits_it_ran_with() {
         let s: serde_json::Value = serde_json::from_str(s).expect("settings are JSON");
         assert_eq!(s["max_memory_mib"], 64, "{s}");
         assert_eq!(s["on_poison"], "dead-letter", "{s}");
-        assert!(s["engine"].as_str().unwrap().contains("wasmtime 48.0.8"), "{s}");
+        assert!(
+            s["engine"].as_str().unwrap().contains("wasmtime 48.0.8"),
+            "{s}"
+        );
     }
     let text = std::fs::read_to_string(&h.config).unwrap();
     std::fs::write(
@@ -587,7 +590,10 @@ async fn verify_replays_a_batch_under_the_limits_it_ran_with() {
         "{said}{}",
         String::from_utf8_lossy(&verified.stderr)
     );
-    assert!(said.contains("0 differ") && !said.contains("note:"), "{said}");
+    assert!(
+        said.contains("0 differ") && !said.contains("note:"),
+        "{said}"
+    );
 }
 
 /// A flood config over `records` (values `flood:N`) with `limits`.
@@ -647,7 +653,9 @@ async fn output_over_the_budget_is_isolated_or_refused_with_the_remedy() {
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!((dead[0].0, dead[0].1.as_str()), (20, "output"));
     assert!(
-        dead[0].2.contains("over the limit of 8 MiB (`limits.max_output_mib`)"),
+        dead[0]
+            .2
+            .contains("over the limit of 8 MiB (`limits.max_output_mib`)"),
         "{dead:?}"
     );
 
@@ -655,7 +663,8 @@ async fn output_over_the_budget_is_isolated_or_refused_with_the_remedy() {
     let (dir, run) = run_flood("output-budget-batch", &values, "max_output_mib = 8").await;
     assert!(!run.success);
     assert!(
-        run.log.contains("lower `source.max_records_per_partition` or raise the limit"),
+        run.log
+            .contains("lower `source.max_records_per_partition` or raise the limit"),
         "{}",
         run.log
     );

@@ -419,7 +419,9 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
     let (ok, err, rss_mib, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 1000");
     assert!(!ok);
     assert!(
-        err.contains("module refused: compiling took longer than 1000 ms (`limits.compile_timeout_ms`)"),
+        err.contains(
+            "module refused: compiling took longer than 1000 ms (`limits.compile_timeout_ms`)"
+        ),
         "{err}"
     );
     // The worker is killed at the budget; the host never compiled it.
@@ -435,7 +437,9 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
     );
     assert!(!ok);
     assert!(
-        err.contains("module refused: compiling needed more than 128 MiB (`limits.compile_memory_mib`)"),
+        err.contains(
+            "module refused: compiling needed more than 128 MiB (`limits.compile_memory_mib`)"
+        ),
         "{err}"
     );
     // Stopped by its address-space limit long before any time budget.

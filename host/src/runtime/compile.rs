@@ -86,7 +86,9 @@ fn compile_in_child(
         command.pre_exec(move || restrict_worker(memory_limit, cpu_seconds));
     }
     let started = Instant::now();
-    let mut child = command.spawn().map_err(|e| engine_err("cannot start", &e))?;
+    let mut child = command
+        .spawn()
+        .map_err(|e| engine_err("cannot start", &e))?;
     let mut stdin = child.stdin.take().expect("piped");
     let mut stdout = child.stdout.take().expect("piped");
     let stderr = child.stderr.take().expect("piped");
@@ -147,7 +149,10 @@ fn worker_failure(status: std::process::ExitStatus, stderr: &str, limits: &Limit
     let out_of_memory = stderr.contains("memory allocation of")
         || stderr.contains("os error 12")
         || stderr.contains("Cannot allocate memory")
-        || matches!(status.signal(), Some(libc::SIGABRT | libc::SIGSEGV | libc::SIGBUS));
+        || matches!(
+            status.signal(),
+            Some(libc::SIGABRT | libc::SIGSEGV | libc::SIGBUS)
+        );
     if out_of_memory {
         return ModuleError::CompileBudget(format!(
             "compiling needed more than {} MiB (`limits.compile_memory_mib`)",

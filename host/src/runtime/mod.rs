@@ -57,11 +57,15 @@ pub enum RunError {
     BadOutput(String),
     /// The output is larger than `limits.max_output_mib`: deterministic,
     /// and isolated like a poison (a smaller batch may fit).
-    #[error("transform returned {mib} MiB of output, over the limit of {limit_mib} MiB (`limits.max_output_mib`)")]
+    #[error(
+        "transform returned {mib} MiB of output, over the limit of {limit_mib} MiB (`limits.max_output_mib`)"
+    )]
     OutputTooLarge { mib: u64, limit_mib: u64 },
     /// The parts of a bisected batch each fit the output budget but not
     /// together: no record is at fault, the batch is too large.
-    #[error("the batch's records each fit `limits.max_output_mib` ({limit_mib} MiB) but together return {mib} MiB: lower `source.max_records_per_partition` or raise the limit")]
+    #[error(
+        "the batch's records each fit `limits.max_output_mib` ({limit_mib} MiB) but together return {mib} MiB: lower `source.max_records_per_partition` or raise the limit"
+    )]
     BatchOutputTooLarge { mib: u64, limit_mib: u64 },
     /// The module returned a NaN or infinite float: deterministic, and
     /// isolated to the records that produce it.
@@ -149,10 +153,12 @@ impl Runtime {
         module: &LoadedModule,
         store: &mut Store<BatchState>,
     ) -> Result<bindings::Transform, RunError> {
-        module.instantiate(store).map_err(|e| match store.data().limiter.hit_cap() {
-            true => RunError::MemoryExceeded(self.limits.max_memory_mib()),
-            false => e,
-        })
+        module
+            .instantiate(store)
+            .map_err(|e| match store.data().limiter.hit_cap() {
+                true => RunError::MemoryExceeded(self.limits.max_memory_mib()),
+                false => e,
+            })
     }
 
     /// Runs one batch in a fresh instance: `init(params)`, then `process`.
