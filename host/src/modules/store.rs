@@ -133,7 +133,18 @@ impl Statements {
     }
 }
 
+/// SQLite's "database is busy / locked" (codes 5 and 6 and their extended
+/// forms): another connection holds the write lock longer than the busy
+/// timeout, or a read transaction could not be upgraded. Transient.
+fn is_busy(e: &sqlx::Error) -> bool {
+    let code = e.as_database_error().and_then(|d| d.code());
+    code.is_some_and(|c| c.parse::<i64>().is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6))
+}
+
 fn db_err(e: sqlx::Error) -> StoreError {
+    if is_busy(&e) {
+        return StoreError::Unavailable(format!("the database is busy: {e}"));
+    }
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
@@ -310,13 +321,31 @@ impl ModuleStore {
             let appended = self
                 .append_version(&mut tx, pipeline, digest, params, action, only_first)
                 .await;
+            // SQLite may refuse the write (busy, or a read that could not
+            // become a write while a batch commits): try again shortly.
+            if let Err(StoreError::Unavailable(e)) = &appended
+                && e.starts_with("the database is busy")
+                && tries < ACTIVATION_TRIES
+            {
+                tracing::debug!("activation of {digest}: {e}; trying again");
+                let _ = tx.rollback().await;
+                tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
+                continue;
+            }
             match appended {
                 Ok(None) => {
                     let _ = tx.rollback().await;
                     return Ok(None);
                 }
                 Ok(Some(v)) => {
-                    tx.commit().await.map_err(db_err)?;
+                    match tx.commit().await {
+                        Err(e) if is_busy(&e) && tries < ACTIVATION_TRIES => {
+                            tracing::debug!("activation of {digest}: {e}; trying again");
+                            tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
+                            continue;
+                        }
+                        committed => committed.map_err(db_err)?,
+                    }
                     tracing::info!(
                         pipeline,
                         version = v.version,
