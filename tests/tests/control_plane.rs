@@ -427,3 +427,54 @@ async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails(
     producer.stop();
     host.stop();
 }
+
+/// Activations racing each other and the batches on one SQLite database
+/// (which refuses a write while another holds the lock): each is stored
+/// (200) or, if the database stayed busy through every retry, refused as
+/// unavailable (503, to try again), never a 500; every stored one is a
+/// distinct version in the history, and batches keep committing.
+#[tokio::test(flavor = "multi_thread")]
+async fn parallel_activations_under_load_are_stored_or_told_to_retry() {
+    let topic = "cp-activate-burst";
+    let dir = TempDir::new(topic);
+    let (mut host, _, url) = host(topic, topic, &dir, "");
+    let producer = Producer::start(shared_broker(), topic, 2);
+    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    let stamp = std::fs::read(plugin("stamp")).unwrap();
+    let client = ControlClient::new(&url, Some(TOKEN.into()));
+    let stored = client
+        .deploy(stamp, r#"{"tag":"a:"}"#, false)
+        .await
+        .expect("deploy");
+    let digest = stored["module_digest"].as_str().unwrap().to_string();
+    let activations: Vec<_> = (0..40)
+        .map(|i| {
+            let (url, digest) = (url.clone(), digest.clone());
+            tokio::spawn(async move {
+                ControlClient::new(&url, Some(TOKEN.into()))
+                    .activate(&digest, &format!(r#"{{"tag":"v{i}:"}}"#))
+                    .await
+            })
+        })
+        .collect();
+    let mut versions = Vec::new();
+    for activation in activations {
+        match activation.await.unwrap() {
+            Ok(v) => versions.push(v["version"].as_i64().expect("a version number")),
+            Err(ClientError::Refused { status, message }) => {
+                assert_eq!(status.as_u16(), 503, "{message}")
+            }
+            Err(other) => panic!("activation answered {other:?}"),
+        }
+    }
+    assert!(!versions.is_empty(), "no activation was stored");
+    let mut distinct = versions.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), versions.len(), "{versions:?}");
+    let committed = host.log().matches("batch committed").count();
+    host.wait_for_log("batch committed", committed + 3, Duration::from_secs(60));
+    assert!(host.is_running());
+    producer.stop();
+    host.stop();
+}
