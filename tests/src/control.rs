@@ -130,12 +130,7 @@ impl Drop for Host {
 
 /// One field of `/proc/PID/status`, in KiB.
 fn proc_status_kib(pid: i32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+    status_kib(pid, field).unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
 }
 
 /// An HTTP answer read off a raw connection.
@@ -423,4 +418,78 @@ pub fn assert_rows_follow_lineage(
             batch.batch_id
         );
     }
+}
+
+/// What a sampled run of `sluice` left behind.
+pub struct SampledRun {
+    pub success: bool,
+    pub stderr: String,
+    /// The process's own peak resident memory (`VmHWM`), in MiB.
+    pub peak_rss_mib: u64,
+    /// The largest peak seen among the processes it started, in MiB.
+    pub children_peak_rss_mib: u64,
+}
+
+/// Runs `sluice ARGS` to completion, sampling every 2 ms the peak resident
+/// memory of the process and of each process it starts (a compile worker).
+/// Unlike wait4's rusage, neither figure inherits the high-water mark of
+/// the test process that forked it. A child living under 2 ms may be
+/// missed; its peak is then not counted.
+pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
+    let mut child = Command::new(sluice_bin())
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn sluice");
+    let pid = child.id() as i32;
+    let mut stderr = child.stderr.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let (mut own, mut children) = (0, 0);
+    let status = loop {
+        own = own.max(status_kib(pid, "VmHWM:").unwrap_or(0));
+        for c in children_of(pid) {
+            children = children.max(status_kib(c, "VmHWM:").unwrap_or(0));
+        }
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    SampledRun {
+        success: status.success(),
+        stderr: reader.join().expect("stderr reader"),
+        peak_rss_mib: own / 1024,
+        children_peak_rss_mib: children / 1024,
+    }
+}
+
+/// The processes `pid` started, from any of its threads.
+fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+        .flat_map(|l| {
+            l.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// A field of `/proc/PID/status` in KiB, if the process is still there.
+fn status_kib(pid: i32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }

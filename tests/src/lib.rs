@@ -428,21 +428,10 @@ pub struct MeasuredRun {
 /// Runs `sluice run CONFIG --until-caught-up` with `SLUICE_LOG=log` to
 /// completion and measures the process's peak memory (wait4's rusage).
 pub fn run_measured(config: &Path, log: &str) -> MeasuredRun {
-    let args = [
-        "run".as_ref(),
-        "--until-caught-up".as_ref(),
-        config.as_os_str(),
-    ];
-    sluice_measured(&args, &config.with_extension("measured.log"), log)
-}
-
-/// Runs `sluice ARGS` to completion with `SLUICE_LOG=log`, its stderr to
-/// `log_path`, and measures the process's peak memory (wait4's rusage;
-/// child processes it starts are not counted).
-pub fn sluice_measured(args: &[&std::ffi::OsStr], log_path: &Path, log: &str) -> MeasuredRun {
-    let log_path = log_path.to_path_buf();
+    let log_path = config.with_extension("measured.log");
     let child = Command::new(sluice_bin())
-        .args(args)
+        .args(["run", "--until-caught-up"])
+        .arg(config)
         .env("SLUICE_LOG", log)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log_path).expect("log file"))

@@ -393,21 +393,28 @@ fn slow_to_compile(functions: usize, lines: usize, import: Option<&str>) -> Vec<
     wat::parse_str(&text).expect("the generated component parses")
 }
 
-/// `sluice check` of a config naming `module` with `limits` added; its
-/// success, stderr, peak RSS (MiB) and wall time.
-fn check_measured(dir: &TempDir, module: &[u8], limits: &str) -> (bool, String, u64, Duration) {
+/// `sluice check` of a config naming `module` with `limits` added: its
+/// success, stderr, its own peak RSS and its compile worker's (MiB), and
+/// its wall time.
+fn check_measured(
+    dir: &TempDir,
+    module: &[u8],
+    limits: &str,
+) -> (bool, String, u64, u64, Duration) {
     let path = dir.path().join("module.wasm");
     std::fs::write(&path, module).unwrap();
     let config = config_with_module(&path.display().to_string())
         .replace("[sink]", &format!("[limits]\n{limits}\n[sink]"));
     let config = write_config(dir.path(), &config);
     let started = Instant::now();
-    let run = sluice_measured(
-        &["check".as_ref(), config.as_os_str()],
-        &dir.path().join("check.log"),
-        "warn",
-    );
-    (run.success, run.log, run.peak_rss_mib, started.elapsed())
+    let run = sluice_tests::control::sluice_sampled(&["check".as_ref(), config.as_os_str()]);
+    (
+        run.success,
+        run.stderr,
+        run.peak_rss_mib,
+        run.children_peak_rss_mib,
+        started.elapsed(),
+    )
 }
 
 #[test]
@@ -416,7 +423,8 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
     let bomb = slow_to_compile(1500, 400, None);
     eprintln!("compile bomb: {} KiB", bomb.len() / 1024);
 
-    let (ok, err, rss_mib, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 1000");
+    let (ok, err, host_mib, worker_mib, took) =
+        check_measured(&dir, &bomb, "compile_timeout_ms = 1000");
     assert!(!ok);
     assert!(
         err.contains(
@@ -426,11 +434,15 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
     );
     // The worker is killed at the budget; the host never compiled it.
     assert!(took < Duration::from_secs(8), "refused after {took:?}");
-    eprintln!("timed out after {took:?}");
+    assert!(
+        host_mib < 100,
+        "the checking process peaked at {host_mib} MiB"
+    );
+    eprintln!("timed out after {took:?}; peak RSS: host {host_mib} MiB, worker {worker_mib} MiB");
 
     // One huge function: the compiler holds all of it at once.
     let bomb = slow_to_compile(1, 150_000, None);
-    let (ok, err, _, took) = check_measured(
+    let (ok, err, host_mib, worker_mib, took) = check_measured(
         &dir,
         &bomb,
         "compile_timeout_ms = 600000\ncompile_memory_mib = 128",
@@ -443,18 +455,22 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
         "{err}"
     );
     // Stopped by its address-space limit long before any time budget.
-    // (Peak RSS is not asserted here: a process measured with wait4
-    // inherits the high-water mark of the test that forked it, and
-    // generating the bomb's text takes this test ~400 MiB.)
     assert!(took < Duration::from_secs(30), "refused after {took:?}");
-    eprintln!("out of memory after {took:?}");
+    assert!(
+        host_mib < 100,
+        "the checking process peaked at {host_mib} MiB"
+    );
+    assert!(worker_mib <= 128, "the worker peaked at {worker_mib} MiB");
+    eprintln!(
+        "out of memory after {took:?}; peak RSS: host {host_mib} MiB, worker {worker_mib} MiB"
+    );
 }
 
 #[test]
 fn a_forbidden_import_is_refused_before_compiling() {
     let dir = TempDir::new("import-bomb");
     let bomb = slow_to_compile(1500, 400, Some("wasi:sockets/tcp@0.2.0"));
-    let (ok, err, _, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 600000");
+    let (ok, err, _, _, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 600000");
     assert!(!ok);
     assert!(err.contains("imports `wasi:sockets/tcp@0.2.0`"), "{err}");
     // Refused by reading its import section: the compile the bomb asks
@@ -468,7 +484,7 @@ fn a_module_within_its_compile_budget_runs_the_same() {
     // artifact the worker writes is the one this engine would have made.
     let dir = TempDir::new("compile-ok");
     let identity = std::fs::read(plugin("identity")).unwrap();
-    let (ok, err, _, _) = check_measured(
+    let (ok, err, _, _, _) = check_measured(
         &dir,
         &identity,
         "compile_timeout_ms = 60000\ncompile_memory_mib = 1024",

@@ -138,7 +138,10 @@ impl Statements {
 /// timeout, or a read transaction could not be upgraded. Transient.
 fn is_busy(e: &sqlx::Error) -> bool {
     let code = e.as_database_error().and_then(|d| d.code());
-    code.is_some_and(|c| c.parse::<i64>().is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6))
+    code.is_some_and(|c| {
+        c.parse::<i64>()
+            .is_ok_and(|n| n & 0xff == 5 || n & 0xff == 6)
+    })
 }
 
 fn db_err(e: sqlx::Error) -> StoreError {
