@@ -8,7 +8,7 @@
 #   scripts/tansu.sh path           print the binary's path (installs if missing)
 #
 # The binary lands in $SLUICE_TOOLS (default ~/.cache/sluice/tools). See
-# DESIGN.md for this build's known defects.
+# docs/ARCHITECTURE.md for this build's known defects.
 set -euo pipefail
 tools="${SLUICE_TOOLS:-$HOME/.cache/sluice/tools}"
 bin="$tools/tansu"

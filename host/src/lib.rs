@@ -3,8 +3,8 @@
 //!
 //! A pipeline reads planned offset ranges from Kafka, runs each batch through
 //! a fresh instance of the user's Wasm component, and commits the outputs
-//! together with the offset move into the sink. See `DESIGN.md` for the
-//! contract and the three conditions of exactly-once.
+//! together with the offset move into the sink. `docs/ARCHITECTURE.md`
+//! explains the three conditions of exactly-once and the batch lifecycle.
 //!
 //! # Layout
 //!

@@ -2,7 +2,7 @@
 //! SIGKILL at random moments and restarted, and the final tables must equal a
 //! recomputation from an independent `read_committed` read of the input.
 //!
-//! Also keeps the broker's known aborted-record leak visible (DESIGN.md).
+//! Also keeps the broker's known aborted-record leak visible (docs/ARCHITECTURE.md).
 
 use rand::{Rng, SeedableRng};
 use sluice_tests::*;
@@ -133,11 +133,11 @@ columns = {{ word = "text", n = "integer" }}
     assert_contiguous_lineage(&pool, "wc-crash").await;
 }
 
-/// Reproduces the broker defect DESIGN.md describes: this Tansu build lets a
+/// Reproduces the broker defect docs/ARCHITECTURE.md describes: this Tansu build lets a
 /// `read_committed` consumer see records of some aborted transactions. The
 /// crash test stays right regardless (it compares with the broker's own
 /// committed view); this test keeps the defect visible. If it starts
-/// failing, the broker was fixed: update DESIGN.md and delete this test.
+/// failing, the broker was fixed: update docs/ARCHITECTURE.md and delete this test.
 #[test]
 fn broker_defect_aborted_records_visible_to_read_committed() {
     let broker = Broker::start();
@@ -180,7 +180,7 @@ fn broker_defect_aborted_records_visible_to_read_committed() {
     assert_eq!(committed, 12, "committed records must all be visible");
     assert!(
         leaked > 0,
-        "no aborted record leaked: the broker defect seems fixed; update DESIGN.md and remove this test"
+        "no aborted record leaked: the broker defect seems fixed; update docs/ARCHITECTURE.md and remove this test"
     );
 }
 
