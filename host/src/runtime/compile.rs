@@ -3,9 +3,9 @@
 //! Owns where compilation runs. The `sluice` binary registers itself with
 //! [`compile_in_child_processes`]; from then on every compile runs in a
 //! child process (`sluice compile-worker`) at lower priority, with an
-//! address-space limit, killed past its wall-clock budget: a module made to compile
-//! slowly or hugely costs the host at most the budget and is refused with a
-//! message naming it. Without registration (library use, unit tests) it
+//! address-space limit, killed past its wall-clock budget: a module made to
+//! compile slowly or hugely costs the host at most the budget and is
+//! refused with a message naming it. Without registration (library use, unit tests) it
 //! compiles in this process, unbudgeted.
 //!
 //! It must not deserialize anything but the artifact its own child wrote
@@ -144,7 +144,8 @@ fn worker_failure(status: std::process::ExitStatus, stderr: &str, limits: &Limit
     if status.code() == Some(EXIT_NOT_COMPILABLE) {
         return ModuleError::NotAComponent(stderr.to_string());
     }
-    // Past the data limit an allocation fails and the worker aborts; past
+    // Past the address-space limit an allocation fails and the worker
+    // aborts (or reports ENOMEM); past
     // the CPU limit (only if the parent could not kill it) it gets SIGXCPU.
     let out_of_memory = stderr.contains("memory allocation of")
         || stderr.contains("os error 12")
@@ -168,9 +169,9 @@ fn worker_failure(status: std::process::ExitStatus, stderr: &str, limits: &Limit
     ModuleError::Engine(format!("compile worker failed ({status}): {stderr}"))
 }
 
-/// In the forked worker before exec: its address-space limit, a CPU-time backstop
-/// (should the parent die before killing it), death with the parent, and a
-/// lower priority than the batches the parent serves.
+/// In the forked worker before exec: its address-space limit, a CPU-time
+/// backstop (should the parent die before killing it), death with the
+/// parent, and a lower priority than the batches the parent serves.
 fn restrict_worker(memory_bytes: u64, cpu_seconds: u64) -> std::io::Result<()> {
     let set = |resource, limit: u64| {
         let r = libc::rlimit {

@@ -7,7 +7,8 @@ use crate::config::{LimitsConfig, OnPoison};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
-/// The engine that runs modules, as recorded in lineage.
+/// The engine that runs modules, as recorded in lineage (wasmtime is
+/// pinned to this exact version in the workspace's Cargo.toml).
 pub const ENGINE: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"), ", wasmtime 48.0.8");
 
 /// Everything besides the module, its params and the records that can
@@ -61,7 +62,7 @@ pub struct Limits {
     pub max_output_bytes: usize,
     /// Wall-clock budget for compiling a module in a child process.
     pub compile_timeout: Duration,
-    /// Data-size budget of that child, in MiB.
+    /// Address-space budget of that child, in MiB.
     pub compile_memory_mib: u64,
 }
 
