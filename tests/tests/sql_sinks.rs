@@ -859,3 +859,62 @@ async fn floats_follow_one_rule_on_sqlite_postgres_and_mariadb() {
     let _only = Db::Mysql.lock().lock().await;
     floats_follow_one_rule(Db::Mysql.fresh("sluice_my_floats").await, "floats_my").await;
 }
+
+/// A `batches` table made by an older sluice (no `settings` column) gets
+/// the column at the next start, in every dialect: the old rows keep an
+/// empty value, new batches record their settings, and `verify` checks the
+/// new batches.
+async fn older_lineage_table_is_migrated(db: SinkDb, name: &str) {
+    create_topic(shared_broker(), name, 1);
+    produce(shared_broker(), name, &numbered("old", 200, 1));
+    let dir = TempDir::new(name);
+    let config = write_config(
+        dir.path(),
+        &identity_config_into(name, shared_broker(), name, &db.sink_toml(), 50),
+    );
+    run_ok(&config);
+    let batches = db.table("sluice_batches");
+    let pool = db.pool().await;
+    sqlx::raw_sql(&format!("ALTER TABLE {batches} DROP COLUMN settings"))
+        .execute(&pool)
+        .await
+        .expect("drop the column, as an older sluice made the table");
+    let old_batches = db.committed_batches().await;
+    assert!(old_batches > 0);
+
+    produce(shared_broker(), name, &numbered("new", 200, 1));
+    let restarted_at = sluice::batch::now_ms();
+    run_ok(&config);
+    let count = |filter: &str| {
+        let sql = format!("SELECT count(*) FROM {batches} WHERE {filter}");
+        let db = &db;
+        async move { db.scalar(&sql).await.expect("the settings column exists") }
+    };
+    assert_eq!(count("settings = ''").await, old_batches);
+    assert!(count("settings LIKE '%max_memory_mib%'").await > 0);
+    let verified = Command::new(sluice_bin())
+        .arg("verify")
+        .arg(&config)
+        .args(["--since-ms", &restarted_at.to_string()])
+        .output()
+        .expect("run sluice verify");
+    let said = String::from_utf8_lossy(&verified.stdout);
+    assert!(
+        verified.status.success() && said.contains(" 0 differ"),
+        "{said}{}",
+        String::from_utf8_lossy(&verified.stderr)
+    );
+    pool.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn older_lineage_tables_get_the_settings_column_in_every_dialect() {
+    let dir = TempDir::new("migrate-sqlite-db");
+    let sqlite = SinkDb::Sqlite(dir.path().join("out.db"));
+    older_lineage_table_is_migrated(sqlite, "migrate-sqlite").await;
+    for which in [Db::Postgres, Db::Mysql] {
+        let _serial = which.lock().lock().await;
+        let name = format!("migrate_{which:?}").to_lowercase();
+        older_lineage_table_is_migrated(which.fresh(&name).await, &name).await;
+    }
+}
