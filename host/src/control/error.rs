@@ -52,7 +52,7 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         let status = match &e {
-            StoreError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            StoreError::Unavailable(_) | StoreError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             StoreError::UnknownModule(_) => StatusCode::NOT_FOUND,
             StoreError::NothingToRollBack(_) => StatusCode::CONFLICT,
             StoreError::Database(_) | StoreError::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,

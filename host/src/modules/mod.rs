@@ -55,6 +55,10 @@ pub enum StoreError {
     /// The database could not be reached: retry later.
     #[error("module store unavailable: {0}")]
     Unavailable(String),
+    /// The database refused a write while another held its lock (SQLite):
+    /// retry shortly.
+    #[error("module store busy: {0}")]
+    Busy(String),
     /// Any other database error.
     #[error("module store: {0}")]
     Database(String),
@@ -69,6 +73,6 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::Busy(_))
     }
 }

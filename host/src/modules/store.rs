@@ -146,7 +146,7 @@ fn is_busy(e: &sqlx::Error) -> bool {
 
 fn db_err(e: sqlx::Error) -> StoreError {
     if is_busy(&e) {
-        return StoreError::Unavailable(format!("the database is busy: {e}"));
+        return StoreError::Busy(e.to_string());
     }
     match e {
         sqlx::Error::Io(_)
@@ -324,31 +324,21 @@ impl ModuleStore {
             let appended = self
                 .append_version(&mut tx, pipeline, digest, params, action, only_first)
                 .await;
-            // SQLite may refuse the write (busy, or a read that could not
-            // become a write while a batch commits): try again shortly.
-            if let Err(StoreError::Unavailable(e)) = &appended
-                && e.starts_with("the database is busy")
-                && tries < ACTIVATION_TRIES
-            {
-                tracing::debug!("activation of {digest}: {e}; trying again");
-                let _ = tx.rollback().await;
-                tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
-                continue;
-            }
-            match appended {
-                Ok(None) => {
+            let outcome = match appended {
+                // A commit that failed for a busy database did not happen;
+                // any other failed commit may have: never append again.
+                Ok(Some(v)) => match tx.commit().await.map_err(db_err) {
+                    Ok(()) => Ok(Some(v)),
+                    Err(e @ StoreError::Busy(_)) => Err(e),
+                    Err(e) => return Err(e),
+                },
+                other => {
                     let _ = tx.rollback().await;
-                    return Ok(None);
+                    other
                 }
+            };
+            match outcome {
                 Ok(Some(v)) => {
-                    match tx.commit().await {
-                        Err(e) if is_busy(&e) && tries < ACTIVATION_TRIES => {
-                            tracing::debug!("activation of {digest}: {e}; trying again");
-                            tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
-                            continue;
-                        }
-                        committed => committed.map_err(db_err)?,
-                    }
                     tracing::info!(
                         pipeline,
                         version = v.version,
@@ -358,15 +348,18 @@ impl ModuleStore {
                     );
                     return Ok(Some(v));
                 }
+                Ok(None) => return Ok(None),
                 // Another activation took the same number: count again.
                 Err(StoreError::Database(e)) if tries < ACTIVATION_TRIES => {
                     tracing::debug!("activation of {digest}: {e}; trying again");
-                    let _ = tx.rollback().await;
                 }
-                Err(e) => {
-                    let _ = tx.rollback().await;
-                    return Err(e);
+                // SQLite refused the write (busy, or a read that could not
+                // become a write while a batch commits): try again shortly.
+                Err(StoreError::Busy(e)) if tries < ACTIVATION_TRIES => {
+                    tracing::debug!("activation of {digest}: {e}; trying again");
+                    tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
                 }
+                Err(e) => return Err(e),
             }
         }
     }
