@@ -96,21 +96,21 @@ impl<T: Transform> Preparer<T> {
         ranges: Vec<OffsetRange>,
     ) -> Result<Batch, PipelineError> {
         let started = Instant::now();
-        let mut plan = Plan::new(
+        let plan = Plan::new(
             &self.pipeline,
             ranges,
             self.transform.module_digest(),
             &self.params_digest,
             now_ms(),
         );
-        plan.settings = self.settings.clone();
         let records = source.records(&plan.ranges);
         let read_ms = started.elapsed().as_millis() as u64;
         self.transform_planned(plan, records, read_ms)
     }
 
-    /// Transforms `records` under an existing `plan` (a replay of a
-    /// committed batch, for `verify` and `shadow`).
+    /// Transforms `records` under `plan` (a new one, or a replay of a
+    /// committed batch's for `verify` and `shadow`), recording this
+    /// preparer's settings in it.
     pub fn transform_planned(
         &self,
         mut plan: Plan,
@@ -241,9 +241,7 @@ impl<T: Transform> Preparer<T> {
         }
         Ok((output, dead))
     }
-}
 
-impl<T: Transform> Preparer<T> {
     /// The parts of a bisected batch each fit the output budget; together
     /// they may not, and no record is at fault: the batch is too large.
     fn check_merged_output(&self, output: &Output) -> Result<(), RunError> {
