@@ -258,6 +258,22 @@ pub fn cli_ok(url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Runs `sluice ARGS` (no control API involved) and asserts success;
+/// returns its stdout.
+pub fn sluice_ok(args: &[&str]) -> String {
+    let out = Command::new(sluice_bin())
+        .args(args)
+        .output()
+        .expect("run sluice");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "sluice {args:?} failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// Produces numbered records in small acknowledged chunks until stopped.
 pub struct Producer {
     stop: Arc<AtomicBool>,

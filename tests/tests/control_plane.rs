@@ -43,6 +43,19 @@ fn host(name: &str, topic: &str, dir: &TempDir, control_extra: &str) -> (Host, u
     (host, port, url)
 }
 
+/// [`host`] with a producer writing to its topic and a first batch
+/// committed: a host under load.
+fn host_under_load(
+    topic: &str,
+    dir: &TempDir,
+    control_extra: &str,
+) -> (Host, u16, String, Producer) {
+    let (host, port, url) = host(topic, topic, dir, control_extra);
+    let producer = Producer::start(shared_broker(), topic, 2);
+    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    (host, port, url, producer)
+}
+
 fn refused(result: Result<serde_json::Value, ClientError>) -> u16 {
     match result {
         Err(ClientError::Refused { status, .. }) => status.as_u16(),
@@ -97,9 +110,7 @@ async fn refusals_leave_a_kept_alive_connection_usable() {
 async fn slow_and_idle_clients_are_cut_off_while_batches_go_on() {
     let topic = "cp-slowloris";
     let dir = TempDir::new(topic);
-    let (host, port, url) = host(topic, topic, &dir, "max_connections = 16");
-    let producer = Producer::start(shared_broker(), topic, 2);
-    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    let (host, port, url, producer) = host_under_load(topic, &dir, "max_connections = 16");
     let rss_before = host.rss_mib();
 
     let opened = Instant::now();
@@ -326,9 +337,7 @@ async fn params_travel_in_the_body_and_only_token_holders_read_them() {
 async fn api_fuzzed_from_its_openapi_document_never_fails() {
     let topic = "cp-fuzz";
     let dir = TempDir::new(topic);
-    let (mut host, _, url) = host(topic, topic, &dir, "");
-    let producer = Producer::start(shared_broker(), topic, 2);
-    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    let (mut host, _, url, producer) = host_under_load(topic, &dir, "");
     let schema = format!("{url}/v1/openapi.json");
     for auth in [None, Some(format!("Authorization: Bearer {TOKEN}"))] {
         let mut st = std::process::Command::new("st");
@@ -379,9 +388,7 @@ async fn api_fuzzed_from_its_openapi_document_never_fails() {
 async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails() {
     let topic = "cp-deploy-burst";
     let dir = TempDir::new(topic);
-    let (mut host, _, url) = host(topic, topic, &dir, "");
-    let producer = Producer::start(shared_broker(), topic, 2);
-    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    let (mut host, _, url, producer) = host_under_load(topic, &dir, "");
     let stamp = std::fs::read(plugin("stamp")).unwrap();
     let digest = sluice::batch::sha256_hex(&stamp);
     let deploys: Vec<_> = (0..80)
@@ -437,9 +444,7 @@ async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails(
 async fn parallel_activations_under_load_are_stored_or_told_to_retry() {
     let topic = "cp-activate-burst";
     let dir = TempDir::new(topic);
-    let (mut host, _, url) = host(topic, topic, &dir, "");
-    let producer = Producer::start(shared_broker(), topic, 2);
-    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    let (mut host, _, url, producer) = host_under_load(topic, &dir, "");
     let stamp = std::fs::read(plugin("stamp")).unwrap();
     let client = ControlClient::new(&url, Some(TOKEN.into()));
     let stored = client

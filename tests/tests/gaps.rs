@@ -5,6 +5,7 @@
 //! records all commit correctly; a checkpoint outside the log fails loudly,
 //! naming partition and offsets, with nothing written.
 
+use sluice_tests::control::sluice_ok;
 use sluice_tests::*;
 use std::time::Duration;
 
@@ -234,7 +235,10 @@ async fn poison_records_become_dead_letters_and_the_rest_commits() {
     produce(brokers, topic, &records);
     let dir = TempDir::new("poison");
     let db = dir.path().join("out.db");
-    let config = write_config(dir.path(), &hostile_config("poison", topic, &db, ""));
+    let config = write_config(
+        dir.path(),
+        &hostile_config("poison", topic, &db, &POISON, ""),
+    );
     run_ok(&config);
     let pool = sqlite(&db).await;
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM echo")
@@ -257,9 +261,35 @@ async fn poison_records_become_dead_letters_and_the_rest_commits() {
     assert_eq!(dead[1].2, b"this is poison");
 }
 
-/// A hostile module's config into SQLite: `mode = "poison"`, a small fuel
-/// budget and memory cap so looping and allocating records fail fast.
-fn hostile_config(pipeline: &str, topic: &str, db: &std::path::Path, limits: &str) -> String {
+/// A mode of the hostile plugin and the one target it writes.
+struct Mode {
+    name: &'static str,
+    target: &'static str,
+    columns: &'static str,
+}
+
+/// Passes records through to `echo`, misbehaving on poison values.
+const POISON: Mode = Mode {
+    name: "poison",
+    target: "echo",
+    columns: r#"{ offset = "integer", value = "text" }"#,
+};
+
+/// Writes N boolean rows to `flood` for a record `flood:N`.
+const FLOOD: Mode = Mode {
+    name: "flood",
+    target: "flood",
+    columns: r#"{ flag = "boolean" }"#,
+};
+
+/// A hostile module's config into SQLite, in `mode`, under `limits`.
+fn hostile_config(
+    pipeline: &str,
+    topic: &str,
+    db: &std::path::Path,
+    mode: &Mode,
+    limits: &str,
+) -> String {
     format!(
         r#"
 pipeline = "{pipeline}"
@@ -268,18 +298,21 @@ brokers = "{brokers}"
 topics = ["{topic}"]
 [module]
 path = "{module}"
-params = {{ mode = "poison" }}
+params = {{ mode = "{mode}" }}
 [limits]
 {limits}
 [sink]
 url = "sqlite://{db}"
 [[sink.targets]]
-name = "echo"
-columns = {{ offset = "integer", value = "text" }}
+name = "{target}"
+columns = {columns}
 "#,
         brokers = shared_broker(),
         module = plugin("hostile").display(),
-        db = db.display()
+        db = db.display(),
+        mode = mode.name,
+        target = mode.target,
+        columns = mode.columns,
     )
 }
 
@@ -294,8 +327,8 @@ fn transform_ms_of_batch_with_dead_letters(log: &str) -> u64 {
         .unwrap_or_else(|| panic!("no batch with dead letters in:\n{log}"))
 }
 
-/// A hostile pipeline run over `n` numbered records of a new one-partition
-/// topic, some replaced by `poison` (index, value), under `limits`.
+/// A hostile pipeline run to its end (successful or not) over a new
+/// one-partition topic.
 struct HostileRun {
     /// Keeps the database and config until the test ends.
     dir: TempDir,
@@ -304,18 +337,14 @@ struct HostileRun {
     pool: sqlx::SqlitePool,
 }
 
-async fn run_hostile(topic: &str, n: usize, poison: &[(usize, &str)], limits: &str) -> HostileRun {
+/// Runs the hostile plugin in `mode` over `records` under `limits`.
+async fn run_mode(topic: &str, records: &[Produce], mode: &Mode, limits: &str) -> HostileRun {
     create_topic(shared_broker(), topic, 1);
-    let mut records = numbered("ok", n, 1);
-    for &(i, value) in poison {
-        records[i].value = value.into();
-    }
-    produce(shared_broker(), topic, &records);
+    produce(shared_broker(), topic, records);
     let dir = TempDir::new(topic);
     let db = dir.path().join("out.db");
-    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, limits));
+    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, mode, limits));
     let run = run_measured(&config, "info");
-    assert!(run.success, "{}", run.log);
     let pool = sqlite(&db).await;
     HostileRun {
         dir,
@@ -325,9 +354,22 @@ async fn run_hostile(topic: &str, n: usize, poison: &[(usize, &str)], limits: &s
     }
 }
 
+/// A successful `poison` run over `n` numbered records, some replaced by
+/// `poison` (index, value).
+async fn run_hostile(topic: &str, n: usize, poison: &[(usize, &str)], limits: &str) -> HostileRun {
+    let mut records = numbered("ok", n, 1);
+    for &(i, value) in poison {
+        records[i].value = value.into();
+    }
+    let h = run_mode(topic, &records, &POISON, limits).await;
+    assert!(h.run.success, "{}", h.run.log);
+    h
+}
+
 impl HostileRun {
-    async fn echo_rows(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM echo")
+    /// Rows in `table`.
+    async fn rows(&self, table: &str) -> i64 {
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
             .fetch_one(&self.pool)
             .await
             .unwrap()
@@ -359,7 +401,7 @@ async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
         (4_321, "poison: traps"),
     ];
     let h = run_hostile("poison-kinds", 5_000, &poison, &limits).await;
-    assert_eq!(h.echo_rows().await, 4_997);
+    assert_eq!(h.rows("echo").await, 4_997);
     let dead = h.dead_letters().await;
     let kinds: Vec<(i64, &str)> = dead.iter().map(|(o, k, _)| (*o, k.as_str())).collect();
     assert_eq!(
@@ -375,17 +417,7 @@ async fn looping_allocating_and_trapping_records_are_isolated_by_kind() {
         "host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB",
         h.run.peak_rss_mib
     );
-    let verified = std::process::Command::new(sluice_bin())
-        .arg("verify")
-        .arg(&h.config)
-        .output()
-        .expect("run sluice verify");
-    let said = String::from_utf8_lossy(&verified.stdout);
-    assert!(
-        verified.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&verified.stderr)
-    );
+    let said = sluice_ok(&["verify", h.config.to_str().unwrap()]);
     assert!(said.contains("0 differ"), "{said}");
     println!(
         "3 poison records of 3 kinds in 5,000: isolated in {} ms of transform, host peak RSS {} MiB",
@@ -409,7 +441,7 @@ async fn bisection_cost_of_one_poison_record_in_ten_thousand() {
         let dir = TempDir::new(name);
         let config = write_config(
             dir.path(),
-            &hostile_config(name, name, &dir.path().join("out.db"), ""),
+            &hostile_config(name, name, &dir.path().join("out.db"), &POISON, ""),
         );
         let run = run_measured(&config, "info");
         assert!(run.success, "{}", run.log);
@@ -447,7 +479,7 @@ async fn a_record_past_the_deadline_on_every_try_becomes_a_deadline_dead_letter(
         limits,
     )
     .await;
-    assert_eq!(h.echo_rows().await, 99);
+    assert_eq!(h.rows("echo").await, 99);
     let dead = h.dead_letters().await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!(
@@ -472,11 +504,14 @@ async fn deep_recursion_under_the_largest_stack_traps_instead_of_crashing_the_ho
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!((dead[0].0, dead[0].1.as_str()), (7, "trap"), "{dead:?}");
     assert!(dead[0].2.contains("stack"), "{dead:?}");
-    assert_eq!(h.echo_rows().await, 49);
+    assert_eq!(h.rows("echo").await, 49);
 
     let too_deep = format!("max_stack_kib = {}", sluice::config::MAX_STACK_KIB + 1);
     let db = h.dir.path().join("out.db");
-    let refused = write_config(h.dir.path(), &hostile_config(topic, topic, &db, &too_deep));
+    let refused = write_config(
+        h.dir.path(),
+        &hostile_config(topic, topic, &db, &POISON, &too_deep),
+    );
     let out = run_until_caught_up(&refused, Duration::from_secs(60));
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
@@ -492,47 +527,18 @@ async fn deep_recursion_under_the_largest_stack_traps_instead_of_crashing_the_ho
 /// within twice the module's cap plus a fixed allowance; every row lands.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flooding_module_does_not_blow_up_the_host() {
-    let topic = "flood";
-    create_topic(shared_broker(), topic, 1);
     let rows = 10_000_000u64;
-    let records = vec![Produce {
-        partition: 0,
-        key: None,
-        value: format!("flood:{rows}"),
-    }];
-    produce(shared_broker(), topic, &records);
-    let dir = TempDir::new(topic);
-    let db = dir.path().join("out.db");
     let cap_mib = 64;
-    let config = format!(
-        r#"
-pipeline = "{topic}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-[module]
-path = "{module}"
-params = {{ mode = "flood" }}
-[limits]
-max_memory_mib = {cap_mib}
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "flood"
-columns = {{ flag = "boolean" }}
-"#,
-        brokers = shared_broker(),
-        module = plugin("hostile").display(),
-        db = db.display()
-    );
-    let run = run_measured(&write_config(dir.path(), &config), "warn");
+    let h = run_mode(
+        "flood",
+        &[one(0, &format!("flood:{rows}"))],
+        &FLOOD,
+        &format!("max_memory_mib = {cap_mib}"),
+    )
+    .await;
+    let run = &h.run;
     assert!(run.success, "{}", run.log);
-    let pool = sqlite(&db).await;
-    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM flood")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(stored as u64, rows);
+    assert_eq!(h.rows("flood").await as u64, rows);
     // Measured: 88 MiB; 312 MiB while the sink took the output as one wide
     // value per cell.
     let allowance = 128;
@@ -555,7 +561,7 @@ columns = {{ flag = "boolean" }}
 async fn verify_replays_a_batch_under_the_limits_it_ran_with() {
     let poison = [(700, "poison-hungry: needs 100 MiB")];
     let h = run_hostile("replay-limits", 1_000, &poison, "max_memory_mib = 64").await;
-    assert_eq!(h.echo_rows().await, 999);
+    assert_eq!(h.rows("echo").await, 999);
     let dead = h.dead_letters().await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!((dead[0].0, dead[0].1.as_str()), (700, "memory"));
@@ -579,54 +585,11 @@ async fn verify_replays_a_batch_under_the_limits_it_ran_with() {
         text.replace("max_memory_mib = 64", "max_memory_mib = 256"),
     )
     .unwrap();
-    let verified = std::process::Command::new(sluice_bin())
-        .arg("verify")
-        .arg(&h.config)
-        .output()
-        .expect("run sluice verify");
-    let said = String::from_utf8_lossy(&verified.stdout);
-    assert!(
-        verified.status.success(),
-        "{said}{}",
-        String::from_utf8_lossy(&verified.stderr)
-    );
+    let said = sluice_ok(&["verify", h.config.to_str().unwrap()]);
     assert!(
         said.contains("0 differ") && !said.contains("note:"),
         "{said}"
     );
-}
-
-/// A flood config over `records` (values `flood:N`) with `limits`.
-async fn run_flood(topic: &str, values: &[String], limits: &str) -> (TempDir, MeasuredRun) {
-    create_topic(shared_broker(), topic, 1);
-    let records: Vec<Produce> = values.iter().map(|v| one(0, v)).collect();
-    produce(shared_broker(), topic, &records);
-    let dir = TempDir::new(topic);
-    let db = dir.path().join("out.db");
-    let config = format!(
-        r#"
-pipeline = "{topic}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 1000
-[module]
-path = "{module}"
-params = {{ mode = "flood" }}
-[limits]
-{limits}
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "flood"
-columns = {{ flag = "boolean" }}
-"#,
-        brokers = shared_broker(),
-        module = plugin("hostile").display(),
-        db = db.display()
-    );
-    let run = run_measured(&write_config(dir.path(), &config), "warn");
-    (dir, run)
 }
 
 /// The output budget: one record whose output alone is over
@@ -635,21 +598,12 @@ columns = {{ flag = "boolean" }}
 /// with the setting to change, committing nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn output_over_the_budget_is_isolated_or_refused_with_the_remedy() {
-    let mut values: Vec<String> = (0..50).map(|_| "flood:1000".to_string()).collect();
-    values[20] = "flood:20000000".into();
-    let (dir, run) = run_flood("output-budget", &values, "max_output_mib = 8").await;
-    assert!(run.success, "{}", run.log);
-    let pool = sqlite(&dir.path().join("out.db")).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM flood")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 49 * 1000);
-    let dead: Vec<(i64, String, String)> =
-        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let mut records: Vec<Produce> = (0..50).map(|_| one(0, "flood:1000")).collect();
+    records[20] = one(0, "flood:20000000");
+    let h = run_mode("output-budget", &records, &FLOOD, "max_output_mib = 8").await;
+    assert!(h.run.success, "{}", h.run.log);
+    assert_eq!(h.rows("flood").await, 49 * 1000);
+    let dead = h.dead_letters().await;
     assert_eq!(dead.len(), 1, "{dead:?}");
     assert_eq!((dead[0].0, dead[0].1.as_str()), (20, "output"));
     assert!(
@@ -659,19 +613,22 @@ async fn output_over_the_budget_is_isolated_or_refused_with_the_remedy() {
         "{dead:?}"
     );
 
-    let values: Vec<String> = (0..20).map(|_| "flood:1000000".to_string()).collect();
-    let (dir, run) = run_flood("output-budget-batch", &values, "max_output_mib = 8").await;
-    assert!(!run.success);
+    let records: Vec<Produce> = (0..20).map(|_| one(0, "flood:1000000")).collect();
+    let h = run_mode(
+        "output-budget-batch",
+        &records,
+        &FLOOD,
+        "max_output_mib = 8",
+    )
+    .await;
+    assert!(!h.run.success);
     assert!(
-        run.log
+        h.run
+            .log
             .contains("lower `source.max_records_per_partition` or raise the limit"),
         "{}",
-        run.log
+        h.run.log
     );
-    let pool = sqlite(&dir.path().join("out.db")).await;
-    let committed: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_checkpoints")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let committed = h.rows("sluice_checkpoints").await;
     assert_eq!(committed, 0, "nothing is committed");
 }

@@ -6,7 +6,7 @@
 //!
 //! Each test has its own topic, pipeline and SQLite file.
 
-use sluice_tests::control::{Host, Producer};
+use sluice_tests::control::{Host, Producer, sluice_ok};
 use sluice_tests::{TempDir, create_topic, identity_config, shared_broker};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -131,20 +131,6 @@ fn a_partition_returning_to_its_former_owner_resumes_at_the_new_checkpoint() {
     );
     producer.stop();
     first.stop();
-}
-
-/// Runs `sluice ARGS` and returns its stdout, asserting success.
-fn sluice_ok(args: &[&str]) -> String {
-    let out = std::process::Command::new(sluice_tests::sluice_bin())
-        .args(args)
-        .output()
-        .expect("run sluice");
-    assert!(
-        out.status.success(),
-        "sluice {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn count(pool: &sqlx::SqlitePool, sql: &str) -> i64 {

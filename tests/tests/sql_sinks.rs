@@ -8,6 +8,7 @@
 //! others); each owns its schema/database and topic.
 
 use rand::SeedableRng;
+use sluice_tests::control::sluice_ok;
 use sluice_tests::proxy::FaultProxy;
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
@@ -892,18 +893,13 @@ async fn older_lineage_table_is_migrated(db: SinkDb, name: &str) {
     };
     assert_eq!(count("settings = ''").await, old_batches);
     assert!(count("settings LIKE '%max_memory_mib%'").await > 0);
-    let verified = Command::new(sluice_bin())
-        .arg("verify")
-        .arg(&config)
-        .args(["--since-ms", &restarted_at.to_string()])
-        .output()
-        .expect("run sluice verify");
-    let said = String::from_utf8_lossy(&verified.stdout);
-    assert!(
-        verified.status.success() && said.contains(" 0 differ"),
-        "{said}{}",
-        String::from_utf8_lossy(&verified.stderr)
-    );
+    let said = sluice_ok(&[
+        "verify",
+        config.to_str().unwrap(),
+        "--since-ms",
+        &restarted_at.to_string(),
+    ]);
+    assert!(said.contains(" 0 differ"), "{said}");
     pool.close().await;
 }
 
