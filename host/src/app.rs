@@ -8,13 +8,13 @@
 
 use crate::config::PipelineConfig;
 use crate::control::{self, ControlState, ServeLimits};
-use crate::modules::{ModuleStore, StoreError, StoreVersions, Version};
-use crate::pipeline::{
-    Pipeline, PipelineError, RunOptions, RunStats, Sink, StatusBoard, Transform, VersionError,
-};
-use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
-use crate::sink::{SinkError, SinkKind, mysql, postgres, sqlite};
+use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats, StatusBoard};
+use crate::runtime::{Limits, ModuleError, RunError, Runtime, StoreVersions, WasmTransform};
+use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
+use sluice_core::store::{StoreError, Version};
+use sluice_core::transform::Transform;
+use sluice_core::versions::VersionError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -111,7 +111,7 @@ async fn run_with<S: Sink>(
     until_caught_up: bool,
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
-    let store = Arc::new(ModuleStore::open(&config.sink).await?);
+    let store = crate::state::module_store(&config.sink).await?;
     let versions = StoreVersions::new(
         Arc::clone(&store),
         Arc::clone(&module.runtime),

@@ -418,7 +418,7 @@ async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
                 println!(
                     "MISMATCH batch {} ({}): recorded output {}, replay gives {} (module {}, params {})",
                     batch.batch_id,
-                    sluice::pipeline::describe(&batch.ranges),
+                    sluice::batch::describe(&batch.ranges),
                     batch.output_digest,
                     verdict.replayed_digest,
                     batch.module_digest,

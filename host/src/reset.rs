@@ -5,7 +5,7 @@
 //! Owns turning the user's choice into one offset per partition (asking
 //! Kafka) and what the user is told about the sink's rows. The move itself,
 //! and what happens to lineage and running instances, is the sink's
-//! (`sink::sql::reset`). It must not touch target tables.
+//! (`sluice_sql::reset`). It must not touch target tables.
 
 use crate::batch::TopicPartition;
 use crate::config::{PipelineConfig, WriteMode};

@@ -186,7 +186,7 @@ fn keyed_diff(old: Vec<(String, String)>, new: Vec<(String, String)>) -> TargetD
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sink::sql::scenarios::words_output;
+    use sluice_core::testing::words_output;
 
     #[test]
     fn keyed_targets_diff_by_key() {

@@ -11,18 +11,17 @@
 //! reproduced.
 
 mod diff;
-mod lineage;
 
 pub use diff::{TargetDiff, diff_outputs};
-pub use lineage::{CommittedBatch, LineageReader, Selection};
+pub use sluice_core::store::{CommittedBatch, Selection};
 
 use crate::batch::{Plan, sha256_hex};
 use crate::config::PipelineConfig;
-use crate::modules::{ModuleStore, StoreError};
 use crate::pipeline::{Batch, PipelineError, Preparer};
 use crate::runtime::{ENGINE, Limits, ReplaySettings, Runtime, WasmTransform};
 use crate::sink::SinkError;
 use crate::source::{RangeReader, SourceError};
+use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -61,8 +60,8 @@ impl Verdict {
 /// Replays one pipeline's committed batches.
 pub struct Replayer {
     config: PipelineConfig,
-    lineage: LineageReader,
-    store: ModuleStore,
+    lineage: Arc<dyn LineageStore>,
+    store: Arc<dyn ModuleStore>,
     reader: RangeReader,
     /// This config's limits: the deadline and compile budget of every
     /// replay, and the rest for batches that recorded no settings.
@@ -75,8 +74,8 @@ pub struct Replayer {
 
 impl Replayer {
     pub async fn open(config: &PipelineConfig) -> Result<Replayer, ReplayError> {
-        let lineage = LineageReader::open(&config.sink).await?;
-        let store = ModuleStore::open(&config.sink).await?;
+        let lineage = crate::state::lineage(&config.sink).await?;
+        let store = crate::state::module_store(&config.sink).await?;
         let source = config.source.clone();
         let pipeline = config.pipeline.clone();
         let reader = tokio::task::spawn_blocking(move || RangeReader::connect(&source, &pipeline))

@@ -1,0 +1,25 @@
+//! `sluice-core`: the types and traits every other sluice crate shares, and
+//! nothing that talks to the outside world.
+//!
+//! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the file).
+//! - [`batch`]: plans, offset ranges and the columnar record batch.
+//! - [`output`]: a batch's output rows, contract checks, the output digest.
+//! - [`limits`]: the sandbox limits and the settings a result depends on.
+//! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
+//!   loop consumes and the errors it acts on.
+//! - [`store`]: the state store traits (module store, lineage reader).
+//!
+//! It must not depend on wasmtime, rdkafka, sqlx or axum: the backends
+//! depend on it, never the other way round.
+
+pub mod batch;
+pub mod config;
+pub mod limits;
+pub mod output;
+pub mod sink;
+pub mod source;
+pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod transform;
+pub mod versions;

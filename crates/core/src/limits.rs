@@ -1,0 +1,142 @@
+//! Per-batch sandbox limits, and the settings a batch's result depends on
+//! (recorded with its lineage for replay).
+//!
+//! Owns the numbers (from the pipeline config). It must not enforce them
+//! (the Wasm runtime does) nor decide what a hit limit means for the
+//! pipeline: `RunError` does.
+
+use crate::config::{LimitsConfig, OnPoison};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The engine that runs modules, as recorded in lineage (wasmtime is
+/// pinned to this exact version in the workspace's Cargo.toml).
+pub const ENGINE: &str = concat!("sluice ", env!("CARGO_PKG_VERSION"), ", wasmtime 48.0.8");
+
+/// Everything besides the module, its params and the records that can
+/// change a batch's result: which records end as fuel, memory or stack
+/// dead letters, and the engine that ran it. Recorded with every batch's
+/// lineage (as JSON) and what `verify` and `shadow` replay under. The
+/// batch deadline is not here: a deadline is never part of a result.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ReplaySettings {
+    pub engine: String,
+    pub fuel_per_batch: u64,
+    pub max_memory_mib: u64,
+    pub max_stack_kib: u64,
+    pub max_output_mib: u64,
+    pub on_poison: OnPoison,
+}
+
+impl ReplaySettings {
+    /// The JSON text stored in lineage.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain fields serialize")
+    }
+
+    /// Reads what lineage stored; `None` for a batch committed before
+    /// settings were recorded (empty) or unreadable text.
+    pub fn from_json(text: &str) -> Option<ReplaySettings> {
+        serde_json::from_str(text).ok()
+    }
+
+    /// These settings' limits, with the deadline and compile budget of
+    /// `current` (neither shapes a result).
+    pub fn limits(&self, current: &Limits) -> Limits {
+        Limits {
+            fuel_per_batch: self.fuel_per_batch,
+            max_memory_mib: self.max_memory_mib,
+            max_stack_kib: self.max_stack_kib,
+            max_output_bytes: (self.max_output_mib as usize) << 20,
+            ..current.clone()
+        }
+    }
+}
+
+/// The sandbox limits applied to every batch.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub fuel_per_batch: u64,
+    pub batch_timeout: Duration,
+    max_memory_mib: u64,
+    max_stack_kib: u64,
+    /// Most output bytes one run may return.
+    pub max_output_bytes: usize,
+    /// Wall-clock budget for compiling a module in a child process.
+    pub compile_timeout: Duration,
+    /// Address-space budget of that child, in MiB.
+    pub compile_memory_mib: u64,
+}
+
+impl Limits {
+    pub fn from_config(c: &LimitsConfig) -> Limits {
+        Limits {
+            fuel_per_batch: c.fuel_per_batch,
+            batch_timeout: Duration::from_millis(c.batch_timeout_ms),
+            max_memory_mib: c.max_memory_mib,
+            max_stack_kib: c.max_stack_kib,
+            max_output_bytes: (c.max_output_mib.unwrap_or(c.max_memory_mib) as usize) << 20,
+            compile_timeout: Duration::from_millis(c.compile_timeout_ms),
+            compile_memory_mib: c.compile_memory_mib,
+        }
+    }
+
+    /// The limits a compile worker needs to build the same engine
+    /// configuration as its parent (the rest does not shape compiled code).
+    pub fn for_compiling(max_stack_kib: u64, max_memory_mib: u64) -> Limits {
+        Limits {
+            max_stack_kib,
+            max_memory_mib,
+            ..Limits::default()
+        }
+    }
+
+    /// The settings batches run under these limits are recorded with.
+    pub fn replay_settings(&self, on_poison: OnPoison) -> ReplaySettings {
+        ReplaySettings {
+            engine: ENGINE.to_string(),
+            fuel_per_batch: self.fuel_per_batch,
+            max_memory_mib: self.max_memory_mib,
+            max_stack_kib: self.max_stack_kib,
+            max_output_mib: (self.max_output_bytes >> 20) as u64,
+            on_poison,
+        }
+    }
+
+    /// Fails an output over the output budget.
+    pub fn check_output(
+        &self,
+        output: &crate::output::Output,
+    ) -> Result<(), crate::transform::RunError> {
+        let size = output.byte_size();
+        match size > self.max_output_bytes {
+            true => Err(crate::transform::RunError::OutputTooLarge {
+                mib: size.div_ceil(1 << 20) as u64,
+                limit_mib: (self.max_output_bytes >> 20) as u64,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    pub fn max_memory_mib(&self) -> u64 {
+        self.max_memory_mib
+    }
+
+    pub fn max_memory_bytes(&self) -> usize {
+        (self.max_memory_mib as usize) << 20
+    }
+
+    pub fn max_stack_kib(&self) -> u64 {
+        self.max_stack_kib
+    }
+
+    pub fn max_stack_bytes(&self) -> usize {
+        (self.max_stack_kib as usize) << 10
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits::from_config(&LimitsConfig::default())
+    }
+}

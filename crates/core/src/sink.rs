@@ -1,0 +1,168 @@
+//! The sink contract: where a batch's outputs, dead letters, lineage and
+//! offset move are committed as one unit. Holds the `Sink` trait the batch
+//! loop consumes, what every backend shares (the commit request, dead
+//! letters, the error kinds, the canonical digest of a batch's result) and
+//! the sink kind a URL names.
+//!
+//! It must not hold a backend: backends live in their own crates (the SQL
+//! ones in `sluice-sql`) and never import each other.
+
+use crate::batch::{Plan, Records, TopicPartition};
+use crate::output::Output;
+use std::collections::HashMap;
+
+/// Where batches are committed; implemented by each sink backend.
+#[allow(async_fn_in_trait)]
+pub trait Sink {
+    /// Stored next offsets of `partitions`; absent = never committed.
+    async fn checkpoints(
+        &self,
+        pipeline: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, SinkError>;
+    /// Commits one batch atomically with the offset compare-and-set.
+    async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError>;
+}
+
+/// Why a sink operation failed. Callers act on the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The database could not be reached or dropped the connection: retry
+    /// with backoff, then re-read the checkpoint.
+    #[error("sink unavailable: {0}")]
+    Unavailable(String),
+    /// COMMIT was sent but its outcome is unknown: read the checkpoint back
+    /// before doing anything else; never write the batch again blindly.
+    #[error("commit outcome unknown: {0}")]
+    CommitUnknown(String),
+    /// The configuration or the module's output does not fit the tables
+    /// (missing column, wrong type, bad identifier): fatal, fix the config.
+    #[error("sink configuration: {0}")]
+    Config(String),
+    /// Any other database error: fatal.
+    #[error("sink error: {0}")]
+    Database(String),
+}
+
+impl SinkError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            SinkError::Unavailable(_) | SinkError::CommitUnknown(_)
+        )
+    }
+}
+
+/// Why a record became a dead letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadLetterKind {
+    /// The module rejected it.
+    Rejected,
+    /// It made the module trap (isolated by bisection).
+    Trap,
+    /// The module ran out of fuel on it alone.
+    Fuel,
+    /// The module passed its memory cap on it alone.
+    Memory,
+    /// The module hit the batch deadline on it alone, every try.
+    Deadline,
+    /// The module wrote a NaN or infinite float for it.
+    NonFinite,
+    /// Its output alone is over `limits.max_output_mib`.
+    Output,
+}
+
+impl DeadLetterKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterKind::Rejected => "rejected",
+            DeadLetterKind::Trap => "trap",
+            DeadLetterKind::Fuel => "fuel",
+            DeadLetterKind::Memory => "memory",
+            DeadLetterKind::Deadline => "deadline",
+            DeadLetterKind::NonFinite => "non-finite",
+            DeadLetterKind::Output => "output",
+        }
+    }
+}
+
+/// A record that will be stored as a dead letter, by batch index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub index: usize,
+    pub reason: String,
+    pub kind: DeadLetterKind,
+}
+
+/// Everything one batch commits.
+pub struct Commit<'a> {
+    pub plan: &'a Plan,
+    pub records: &'a Records,
+    pub output: &'a Output,
+    pub dead_letters: &'a [DeadLetter],
+    pub output_digest: &'a str,
+}
+
+/// The result of a commit attempt that reached the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitOutcome {
+    /// Outputs and offsets landed together.
+    Committed,
+    /// Another owner moved the offsets first: nothing was written.
+    Fenced {
+        partition: String,
+        expected: i64,
+        found: Option<i64>,
+    },
+}
+
+/// The sink kinds a URL can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SinkKind {
+    Sqlite,
+    Postgres,
+    Mysql,
+}
+
+impl SinkKind {
+    /// The kind named by the URL's scheme.
+    pub fn of_url(url: &str) -> Result<SinkKind, SinkError> {
+        let scheme = url.split_once("://").map(|(s, _)| s).unwrap_or("");
+        match scheme {
+            "sqlite" => Ok(SinkKind::Sqlite),
+            "postgres" | "postgresql" => Ok(SinkKind::Postgres),
+            "mysql" | "mariadb" => Ok(SinkKind::Mysql),
+            _ => Err(SinkError::Config(format!(
+                "unsupported sink URL `{url}`: use sqlite://PATH, postgres://USER@HOST/DB or \
+                 mysql://USER@HOST/DB"
+            ))),
+        }
+    }
+}
+
+/// The URL with its password (if any) masked, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// The canonical digest of a batch's result: its rows and dead letters
+/// (the reason only where the module wrote it).
+pub fn digest(output: &Output, dead_letters: &[DeadLetter]) -> String {
+    let dead: Vec<(usize, &str, Option<&str>)> = dead_letters
+        .iter()
+        .map(|d| {
+            let reason = (d.kind == DeadLetterKind::Rejected).then_some(d.reason.as_str());
+            (d.index, d.kind.as_str(), reason)
+        })
+        .collect();
+    output.digest(&dead)
+}

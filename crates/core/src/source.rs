@@ -1,0 +1,88 @@
+//! The source contract as the batch loop sees it: the `Source` trait
+//! (implemented by the Kafka source), its errors and the progress it
+//! reports.
+//!
+//! A source owns partitions, reads them from the offsets the loop says (the
+//! sink's checkpoints) and cuts ranges `[from, until)` out of what it has
+//! read. It must never decide a starting offset itself, and a range must
+//! always name the same records (condition 1 of exactly-once).
+
+use crate::batch::{OffsetRange, Records, TopicPartition};
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::Receiver;
+use std::time::Duration;
+
+/// What the batch loop reads from. Methods that wait run on a blocking
+/// thread, hence `Send + 'static`; none of them is async.
+pub trait Source: Send + 'static {
+    /// Reads for up to `wait` (less once `interrupt` is set), buffering
+    /// what it reads and following ownership changes.
+    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError>;
+    /// Keeps ownership alive until `done` fires (or its sender is gone)
+    /// while the loop waits on the sink; errors met meanwhile are reported
+    /// by the next `poll`.
+    fn hold(&mut self, done: &Receiver<()>);
+    /// True once ownership was settled at least once (possibly to nothing).
+    fn assigned_once(&self) -> bool;
+    /// Owned partitions that have not been told where to start.
+    fn unstarted(&self) -> Vec<TopicPartition>;
+    /// Starts reading each partition at its checkpoint (`None`: never
+    /// committed, start as configured).
+    fn start_partitions(
+        &mut self,
+        starts: &[(TopicPartition, Option<i64>)],
+    ) -> Result<(), SourceError>;
+    /// The ranges of the next batch: for every started partition with
+    /// something read, `[next, position)` (capped per partition).
+    fn plan_ranges(&self) -> Vec<OffsetRange>;
+    /// The records of `ranges`, from what was read.
+    fn records(&self, ranges: &[OffsetRange]) -> Records;
+    /// The ranges are committed (or about to be): the next ones start at
+    /// their `until`, and their records leave the buffers.
+    fn committed(&mut self, ranges: &[OffsetRange]);
+    /// True once every owned partition has been planned up to the log end
+    /// seen when it was first reached.
+    fn caught_up(&self) -> bool;
+    /// Where each owned partition stands.
+    fn progress(&self) -> Vec<PartitionProgress>;
+}
+
+/// Why the source failed. Callers act on the variant.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The brokers could not be reached (at start, or for too long).
+    #[error("cannot reach Kafka brokers at {brokers}: {message}")]
+    Unreachable { brokers: String, message: String },
+    /// A configured topic does not exist.
+    #[error("topic `{0}` does not exist")]
+    UnknownTopic(String),
+    /// A planned offset is not in the log any more (retention, DeleteRecords)
+    /// or not yet/any more (topic deleted and re-created). Fatal: sluice never
+    /// skips or shrinks a batch silently.
+    #[error(
+        "partition {partition}: checkpoint offset {from} is {what} (log holds offsets {low}..{high}); \
+         records were deleted or the topic was re-created, refusing to skip"
+    )]
+    OutOfRange {
+        partition: String,
+        from: i64,
+        low: i64,
+        high: i64,
+        what: &'static str,
+    },
+    /// Any other Kafka error.
+    #[error("kafka: {0}")]
+    Kafka(String),
+}
+
+/// Where an owned partition stands (for status and lag).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionProgress {
+    pub topic: String,
+    pub partition: i32,
+    /// Start of the next range (the committed checkpoint); `None` until the
+    /// partition has started.
+    pub next_offset: Option<i64>,
+    /// The log end as last fetched.
+    pub log_end: Option<i64>,
+}

@@ -1,0 +1,220 @@
+//! The state store: what must outlive a process and be shared by every
+//! instance of a pipeline. The module store (components by sha256, each
+//! pipeline's activations) and the lineage reader (committed batches, for
+//! `verify` and `shadow`). Each sink kind says where its state lives (the
+//! SQL sinks keep it in their own database); the traits here keep the
+//! control plane, replay and version following free of any one backend.
+//!
+//! Owns what a "version" is: a (module digest, params) pair activated for a
+//! pipeline under an increasing number. Lineage rows name the module and
+//! params digests a batch ran, which map back to a version here. It must not
+//! write lineage: lineage is written only in the sink's batch commit.
+
+use crate::batch::OffsetRange;
+use crate::sink::SinkError;
+use serde::Serialize;
+
+/// The module store of one pipeline's state store. Object-safe (held as
+/// `Arc<dyn ModuleStore>` by the control plane, replay and the runtime's
+/// version following). A version row is only ever appended: rollback
+/// appends the earlier version again.
+#[async_trait::async_trait]
+pub trait ModuleStore: Send + Sync {
+    /// Stores `component` under its sha256 (a no-op if already stored) and
+    /// returns the digest.
+    async fn put(&self, component: &[u8]) -> Result<String, StoreError>;
+    /// The component stored under `digest`.
+    async fn get(&self, digest: &str) -> Result<Vec<u8>, StoreError>;
+    /// The version `pipeline` runs now, if any was ever activated.
+    async fn active(&self, pipeline: &str) -> Result<Option<Version>, StoreError>;
+    /// Every activation of `pipeline`, oldest first.
+    async fn history(&self, pipeline: &str) -> Result<Vec<Version>, StoreError>;
+    /// Makes (`digest`, `params`) the active version of `pipeline`: appends
+    /// a version numbered one past the newest. `action` says why
+    /// (`activate`, `rollback`).
+    async fn activate(
+        &self,
+        pipeline: &str,
+        digest: &str,
+        params: &str,
+        action: &str,
+    ) -> Result<Version, StoreError>;
+    /// Activates (`digest`, `params`) as version 1 if `pipeline` has no
+    /// version yet (its first start); returns the active version either
+    /// way. Several instances starting at once seed it once.
+    async fn seed(&self, pipeline: &str, digest: &str, params: &str)
+    -> Result<Version, StoreError>;
+
+    /// The distinct (module, params) pairs `pipeline` has run, each with the
+    /// last version number that activated it.
+    async fn summary(&self, pipeline: &str) -> Result<Vec<VersionSummary>, StoreError> {
+        let history = self.history(pipeline).await?;
+        let active = history.last().map(|v| v.version);
+        let mut out: Vec<VersionSummary> = Vec::new();
+        for v in history {
+            out.retain(|s| {
+                !(s.module_digest == v.module_digest && s.params_digest == v.params_digest)
+            });
+            out.push(VersionSummary {
+                active: Some(v.version) == active,
+                version: v.version,
+                module_digest: v.module_digest,
+                params_digest: v.params_digest,
+                params: v.params,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The params `pipeline` ran with under `params_digest`.
+    async fn params_for(
+        &self,
+        pipeline: &str,
+        params_digest: &str,
+    ) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .history(pipeline)
+            .await?
+            .into_iter()
+            .find(|v| v.params_digest == params_digest)
+            .map(|v| v.params))
+    }
+
+    /// Activates the version that ran before the active one: the newest
+    /// earlier activation with another module or other params.
+    async fn rollback(&self, pipeline: &str) -> Result<Version, StoreError> {
+        let history = self.history(pipeline).await?;
+        let Some(current) = history.last() else {
+            return Err(StoreError::NothingToRollBack(pipeline.to_string()));
+        };
+        let previous = history
+            .iter()
+            .rev()
+            .find(|v| {
+                v.module_digest != current.module_digest || v.params_digest != current.params_digest
+            })
+            .ok_or_else(|| StoreError::NothingToRollBack(pipeline.to_string()))?;
+        self.activate(
+            pipeline,
+            &previous.module_digest,
+            &previous.params,
+            "rollback",
+        )
+        .await
+    }
+}
+
+/// Reads a pipeline's lineage back (read-only).
+#[async_trait::async_trait]
+pub trait LineageStore: Send + Sync {
+    /// The selected committed batches of `pipeline`, in commit order.
+    async fn batches(
+        &self,
+        pipeline: &str,
+        selection: &Selection,
+    ) -> Result<Vec<CommittedBatch>, SinkError>;
+}
+
+/// One activation of a pipeline: from `activated_at_ms` on, its batches run
+/// this module with these params.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Version {
+    pub pipeline: String,
+    /// Increasing per pipeline; a rollback appends a new number.
+    pub version: i64,
+    /// sha256 of the component, hex.
+    pub module_digest: String,
+    /// The params handed to `init`, JSON.
+    pub params: String,
+    /// sha256 of `params`, hex (what lineage rows record).
+    pub params_digest: String,
+    /// Why it was activated: `seed` (first start, from the config),
+    /// `activate` or `rollback`.
+    pub action: String,
+    pub activated_at_ms: i64,
+}
+
+/// A distinct (module, params) pair a pipeline has run, with the last
+/// version number that activated it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct VersionSummary {
+    pub version: i64,
+    pub module_digest: String,
+    pub params_digest: String,
+    pub params: String,
+    pub active: bool,
+}
+
+/// Why the module store could not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be reached: retry later.
+    #[error("module store unavailable: {0}")]
+    Unavailable(String),
+    /// The database refused a write while another held its lock (SQLite):
+    /// retry shortly.
+    #[error("module store busy: {0}")]
+    Busy(String),
+    /// Any other database error.
+    #[error("module store: {0}")]
+    Database(String),
+    /// Names in the sink config do not fit the database.
+    #[error("module store configuration: {0}")]
+    Config(String),
+    #[error("no module with digest {0} in the store (upload it first)")]
+    UnknownModule(String),
+    #[error("pipeline `{0}` has no earlier version to roll back to")]
+    NothingToRollBack(String),
+}
+
+impl StoreError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_) | StoreError::Busy(_))
+    }
+}
+
+/// One committed batch as its lineage rows record it.
+#[derive(Debug, Clone)]
+pub struct CommittedBatch {
+    pub batch_id: String,
+    pub module_digest: String,
+    pub params_digest: String,
+    pub batch_time_ms: i64,
+    pub output_digest: String,
+    pub committed_at_ms: i64,
+    /// The engine, limits and poison policy it ran under (JSON of
+    /// `ReplaySettings`); empty for batches committed before they were
+    /// recorded.
+    pub settings: String,
+    pub ranges: Vec<OffsetRange>,
+}
+
+/// Which committed batches to replay; empty fields select everything.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only these batch ids.
+    pub batch_ids: Vec<String>,
+    /// Only batches committed at or after this time (ms since the epoch).
+    pub since_ms: Option<i64>,
+    /// Only batches committed before this time.
+    pub until_ms: Option<i64>,
+    /// Only batches with a range of this partition overlapping
+    /// `[from, until)`: (topic, partition, from, until).
+    pub offsets: Option<(String, i32, i64, i64)>,
+    /// Only the newest `last` batches (after the filters above).
+    pub last: Option<usize>,
+}
+
+impl Selection {
+    /// True if `b` is selected.
+    pub fn keeps(&self, b: &CommittedBatch) -> bool {
+        (self.batch_ids.is_empty() || self.batch_ids.contains(&b.batch_id))
+            && self.since_ms.is_none_or(|t| b.committed_at_ms >= t)
+            && self.until_ms.is_none_or(|t| b.committed_at_ms < t)
+            && self.offsets.as_ref().is_none_or(|(topic, p, from, until)| {
+                b.ranges.iter().any(|r| {
+                    &r.topic == topic && r.partition == *p && r.from < *until && *from < r.until
+                })
+            })
+    }
+}

@@ -1,0 +1,85 @@
+//! The transform contract as the batch loop sees it: the `Transform` trait
+//! (implemented by the Wasm runtime) and `RunError`, why a batch produced no
+//! output.
+//!
+//! It must not know how a transform runs: no engine, no sandbox here, only
+//! what the loop acts on (retry, bisect, dead-letter, stop).
+
+use crate::batch::{Plan, Records};
+use crate::limits::Limits;
+use crate::output::Output;
+
+/// The transform the pipeline runs; implemented by the Wasm runtime. It is
+/// shared with the thread that prepares the next batch, hence `Send + Sync`.
+pub trait Transform: Send + Sync + 'static {
+    /// Module version recorded in plans and lineage.
+    fn module_digest(&self) -> &str;
+    /// The parameters as `init` receives them.
+    fn params(&self) -> &str;
+    /// The sandbox limits every batch runs under.
+    fn limits(&self) -> &Limits;
+    /// Runs one whole batch in a fresh instance.
+    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError>;
+}
+
+/// Why a batch did not produce output. Callers act on the variant.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum RunError {
+    /// The transform returned its own batch error.
+    #[error("transform failed the batch: {message}")]
+    Declared { message: String, retryable: bool },
+    /// The transform rejected its parameters in `init`.
+    #[error("transform rejected its params: {0}")]
+    ParamsRejected(String),
+    /// The module trapped (a bug or a poison record): retried, then bisected.
+    #[error("transform trapped: {0}")]
+    Trap(String),
+    /// Fuel ran out: deterministic, the same batch fails the same way again.
+    #[error("transform ran out of fuel ({0} units per batch)")]
+    OutOfFuel(u64),
+    /// The memory cap was hit: deterministic.
+    #[error("transform exceeded the memory limit of {0} MiB")]
+    MemoryExceeded(u64),
+    /// The wall-clock backstop fired: retryable, never recorded as output.
+    #[error("transform exceeded the batch deadline of {0} ms")]
+    Timeout(u64),
+    /// The module returned rows that break the contract.
+    #[error("transform returned invalid output: {0}")]
+    BadOutput(String),
+    /// The output is larger than `limits.max_output_mib`: deterministic,
+    /// and isolated like a poison (a smaller batch may fit).
+    #[error(
+        "transform returned {mib} MiB of output, over the limit of {limit_mib} MiB (`limits.max_output_mib`)"
+    )]
+    OutputTooLarge { mib: u64, limit_mib: u64 },
+    /// The parts of a bisected batch each fit the output budget but not
+    /// together: no record is at fault, the batch is too large.
+    #[error(
+        "the batch's records each fit `limits.max_output_mib` ({limit_mib} MiB) but together return {mib} MiB: lower `source.max_records_per_partition` or raise the limit"
+    )]
+    BatchOutputTooLarge { mib: u64, limit_mib: u64 },
+    /// The module returned a NaN or infinite float: deterministic, and
+    /// isolated to the records that produce it.
+    #[error("transform returned a float no sink stores: {0}")]
+    NonFinite(String),
+    /// The host could not instantiate the module.
+    #[error("cannot instantiate module: {0}")]
+    Instantiate(String),
+}
+
+impl RunError {
+    /// True if running the same batch again may succeed: a deadline (the
+    /// machine may have been slow), an instance the pool could not give
+    /// (slots come free), a declared retryable error.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            RunError::Timeout(_)
+                | RunError::Instantiate(_)
+                | RunError::Declared {
+                    retryable: true,
+                    ..
+                }
+        )
+    }
+}

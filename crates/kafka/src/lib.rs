@@ -1,0 +1,661 @@
+//! The Kafka source (`sluice-kafka`): owns partitions through the consumer group, reads them
+//! from the offsets the pipeline says (the sink's checkpoints), and cuts
+//! offset ranges `[from, until)` out of what it has read.
+//!
+//! Owns the librdkafka consumer, its rebalance callbacks and the per-partition
+//! read buffers. It must never commit consumer-group offsets and never decide
+//! a starting offset itself: `from` always comes from the caller.
+//!
+//! A range ends by consumer position, not by counting records: offsets are
+//! not dense (transaction markers, aborted records, compaction), so a range
+//! may hold fewer records than offsets, or none. `until` never passes the
+//! last stable offset, because a `read_committed` consumer never does.
+
+mod ownership;
+mod positions;
+mod replay;
+
+pub use positions::{LogPositions, ResetTo};
+pub use replay::RangeReader;
+
+use sluice_core::{batch, config};
+
+use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
+use crate::config::{SourceConfig, StartPosition};
+use ownership::{OwnershipContext, OwnershipEvent};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Headers, Message};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+pub use sluice_core::source::{PartitionProgress, Source, SourceError};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a broker may take to answer metadata, seek and watermark calls.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Messages taken from librdkafka's queue between two looks at the clock.
+const DRAIN_PER_CLOCK_CHECK: usize = 256;
+
+/// How long a checkpoint must stay beyond the cached log end before it is
+/// an error. The cache is only refreshed by fetch responses, so for a
+/// partition that comes back to this instance it may still hold the log end
+/// of when it was last fetched here; fetches (long polls of at most
+/// `fetch.wait.max.ms`, 500 ms by default) refresh it well within this.
+const BEYOND_END_CONFIRM: Duration = Duration::from_secs(3);
+
+/// How long [`KafkaSource::hold`] waits before pausing the partitions (a
+/// commit usually ends well before), and how long each of its polls takes.
+const HOLD_AFTER: Duration = Duration::from_secs(1);
+const HOLD_POLL: Duration = Duration::from_millis(100);
+
+/// Read state of one owned partition.
+#[derive(Debug)]
+struct PartitionState {
+    /// Start of the next range: the committed checkpoint. `None` until the
+    /// pipeline has told us where to start.
+    next: Option<i64>,
+    /// Every offset below this has been delivered to us (records buffered or
+    /// skipped by the broker as markers / aborted records).
+    position: i64,
+    /// Records read but not yet in a batch, offset order.
+    buffer: VecDeque<OwnedRecord>,
+    /// The log end the first time we reached it (for `--until-caught-up`).
+    end_at_start: Option<i64>,
+    /// Since when the cached log end has been below `next` (see
+    /// [`BEYOND_END_CONFIRM`]).
+    beyond_end_since: Option<Instant>,
+}
+
+pub struct KafkaSource {
+    consumer: BaseConsumer<OwnershipContext>,
+    brokers: String,
+    start: StartPosition,
+    max_per_partition: i64,
+    partitions: BTreeMap<TopicPartition, PartitionState>,
+    /// True once the group gave us an assignment (possibly empty).
+    assigned_once: bool,
+    /// An error met while holding (see [`KafkaSource::hold`]), reported by
+    /// the next poll.
+    held_error: Option<SourceError>,
+}
+
+impl KafkaSource {
+    /// Connects, checks the topics exist and joins the consumer group.
+    pub fn connect(config: &SourceConfig, group_id: &str) -> Result<KafkaSource, SourceError> {
+        let client = client_config(config, group_id);
+        let consumer: BaseConsumer<OwnershipContext> = client
+            .create_with_context(OwnershipContext::default())
+            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+        let unreachable = |e: KafkaError| SourceError::Unreachable {
+            brokers: config.brokers.clone(),
+            message: e.to_string(),
+        };
+        let metadata = consumer
+            .fetch_metadata(None, BROKER_TIMEOUT)
+            .map_err(unreachable)?;
+        for topic in &config.topics {
+            let known = metadata.topics().iter().find(|t| t.name() == topic);
+            if known.is_none_or(|t| t.partitions().is_empty()) {
+                return Err(SourceError::UnknownTopic(topic.clone()));
+            }
+        }
+        match &config.assign {
+            Some(assign) => ownership::assign_statically(&consumer, assign)
+                .map_err(|e| SourceError::Kafka(e.to_string()))?,
+            None => {
+                let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
+                consumer
+                    .subscribe(&topics)
+                    .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            }
+        }
+        Ok(KafkaSource {
+            consumer,
+            brokers: config.brokers.clone(),
+            start: config.start,
+            max_per_partition: config.max_records_per_partition as i64,
+            partitions: BTreeMap::new(),
+            assigned_once: false,
+            held_error: None,
+        })
+    }
+
+    /// Reads for up to `wait` (less once some partition has a full batch,
+    /// ownership changed, or, within ~50 ms, once `interrupt` is set).
+    /// Newly assigned partitions stay paused until
+    /// [`KafkaSource::start_partitions`] gives their checkpoint; see
+    /// [`KafkaSource::unstarted`].
+    pub fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
+        if let Some(e) = self.held_error.take() {
+            return Err(e);
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut wait = left.min(Duration::from_millis(50));
+            // Drain what is queued without reading the clock per message.
+            for _ in 0..DRAIN_PER_CLOCK_CHECK {
+                match self.consumer.poll(wait) {
+                    Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                    Some(Err(e)) => self.on_error(e)?,
+                    None => break,
+                }
+                wait = Duration::ZERO;
+            }
+            let ownership_changed = self.apply_ownership_events();
+            if Instant::now() >= deadline
+                || self.some_batch_full()
+                || ownership_changed
+                || interrupt.load(Ordering::Relaxed)
+            {
+                break;
+            }
+        }
+        self.refresh_positions()
+    }
+
+    /// Keeps this instance in the consumer group until `done` is set, while
+    /// the pipeline takes no records (a commit retrying through a sink
+    /// outage): librdkafka leaves the group when the consumer is not
+    /// polled for `max.poll.interval.ms`. After [`HOLD_AFTER`] the started
+    /// partitions are paused, so nothing more is fetched (the buffers stay
+    /// bounded), and polled; they resume when `done` is set. Assignments and
+    /// revocations are recorded as in [`KafkaSource::poll`]; an error is
+    /// reported by the next poll.
+    pub fn hold(&mut self, done: &std::sync::mpsc::Receiver<()>) {
+        if done.recv_timeout(HOLD_AFTER) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        let held = self.started_list();
+        if let Err(e) = self.consumer.pause(&held) {
+            tracing::warn!("cannot pause partitions while the sink is retrying: {e}");
+        }
+        tracing::debug!("holding the consumer group membership while the commit retries");
+        while done.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+            match self.consumer.poll(HOLD_POLL) {
+                Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                Some(Err(e)) => {
+                    if let Err(e) = self.on_error(e) {
+                        self.held_error.get_or_insert(e);
+                    }
+                }
+                None => {}
+            }
+            self.apply_ownership_events();
+        }
+        // The started partitions still owned: one revoked and assigned again
+        // meanwhile is new, paused until its checkpoint is read.
+        if let Err(e) = self.consumer.resume(&self.started_list()) {
+            self.held_error
+                .get_or_insert(SourceError::Kafka(format!("resume after the commit: {e}")));
+        }
+    }
+
+    /// The partitions that have started (been seeked to a checkpoint).
+    fn started_list(&self) -> TopicPartitionList {
+        let mut list = TopicPartitionList::new();
+        for (tp, s) in &self.partitions {
+            if s.next.is_some() {
+                list.add_partition(&tp.topic, tp.partition);
+            }
+        }
+        list
+    }
+
+    /// Applies assignments and revocations from the rebalance callbacks;
+    /// true if there were any.
+    fn apply_ownership_events(&mut self) -> bool {
+        let events = self.consumer.context().take_events();
+        for event in &events {
+            match event {
+                OwnershipEvent::Assigned(tps) => {
+                    self.assigned_once = true;
+                    for tp in tps {
+                        self.partitions.entry(tp.clone()).or_insert(PartitionState {
+                            next: None,
+                            position: 0,
+                            buffer: VecDeque::new(),
+                            end_at_start: None,
+                            beyond_end_since: None,
+                        });
+                    }
+                }
+                OwnershipEvent::Revoked(tps) => {
+                    for tp in tps {
+                        self.partitions.remove(tp);
+                    }
+                }
+            }
+        }
+        !events.is_empty()
+    }
+
+    fn on_error(&self, e: KafkaError) -> Result<(), SourceError> {
+        if let KafkaError::MessageConsumption(code) | KafkaError::MessageConsumptionFatal(code) = &e
+            && *code == rdkafka::types::RDKafkaErrorCode::AutoOffsetReset
+        {
+            return Err(self.out_of_range_error(&e));
+        }
+        if let KafkaError::MessageConsumptionFatal(_) = e {
+            return Err(SourceError::Kafka(e.to_string()));
+        }
+        tracing::warn!("kafka consumer: {e}");
+        Ok(())
+    }
+
+    /// Names the partition(s) whose planned offset the broker refused.
+    fn out_of_range_error(&self, e: &KafkaError) -> SourceError {
+        for (tp, state) in &self.partitions {
+            let Some(from) = state.next else { continue };
+            if let Some(err) = self.range_violation(tp, from) {
+                return err;
+            }
+        }
+        SourceError::Kafka(format!("broker refused a planned offset: {e}"))
+    }
+
+    /// Checks `from` against the log's bounds; `Some` if it lies outside.
+    fn range_violation(&self, tp: &TopicPartition, from: i64) -> Option<SourceError> {
+        let (low, high) = self.watermarks(tp)?;
+        let what = if from < low {
+            "below the log start"
+        } else if from > high {
+            "beyond the log end"
+        } else {
+            return None;
+        };
+        Some(SourceError::OutOfRange {
+            partition: tp.to_string(),
+            from,
+            low,
+            high,
+            what,
+        })
+    }
+
+    /// The log start and end as the last fetch response reported them (right
+    /// on every broker), or, before any fetch, as ListOffsets reports them.
+    fn watermarks(&self, tp: &TopicPartition) -> Option<(i64, i64)> {
+        if let Some(w) = cached_watermarks(&self.consumer, tp) {
+            return Some(w);
+        }
+        self.consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .ok()
+    }
+
+    fn some_batch_full(&self) -> bool {
+        self.partitions.values().any(|s| {
+            s.next
+                .is_some_and(|n| s.position >= n + self.max_per_partition)
+        })
+    }
+
+    /// Folds in the consumer's position, which also moves past transaction
+    /// markers and aborted records that never reach us as messages.
+    fn refresh_positions(&mut self) -> Result<(), SourceError> {
+        let active: Vec<TopicPartition> = self
+            .partitions
+            .iter()
+            .filter(|(_, s)| s.next.is_some())
+            .map(|(tp, _)| tp.clone())
+            .collect();
+        if active.is_empty() {
+            return Ok(());
+        }
+        let positions = self
+            .consumer
+            .position()
+            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+        for tp in &active {
+            let reported = positions
+                .find_partition(&tp.topic, tp.partition)
+                .and_then(|e| e.offset().to_raw())
+                .filter(|&o| o >= 0);
+            let watermarks = cached_watermarks(&self.consumer, tp);
+            let state = self.partitions.get_mut(tp).expect("active partition");
+            if let Some(p) = reported {
+                state.position = state.position.max(p);
+            }
+            if let Some((low, high)) = watermarks {
+                let from = state.next.expect("active");
+                let waiting = state.buffer.is_empty() && state.position == from;
+                // A stale cache can only understate the log start, so below
+                // it is certain; beyond the end must hold for a while.
+                let beyond = waiting && from > high;
+                if !beyond {
+                    state.beyond_end_since = None;
+                }
+                let confirmed_beyond = beyond
+                    && state
+                        .beyond_end_since
+                        .get_or_insert_with(Instant::now)
+                        .elapsed()
+                        >= BEYOND_END_CONFIRM;
+                if waiting && (from < low || confirmed_beyond) {
+                    return Err(self.range_violation(tp, from).expect("outside the bounds"));
+                }
+                // Not caught up while beyond the end is unconfirmed: it is
+                // either an error or a stale log end.
+                if !beyond && state.end_at_start.is_none() && state.position >= high {
+                    state.end_at_start = Some(high);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Per owned partition: where the next range starts (`None` until
+    /// started) and the log end the last fetch reported (`None` before any).
+    pub fn progress(&self) -> Vec<PartitionProgress> {
+        self.partitions
+            .iter()
+            .map(|(tp, s)| PartitionProgress {
+                topic: tp.topic.clone(),
+                partition: tp.partition,
+                next_offset: s.next,
+                log_end: cached_watermarks(&self.consumer, tp).map(|(_, high)| high),
+            })
+            .collect()
+    }
+
+    /// True once the consumer group has assigned partitions (maybe none).
+    pub fn assigned_once(&self) -> bool {
+        self.assigned_once
+    }
+
+    /// Partitions assigned but not started yet.
+    pub fn unstarted(&self) -> Vec<TopicPartition> {
+        self.partitions
+            .iter()
+            .filter(|(_, s)| s.next.is_none())
+            .map(|(tp, _)| tp.clone())
+            .collect()
+    }
+
+    /// Starts (or restarts) reading each partition at its checkpoint, or
+    /// where the config says if it has none; drops anything buffered for
+    /// them. Partitions revoked meanwhile are skipped.
+    pub fn start_partitions(
+        &mut self,
+        starts: &[(TopicPartition, Option<i64>)],
+    ) -> Result<(), SourceError> {
+        let starts: Vec<_> = starts
+            .iter()
+            .filter(|(tp, _)| self.partitions.contains_key(tp))
+            .collect();
+        if starts.is_empty() {
+            return Ok(());
+        }
+        let kafka = |e: KafkaError| SourceError::Kafka(e.to_string());
+        let mut all = TopicPartitionList::new();
+        for (tp, _) in &starts {
+            all.add_partition(&tp.topic, tp.partition);
+        }
+        // Paused partitions have no fetch in flight, so the watermark queries
+        // below are not queued behind long-polling fetches on the connection.
+        self.consumer.pause(&all).map_err(kafka)?;
+        let mut seeks = TopicPartitionList::new();
+        let mut froms = Vec::new();
+        for (tp, checkpoint) in &starts {
+            let from = self.start_offset(tp, *checkpoint)?;
+            seeks
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
+                .map_err(kafka)?;
+            froms.push((tp, from));
+        }
+        self.consumer
+            .seek_partitions(seeks, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Kafka(format!("seek to the checkpoints: {e}")))?;
+        self.consumer.resume(&all).map_err(kafka)?;
+        for (tp, from) in froms {
+            let state = self.partitions.get_mut(tp).expect("filtered above");
+            state.next = Some(from);
+            state.position = from;
+            state.buffer.clear();
+            state.beyond_end_since = None;
+            tracing::info!(partition = %tp, from, "reading partition");
+        }
+        Ok(())
+    }
+
+    /// The offset a partition starts at, refusing one below the log start.
+    /// (The log end is checked on the fetch path instead: ListOffsets(latest)
+    /// is wrong on some brokers, the fetch response's high watermark is not.)
+    fn start_offset(
+        &self,
+        tp: &TopicPartition,
+        checkpoint: Option<i64>,
+    ) -> Result<i64, SourceError> {
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Unreachable {
+                brokers: self.brokers.clone(),
+                message: e.to_string(),
+            })?;
+        let from = match (checkpoint, self.start) {
+            (Some(offset), _) => offset,
+            (None, StartPosition::Earliest) => low,
+            (None, StartPosition::Latest) => high,
+        };
+        if from < low.max(0) {
+            let partition = tp.to_string();
+            return Err(SourceError::OutOfRange {
+                partition,
+                from,
+                low,
+                high,
+                what: "below the log start",
+            });
+        }
+        Ok(from)
+    }
+
+    /// Cuts the next ranges: per started partition, from its checkpoint up to
+    /// what has been read, at most `max_records_per_partition` offsets.
+    /// Partitions with nothing new are left out.
+    pub fn plan_ranges(&self) -> Vec<OffsetRange> {
+        self.partitions
+            .iter()
+            .filter_map(|(tp, s)| {
+                let from = s.next?;
+                let until = s.position.min(from + self.max_per_partition);
+                (until > from).then(|| OffsetRange {
+                    topic: tp.topic.clone(),
+                    partition: tp.partition,
+                    from,
+                    until,
+                })
+            })
+            .collect()
+    }
+
+    /// The buffered records of `ranges`, in the module's layout. They stay
+    /// buffered until [`KafkaSource::committed`] so a failed commit can
+    /// re-run the same batch.
+    pub fn records(&self, ranges: &[OffsetRange]) -> Records {
+        let mut records = Records::default();
+        for r in ranges {
+            let Some(state) = self.partitions.get(&r.topic_partition()) else {
+                continue;
+            };
+            let chosen = state
+                .buffer
+                .iter()
+                .filter(|m| m.offset >= r.from && m.offset < r.until);
+            records.push_slice(&r.topic, r.partition, chosen);
+        }
+        records
+    }
+
+    /// Marks `ranges` committed: their records leave the buffers and the next
+    /// ranges start at their `until`.
+    pub fn committed(&mut self, ranges: &[OffsetRange]) {
+        for r in ranges {
+            if let Some(state) = self.partitions.get_mut(&r.topic_partition()) {
+                while state.buffer.front().is_some_and(|m| m.offset < r.until) {
+                    state.buffer.pop_front();
+                }
+                state.next = Some(r.until);
+            }
+        }
+    }
+
+    /// True once every owned partition has committed up to the log end seen
+    /// when it was first reached, with nothing left buffered.
+    pub fn caught_up(&self) -> bool {
+        self.assigned_once
+            && self
+                .partitions
+                .values()
+                .all(|s| match (s.next, s.end_at_start) {
+                    (Some(next), Some(end)) => next >= end && s.buffer.is_empty(),
+                    _ => false,
+                })
+    }
+}
+
+/// The consumer settings sluice reads with: `read_committed`, no offset
+/// commits, no automatic reset, plus the user's properties.
+fn client_config(config: &SourceConfig, group_id: &str) -> ClientConfig {
+    let mut client = ClientConfig::new();
+    // Defaults a user may override: a crashed instance's partitions move
+    // to the others after 10 s instead of librdkafka's 45 s. Fetching:
+    // up to 8 MiB per partition per fetch instead of 1 MiB, since a batch
+    // takes up to `max_records_per_partition` at once; and when the local
+    // queue is over its threshold (which one 8 MiB fetch of small records
+    // is), retry the fetch after 10 ms instead of librdkafka's 1 s, which
+    // stalled a busy pipeline for up to a second per partition chunk
+    // (measured: 0.23 -> 0.62 of a raw consume, BENCHMARKS.md).
+    client
+        .set("session.timeout.ms", "10000")
+        .set("heartbeat.interval.ms", "1000")
+        .set("max.partition.fetch.bytes", "8388608")
+        .set("fetch.queue.backoff.ms", "10");
+    for (k, v) in &config.properties {
+        client.set(k, v);
+    }
+    if let Some(id) = config.effective_instance_id() {
+        client.set("group.instance.id", id);
+    }
+    client
+        .set("bootstrap.servers", &config.brokers)
+        .set("group.id", group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("isolation.level", "read_committed")
+        // Never jump to another offset on our own: an offset that is not in
+        // the log is an error the pipeline must see.
+        .set("auto.offset.reset", "error")
+        .set("enable.partition.eof", "false");
+    client
+}
+
+/// Appends a fetched record to its partition's buffer (ignored for
+/// partitions not owned or not started).
+fn buffer(
+    partitions: &mut BTreeMap<TopicPartition, PartitionState>,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) {
+    let tp = TopicPartition {
+        topic: m.topic().to_string(),
+        partition: m.partition(),
+    };
+    let Some(state) = partitions.get_mut(&tp) else {
+        return;
+    };
+    let Some(_) = state.next else { return };
+    // After a seek librdkafka drops messages fetched before it; this
+    // check only guards the invariant that the buffer is in offset order.
+    if m.offset() < state.position {
+        return;
+    }
+    state.buffer.push_back(owned(m));
+    state.position = m.offset() + 1;
+}
+
+/// A fetched record, copied out of librdkafka's buffer.
+fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
+    let headers = m
+        .headers()
+        .map(|hs| {
+            hs.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    OwnedRecord {
+        offset: m.offset(),
+        timestamp: m.timestamp().to_millis().unwrap_or(-1),
+        key: m.key().map(<[u8]>::to_vec),
+        value: m.payload().map(<[u8]>::to_vec),
+        headers,
+    }
+}
+
+/// librdkafka's cached watermarks from the last fetch response (not wrapped
+/// by the rdkafka crate). Unlike ListOffsets they are right on every broker.
+fn cached_watermarks<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    tp: &TopicPartition,
+) -> Option<(i64, i64)> {
+    let topic = std::ffi::CString::new(tp.topic.as_str()).ok()?;
+    let (mut low, mut high) = (-1i64, -1i64);
+    // SAFETY: the client pointer is valid for the consumer's lifetime, the
+    // topic is a NUL-terminated string that outlives the call, and the out
+    // pointers are valid i64s; librdkafka only reads its own cache here.
+    let err = unsafe {
+        rdkafka::bindings::rd_kafka_get_watermark_offsets(
+            consumer.client().native_ptr(),
+            topic.as_ptr(),
+            tp.partition,
+            &mut low,
+            &mut high,
+        )
+    };
+    (err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR
+        && low >= 0
+        && high >= 0)
+        .then_some((low, high))
+}
+
+/// The batch loop reads Kafka through the core's `Source` trait; the
+/// inherent methods above carry the documentation.
+impl Source for KafkaSource {
+    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
+        KafkaSource::poll(self, wait, interrupt)
+    }
+    fn hold(&mut self, done: &std::sync::mpsc::Receiver<()>) {
+        KafkaSource::hold(self, done)
+    }
+    fn assigned_once(&self) -> bool {
+        KafkaSource::assigned_once(self)
+    }
+    fn unstarted(&self) -> Vec<TopicPartition> {
+        KafkaSource::unstarted(self)
+    }
+    fn start_partitions(
+        &mut self,
+        starts: &[(TopicPartition, Option<i64>)],
+    ) -> Result<(), SourceError> {
+        KafkaSource::start_partitions(self, starts)
+    }
+    fn plan_ranges(&self) -> Vec<OffsetRange> {
+        KafkaSource::plan_ranges(self)
+    }
+    fn records(&self, ranges: &[OffsetRange]) -> Records {
+        KafkaSource::records(self, ranges)
+    }
+    fn committed(&mut self, ranges: &[OffsetRange]) {
+        KafkaSource::committed(self, ranges)
+    }
+    fn caught_up(&self) -> bool {
+        KafkaSource::caught_up(self)
+    }
+    fn progress(&self) -> Vec<PartitionProgress> {
+        KafkaSource::progress(self)
+    }
+}

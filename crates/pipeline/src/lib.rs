@@ -1,0 +1,592 @@
+//! The batch loop: plan -> read -> transform -> commit, until shut down.
+//! While a batch commits, a blocking thread already reads, plans and
+//! transforms the next one (`prepare`), so Kafka, the Wasm sandbox and the
+//! database work at the same time.
+//!
+//! # Delivery guarantee
+//!
+//! Exactly-once into the sink, given the three conditions: the source replays
+//! a range `[from, until)` identically (Kafka, `read_committed`; the host, not
+//! the consumer group, picks the ranges), the transform is deterministic (a
+//! fresh sandboxed instance per batch, time and seed from the plan), and the
+//! sink commits outputs together with a compare-and-set of the offsets. A
+//! fenced commit (another owner moved the offsets) is rolled back and the
+//! partitions re-read from the checkpoint; a commit whose outcome is unknown
+//! is resolved by reading the checkpoint back, never by writing again.
+//! Preparing ahead does not weaken this: the next batch's `from` is the
+//! committing batch's `until`, which the compare-and-set checks, and a
+//! prepared batch is dropped when the one before it is fenced.
+//!
+//! Owns commit retries, fencing and the shutdown drain (a batch already
+//! prepared is committed before stopping); `prepare` owns the transform
+//! retries and bisection of batches with poison records. It must
+//! not talk SQL, Kafka protocol or Wasm directly: it goes through the core's
+//! `Sink`, `Source`, `Transform` and `Versions` traits, and the crate
+//! depends on none of sqlx, rdkafka or wasmtime (`sluice-pipeline`).
+
+mod prepare;
+mod status;
+
+pub use prepare::{Batch, Preparer};
+pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
+
+use sluice_core::{batch, config};
+
+use crate::batch::{OffsetRange, Plan, TopicPartition, describe, now_ms};
+use crate::config::OnPoison;
+use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use sluice_core::source::{Source, SourceError};
+use sluice_core::transform::{RunError, Transform};
+use sluice_core::versions::{Swap, VersionError, Versions};
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// How long to wait for a first assignment before warning about it.
+const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(30);
+/// How long an unreachable sink is retried before the pipeline stops.
+const SINK_RETRY_FOR: Duration = Duration::from_secs(300);
+
+/// Why the pipeline stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("batch {batch_id} ({ranges}): {error}")]
+    Transform {
+        batch_id: String,
+        ranges: String,
+        error: RunError,
+    },
+}
+
+/// How the loop runs.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub pipeline: String,
+    pub batch_interval: Duration,
+    pub on_poison: OnPoison,
+    /// Stop (successfully) once caught up with the log ends seen at start.
+    pub until_caught_up: bool,
+}
+
+/// Counters for the caller (and the end-of-run log line).
+#[derive(Debug, Default, Clone)]
+pub struct RunStats {
+    pub batches: u64,
+    pub records: u64,
+    pub rows: u64,
+    pub dead_letters: u64,
+    pub fenced: u64,
+}
+
+pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
+    options: RunOptions,
+    /// `None` only while the next batch is prepared during a commit.
+    source: Option<Src>,
+    /// What the blocking thread read and prepared during the last commit.
+    ahead: Option<Ahead>,
+    sink: S,
+    versions: V,
+    /// When the active version was last asked for.
+    version_checked: Cell<Instant>,
+    /// A newer version found (and loaded) while the last batch committed.
+    pending_swap: Option<Swap<V::Transform>>,
+    preparer: Arc<Preparer<V::Transform>>,
+    stats: RunStats,
+    status: StatusBoard,
+}
+
+/// The outcome of reading ahead during a commit: how long the poll took and
+/// the next batch, if there was anything to plan.
+struct Ahead {
+    poll_ms: u64,
+    batch: Result<Option<Batch>, PipelineError>,
+}
+
+impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
+    /// A pipeline starting with `transform` (the active version) and
+    /// following `versions` from then on.
+    pub fn new(
+        options: RunOptions,
+        source: Src,
+        sink: S,
+        versions: V,
+        transform: V::Transform,
+        status: StatusBoard,
+    ) -> Self {
+        let preparer = Preparer::new(options.pipeline.clone(), options.on_poison, transform);
+        let pipeline = Pipeline {
+            options,
+            source: Some(source),
+            ahead: None,
+            sink,
+            versions,
+            version_checked: Cell::new(Instant::now()),
+            pending_swap: None,
+            preparer: Arc::new(preparer),
+            stats: RunStats::default(),
+            status,
+        };
+        pipeline.publish_version();
+        pipeline
+    }
+
+    /// Logs (once per change) and publishes that the active version cannot
+    /// run here, or that it can again (`None`).
+    fn report_version_problem(&self, problem: Option<String>) {
+        let changed = self.status.snapshot().version_problem != problem;
+        if !changed {
+            return;
+        }
+        match &problem {
+            Some(p) => tracing::error!(
+                module = %self.preparer.transform().module_digest(),
+                "{p}; keeping the running version (roll back, or give this host the limits it needs)"
+            ),
+            None => tracing::info!("the active version runs on this host again"),
+        }
+        self.status.update(|s| s.version_problem = problem);
+    }
+
+    /// Puts the version batches are now prepared with on the status board.
+    fn publish_version(&self) {
+        let transform = self.preparer.transform();
+        let (module, params) = (
+            transform.module_digest().to_string(),
+            batch::sha256_hex(transform.params().as_bytes()),
+        );
+        let pipeline = self.options.pipeline.clone();
+        self.status.update(|s| {
+            s.pipeline = pipeline;
+            s.module_digest = module;
+            s.params_digest = params;
+        });
+    }
+
+    /// Runs batches until `shutdown` fires (the batch in flight, and one
+    /// already prepared, are committed first) or, with `until_caught_up`,
+    /// until caught up.
+    pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
+        let started = Instant::now();
+        let mut warned_unassigned = false;
+        loop {
+            if !warned_unassigned
+                && !self.source().assigned_once()
+                && started.elapsed() > ASSIGNMENT_PATIENCE
+            {
+                warned_unassigned = true;
+                tracing::warn!(
+                    "no partitions assigned by the consumer group after {ASSIGNMENT_PATIENCE:?}; \
+                     still waiting (is the group coordinator healthy?)"
+                );
+            }
+            let (poll_ms, prepared) = match self.ahead.take() {
+                Some(ahead) => (ahead.poll_ms, ahead.batch?),
+                None if shutdown.is_cancelled() => break,
+                None => (self.poll().await?, None),
+            };
+            self.start_unstarted().await?;
+            let prepared = self.follow_active_version(prepared).await?;
+            let batch = match prepared {
+                Some(batch) => batch,
+                None if shutdown.is_cancelled() => break,
+                None => {
+                    let ranges = self.source().plan_ranges();
+                    if ranges.is_empty() {
+                        if self.options.until_caught_up && self.source().caught_up() {
+                            tracing::info!("caught up with the log ends seen at start");
+                            break;
+                        }
+                        continue;
+                    }
+                    // CPU-bound: keep the async workers free for signals and timers.
+                    let source = self.source.as_ref().expect("source present");
+                    tokio::task::block_in_place(|| self.preparer.prepare(source, ranges))?
+                }
+            };
+            self.commit_batch(batch, poll_ms, !shutdown.is_cancelled())
+                .await?;
+        }
+        tracing::info!(stats = ?self.stats, "pipeline stopped");
+        Ok(self.stats)
+    }
+
+    /// At a batch boundary: switches to the version found during the last
+    /// commit, or (at most every quarter batch interval) asks for the
+    /// active version and switches if another one was activated. A batch already
+    /// prepared with the old version is prepared again from the same
+    /// ranges, so every batch runs on the version active when it commits.
+    async fn follow_active_version(
+        &mut self,
+        prepared: Option<Batch>,
+    ) -> Result<Option<Batch>, PipelineError> {
+        let swap = match self.pending_swap.take() {
+            Some(swap) => swap,
+            None if self.version_checked.get().elapsed() < self.options.batch_interval / 4 => {
+                return Ok(prepared);
+            }
+            None => {
+                self.version_checked.set(Instant::now());
+                match self.versions.newer(self.preparer.transform()).await {
+                    Ok(Some(swap)) => swap,
+                    Ok(None) => {
+                        self.report_version_problem(None);
+                        return Ok(prepared);
+                    }
+                    Err(VersionError::Unavailable(e)) => {
+                        tracing::warn!("{e}; keeping the running version");
+                        return Ok(prepared);
+                    }
+                    Err(e) => {
+                        self.report_version_problem(Some(e.to_string()));
+                        return Ok(prepared);
+                    }
+                }
+            }
+        };
+        self.report_version_problem(None);
+        tracing::info!(
+            version = swap.version,
+            module = %swap.transform.module_digest(),
+            "switching to module version at this batch boundary"
+        );
+        let preparer = Preparer::new(
+            self.options.pipeline.clone(),
+            self.options.on_poison,
+            swap.transform,
+        );
+        self.preparer = Arc::new(preparer);
+        self.publish_version();
+        let Some(stale) = prepared else {
+            return Ok(None);
+        };
+        let source = self.source.as_ref().expect("source present");
+        let batch =
+            tokio::task::block_in_place(|| self.preparer.prepare(source, stale.plan.ranges))?;
+        Ok(Some(batch))
+    }
+
+    /// Reads from Kafka for up to one batch interval (less if another
+    /// version becomes active meanwhile); returns its duration.
+    async fn poll(&mut self) -> Result<u64, PipelineError> {
+        let wait = self.options.batch_interval;
+        let source = self.source.take().expect("source present");
+        let poll = move |source: &mut Src, interrupt: &AtomicBool| {
+            let polling = Instant::now();
+            let polled = source.poll(wait, interrupt);
+            (polled, polling.elapsed().as_millis() as u64)
+        };
+        let (source, (polled, poll_ms), (), swap) =
+            self.on_source_watching(source, poll, async {}).await;
+        self.source = Some(source);
+        self.pending_swap = swap.or(self.pending_swap.take());
+        polled?;
+        Ok(poll_ms)
+    }
+
+    /// Runs `work` on `source` on a blocking thread while `alongside` runs
+    /// here and the active version is watched; a version found sets the flag
+    /// `work` gets (so a poll can end early) and is returned for the next
+    /// batch boundary. If `work` ends first, the thread holds the source's
+    /// group membership (`Source::hold`) until `alongside` is done, so
+    /// a commit retrying through a long sink outage does not get this
+    /// instance thrown out of the group.
+    async fn on_source_watching<R: Send + 'static, F: Future>(
+        &self,
+        mut source: Src,
+        work: impl FnOnce(&mut Src, &AtomicBool) -> R + Send + 'static,
+        alongside: F,
+    ) -> (Src, R, F::Output, Option<Swap<V::Transform>>) {
+        let swap_ready = Arc::new(AtomicBool::new(false));
+        let interrupt = Arc::clone(&swap_ready);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (alongside_done, hold_until) = std::sync::mpsc::channel();
+        let working = tokio::task::spawn_blocking(move || {
+            let result = work(&mut source, &interrupt);
+            let _ = done_tx.send(());
+            source.hold(&hold_until);
+            (source, result)
+        });
+        let alongside = async {
+            let output = alongside.await;
+            let _ = alongside_done.send(());
+            output
+        };
+        let (alongside, swap) = tokio::join!(alongside, self.watch_versions(done_rx, &swap_ready));
+        let (source, result) = working.await.expect("source task");
+        (source, result, alongside, swap)
+    }
+
+    /// Reads the checkpoint of every newly assigned partition and seeks there.
+    async fn start_unstarted(&mut self) -> Result<(), PipelineError> {
+        let fresh = self.source().unstarted();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        self.restart(&fresh).await
+    }
+
+    /// Re-reads checkpoints of `partitions` and restarts reading there.
+    async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
+        let checkpoints = self.checkpoints_with_retry(partitions).await?;
+        let starts: Vec<_> = partitions
+            .iter()
+            .map(|tp| (tp.clone(), checkpoints.get(tp).copied()))
+            .collect();
+        tokio::task::block_in_place(|| self.source().start_partitions(&starts))?;
+        Ok(())
+    }
+
+    async fn checkpoints_with_retry(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self
+                .sink
+                .checkpoints(&self.options.pipeline, partitions)
+                .await
+            {
+                Ok(c) => return Ok(c),
+                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
+                    tracing::warn!("reading checkpoints: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Commits `batch`; meanwhile (if `prepare_next`) a blocking thread
+    /// polls the source and prepares the next batch, kept in `self.ahead`.
+    ///
+    /// The source is told the ranges are committed before the commit ends,
+    /// so the next batch starts at their `until`. That is safe: if the commit
+    /// is fenced, the prepared batch is dropped and the partitions restart
+    /// from the sink's checkpoint; if it fails, the pipeline stops; and a
+    /// batch planned from a wrong `from` could never pass the sink's offset
+    /// compare-and-set anyway. `poll_ms` (the read that gathered this batch)
+    /// only goes into the log.
+    async fn commit_batch(
+        &mut self,
+        batch: Batch,
+        poll_ms: u64,
+        prepare_next: bool,
+    ) -> Result<(), PipelineError> {
+        self.source().committed(&batch.plan.ranges);
+        let preparer = Arc::clone(&self.preparer);
+        let wait = self.options.batch_interval;
+        let commit = Commit {
+            plan: &batch.plan,
+            records: &batch.records,
+            output: &batch.output,
+            dead_letters: &batch.dead_letters,
+            output_digest: &batch.output_digest,
+        };
+        let committing = Instant::now();
+        let source = self.source.take().expect("source present");
+        let read_next = move |source: &mut Src, interrupt: &AtomicBool| {
+            prepare_next.then(|| read_ahead(source, &preparer, wait, interrupt))
+        };
+        let committed = async {
+            let committed = self.commit(&commit).await;
+            (committed, committing.elapsed().as_millis() as u64)
+        };
+        let (source, ahead, (committed, commit_ms), swap) =
+            self.on_source_watching(source, read_next, committed).await;
+        self.source = Some(source);
+        self.ahead = ahead;
+        self.pending_swap = swap.or(self.pending_swap.take());
+        if committed? {
+            self.account(&batch, poll_ms, commit_ms);
+            return Ok(());
+        }
+        self.stats.fenced += 1;
+        self.ahead = None;
+        let partitions: Vec<TopicPartition> = batch
+            .plan
+            .ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect();
+        self.restart(&partitions).await
+    }
+
+    /// While a commit and the read-ahead run: asks for the active version
+    /// every quarter batch interval (once the last ask is that old) until
+    /// the read-ahead is `done`; a newer version is loaded here and
+    /// `swap_ready` cuts the read-ahead's poll short.
+    async fn watch_versions(
+        &self,
+        mut done: tokio::sync::oneshot::Receiver<()>,
+        swap_ready: &AtomicBool,
+    ) -> Option<Swap<V::Transform>> {
+        let every = self.options.batch_interval / 4;
+        let mut asked = self.version_checked.get();
+        loop {
+            let next = asked + every;
+            tokio::select! {
+                _ = &mut done => return None,
+                _ = tokio::time::sleep_until(next.into()) => {}
+            }
+            asked = Instant::now();
+            self.version_checked.set(asked);
+            match self.versions.newer(self.preparer.transform()).await {
+                Ok(Some(swap)) => {
+                    swap_ready.store(true, Ordering::Relaxed);
+                    return Some(swap);
+                }
+                Ok(None) => {}
+                Err(VersionError::Unavailable(e)) => {
+                    tracing::warn!("{e}; keeping the running version");
+                    return None;
+                }
+                Err(e) => {
+                    self.report_version_problem(Some(e.to_string()));
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Counts and logs a committed batch.
+    fn account(&mut self, batch: &Batch, poll_ms: u64, commit_ms: u64) {
+        let records = batch.records.len();
+        let rows = batch.output.row_count();
+        let dead_letters = batch.dead_letters.len();
+        self.stats.batches += 1;
+        self.stats.records += records as u64;
+        self.stats.rows += rows;
+        self.stats.dead_letters += dead_letters as u64;
+        tracing::info!(
+            batch = %batch.plan.batch_id,
+            ranges = %describe(&batch.plan.ranges),
+            records,
+            rows,
+            dead_letters,
+            poll_ms,
+            read_ms = batch.read_ms,
+            transform_ms = batch.transform_ms,
+            commit_ms,
+            "batch committed"
+        );
+        let progress = self.source().progress();
+        let stats = self.stats.clone();
+        let last = LastBatch {
+            batch_id: batch.plan.batch_id.clone(),
+            ranges: batch.plan.ranges.clone(),
+            records,
+            module_digest: batch.plan.module_digest.clone(),
+            committed_at_ms: now_ms(),
+        };
+        self.status.update(|s| {
+            s.batches = stats.batches;
+            s.records = stats.records;
+            s.rows = stats.rows;
+            s.dead_letters = stats.dead_letters;
+            s.fenced = stats.fenced;
+            s.last_batch = Some(last);
+            s.partitions = progress.into_iter().map(PartitionStatus::of).collect();
+        });
+    }
+
+    fn source(&mut self) -> &mut Src {
+        self.source
+            .as_mut()
+            .expect("the source is back after every commit")
+    }
+
+    /// Commits with retries. `Ok(true)`: the batch is committed (now or by an
+    /// earlier attempt whose reply was lost); `Ok(false)`: fenced.
+    async fn commit(&self, commit: &Commit<'_>) -> Result<bool, PipelineError> {
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let result = self.sink.commit(commit).await;
+            match result {
+                Ok(CommitOutcome::Committed) => return Ok(true),
+                Ok(CommitOutcome::Fenced {
+                    partition,
+                    expected,
+                    found,
+                }) => {
+                    tracing::warn!(
+                        batch = %commit.plan.batch_id,
+                        %partition, expected, ?found,
+                        "fenced: another owner moved the offsets first; rolled back, re-planning"
+                    );
+                    return Ok(false);
+                }
+                Err(SinkError::CommitUnknown(e)) => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit outcome unknown ({e}); reading the checkpoint back");
+                    match self.resolve_unknown(commit.plan).await? {
+                        Some(done) => return Ok(done),
+                        None => continue, // nothing landed: commit again
+                    }
+                }
+                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {e}; retrying in {backoff:?}");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// After a commit with unknown outcome: `Some(true)` if the checkpoint
+    /// already says `until` everywhere (it landed), `None` if it still says
+    /// `from` everywhere (nothing landed), `Some(false)` otherwise (someone
+    /// else moved it: treat as fenced).
+    async fn resolve_unknown(&self, plan: &Plan) -> Result<Option<bool>, PipelineError> {
+        let partitions: Vec<TopicPartition> = plan
+            .ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect();
+        let stored = self.checkpoints_with_retry(&partitions).await?;
+        let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
+        if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
+            tracing::info!(batch = %plan.batch_id, "commit had landed");
+            return Ok(Some(true));
+        }
+        if plan
+            .ranges
+            .iter()
+            .all(|r| at(r).is_none_or(|o| o == r.from))
+        {
+            return Ok(None);
+        }
+        Ok(Some(false))
+    }
+}
+
+/// Polls for up to `wait`, then plans and prepares the next batch from what
+/// is buffered (runs on the blocking thread during a commit).
+fn read_ahead<T: Transform>(
+    source: &mut impl Source,
+    preparer: &Preparer<T>,
+    wait: Duration,
+    interrupt: &AtomicBool,
+) -> Ahead {
+    let polling = Instant::now();
+    let polled = source.poll(wait, interrupt);
+    let poll_ms = polling.elapsed().as_millis() as u64;
+    let batch = polled.map_err(PipelineError::from).and_then(|()| {
+        let ranges = source.plan_ranges();
+        if ranges.is_empty() {
+            return Ok(None);
+        }
+        preparer.prepare(source, ranges).map(Some)
+    });
+    Ahead { poll_ms, batch }
+}

@@ -1,0 +1,175 @@
+//! The host side of the `sluice:plugin` world: generated bindings, the log
+//! import, and conversions between the host's batch/output types and the WIT
+//! types.
+//!
+//! Owns the WIT boundary only. It must not apply policy (retries, limits).
+
+use super::RunError;
+use super::memory_cap::MemoryCap;
+use crate::batch::Records;
+use crate::output as host;
+
+wasmtime::component::bindgen!({
+    path: "../../wit",
+    world: "transform",
+    // Parameters borrow from the host's own batch: no copy before lowering.
+    ownership: Borrowing {
+        duplicate_if_necessary: true
+    },
+});
+
+use self::sluice::plugin::types as wit;
+
+/// Most log lines a module may write per batch; more are dropped.
+const MAX_LOG_LINES: usize = 1000;
+/// Longest log line kept, in bytes.
+const MAX_LOG_LINE: usize = 4096;
+
+/// A line the module wrote through the `log` import.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleLog {
+    pub level: LogLevel,
+    pub message: String,
+}
+
+/// The level a module logged at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// The data of one batch's `Store`.
+pub struct BatchState {
+    pub limiter: MemoryCap,
+    pub logs: Vec<ModuleLog>,
+}
+
+impl BatchState {
+    pub fn new(max_memory_bytes: usize) -> Self {
+        BatchState {
+            limiter: MemoryCap::new(max_memory_bytes),
+            logs: Vec::new(),
+        }
+    }
+}
+
+impl self::sluice::plugin::log::Host for BatchState {
+    fn write(&mut self, level: self::sluice::plugin::log::Level, mut message: String) {
+        if self.logs.len() >= MAX_LOG_LINES {
+            return;
+        }
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+        }
+        use self::sluice::plugin::log::Level;
+        let level = match level {
+            Level::Debug => LogLevel::Debug,
+            Level::Info => LogLevel::Info,
+            Level::Warn => LogLevel::Warn,
+            Level::Error => LogLevel::Error,
+        };
+        self.logs.push(ModuleLog { level, message });
+    }
+}
+
+impl self::sluice::plugin::types::Host for BatchState {}
+
+/// Adds the world's imports (and nothing else) to the linker.
+pub fn add_to_linker(linker: &mut wasmtime::component::Linker<BatchState>) -> wasmtime::Result<()> {
+    Transform::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)
+}
+
+/// The batch in WIT form, borrowing the host's columns (the canonical ABI
+/// copies them into the instance once, when lowering).
+pub fn record_batch<'a>(
+    r: &'a Records,
+    slices: &'a [wit::PartitionSlice<'a>],
+) -> wit::RecordBatch<'a> {
+    wit::RecordBatch {
+        slices,
+        offsets: &r.offsets,
+        timestamps: &r.timestamps,
+        key_lengths: &r.key_lengths,
+        keys: &r.keys,
+        value_lengths: &r.value_lengths,
+        values: &r.values,
+        header_counts: &r.header_counts,
+        header_name_lengths: &r.header_name_lengths,
+        header_names: &r.header_names,
+        header_value_lengths: &r.header_value_lengths,
+        header_values: &r.header_values,
+    }
+}
+
+/// The batch's partition slices in WIT form.
+pub fn slices(r: &Records) -> Vec<wit::PartitionSlice<'_>> {
+    r.slices
+        .iter()
+        .map(|s| wit::PartitionSlice {
+            topic: &s.topic,
+            partition: s.partition,
+            first: s.first,
+            count: s.count,
+        })
+        .collect()
+}
+
+/// Converts and checks the module's output against the contract: its
+/// shape (a breach fails the batch), and finite floats (a NaN or infinity
+/// is a poison: the records that produce it are isolated). -0.0 becomes 0.0.
+pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, RunError> {
+    let targets = out
+        .targets
+        .into_iter()
+        .map(|t| host::TargetRows {
+            target: t.target,
+            rows: t.rows,
+            columns: t
+                .columns
+                .into_iter()
+                .map(|c| host::Column {
+                    name: c.name,
+                    nulls: c.nulls,
+                    data: match c.data {
+                        wit::ColumnData::Int64(v) => host::ColumnData::Int64(v),
+                        wit::ColumnData::Float64(v) => host::ColumnData::Float64(v),
+                        wit::ColumnData::Text(v) => host::ColumnData::Text {
+                            lengths: v.lengths,
+                            data: v.data,
+                        },
+                        wit::ColumnData::Bytes(v) => host::ColumnData::Bytes {
+                            lengths: v.lengths,
+                            data: v.data,
+                        },
+                        wit::ColumnData::Boolean(v) => host::ColumnData::Bool(v),
+                    },
+                })
+                .collect(),
+        })
+        .collect();
+    let rejections = out
+        .rejections
+        .into_iter()
+        .map(|r| host::Rejection {
+            index: r.index,
+            reason: r.reason,
+        })
+        .collect();
+    let mut output = host::Output {
+        targets,
+        rejections,
+    };
+    output.check(batch_len).map_err(RunError::BadOutput)?;
+    if let Some(cell) = output.first_non_finite() {
+        return Err(RunError::NonFinite(cell));
+    }
+    output.normalize_zeros();
+    Ok(output)
+}

@@ -1,0 +1,321 @@
+//! The Wasm runtime (`sluice-runtime`): one deterministic wasmtime `Engine` and one `Linker` per
+//! process, components loaded once (validated, compiled, cached) and
+//! pre-instantiated, and a fresh `Store` per batch with fuel, an epoch
+//! deadline and a memory cap.
+//!
+//! It owns the sandbox and the classification of failures (a transform's
+//! declared error is never confused with a trap). It must not know about
+//! Kafka, sinks or offsets: it maps (params, batch) to output, nothing more.
+//! Beside the sandbox it holds what needs one: validating an upload
+//! (`validate`) and following the active version (`follow`, over the core's
+//! `ModuleStore` trait, whatever backend keeps it).
+
+mod bindings;
+mod compile;
+mod follow;
+mod memory_cap;
+mod module;
+mod validate;
+
+pub use compile::{WORKER_SUBCOMMAND, compile_in_child_processes, worker_main};
+pub use follow::StoreVersions;
+pub use module::{LoadedModule, ModuleError};
+pub use sluice_core::limits::{ENGINE, Limits, ReplaySettings};
+pub use sluice_core::transform::RunError;
+pub use validate::{Rejected, validate};
+
+use sluice_core::{batch, output};
+
+use crate::batch::{Plan, Records};
+use crate::output::Output;
+use bindings::{BatchState, sluice::plugin::types as wit};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use wasmtime::component::Linker;
+use wasmtime::{Config, Engine, Store, Trap};
+
+/// Linear memory kept resident between instances (zeroed, not unmapped).
+const KEEP_RESIDENT: usize = 64 << 20;
+
+/// How often the epoch ticks; the batch deadline is counted in ticks.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The process-wide runtime: one Engine, one Linker, the epoch ticker.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<BatchState>,
+    limits: Limits,
+    stop_ticker: Arc<AtomicBool>,
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.stop_ticker.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Runtime {
+    /// Builds the deterministic engine and linker for the given limits.
+    pub fn new(limits: Limits) -> Result<Runtime, ModuleError> {
+        let engine = Engine::new(&engine_config(&limits, Allocation::Pooling))
+            .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let mut linker = Linker::new(&engine);
+        bindings::add_to_linker(&mut linker).map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+        let stop_ticker = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.clone(), stop_ticker.clone());
+        Ok(Runtime {
+            engine,
+            linker,
+            limits,
+            stop_ticker,
+        })
+    }
+
+    /// The limits every batch of this runtime runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Loads a component from `bytes`: validates its world and imports,
+    /// compiles it (or reuses the cached artifact in `cache_dir`).
+    pub fn load(
+        &self,
+        bytes: &[u8],
+        cache_dir: Option<&std::path::Path>,
+    ) -> Result<LoadedModule, ModuleError> {
+        module::load(&self.engine, &self.linker, &self.limits, bytes, cache_dir)
+    }
+
+    /// Runs `init(params)` alone, to check a module accepts its parameters.
+    pub fn check_params(&self, module: &LoadedModule, params: &str) -> Result<(), RunError> {
+        let mut store = self.new_store();
+        let instance = self.instantiate(module, &mut store)?;
+        self.init(&mut store, &instance, params)
+    }
+
+    /// A fresh instance; a module whose initial memory is over the cap is
+    /// refused as such (not as a want of pool slots, which is retried).
+    fn instantiate(
+        &self,
+        module: &LoadedModule,
+        store: &mut Store<BatchState>,
+    ) -> Result<bindings::Transform, RunError> {
+        module
+            .instantiate(store)
+            .map_err(|e| match store.data().limiter.hit_cap() {
+                true => RunError::MemoryExceeded(self.limits.max_memory_mib()),
+                false => e,
+            })
+    }
+
+    /// Runs one batch in a fresh instance: `init(params)`, then `process`.
+    pub fn run(
+        &self,
+        module: &LoadedModule,
+        params: &str,
+        plan: &Plan,
+        records: &Records,
+    ) -> Result<Output, RunError> {
+        let mut store = self.new_store();
+        let instance = self.instantiate(module, &mut store)?;
+        self.init(&mut store, &instance, params)?;
+        let ctx = wit::BatchContext {
+            pipeline: &plan.pipeline,
+            batch_id: &plan.batch_id,
+            batch_time_ms: plan.batch_time_ms,
+            seed: plan.seed(),
+        };
+        let slices = bindings::slices(records);
+        let batch = bindings::record_batch(records, &slices);
+        let result = instance.call_process(&mut store, ctx, batch);
+        let logs = std::mem::take(&mut store.data_mut().logs);
+        for line in &logs {
+            emit(&plan.batch_id, line);
+        }
+        match result {
+            Ok(Ok(out)) => {
+                let output = bindings::into_output(out, records.len())?;
+                self.limits.check_output(&output)?;
+                Ok(output)
+            }
+            Ok(Err(e)) => Err(RunError::Declared {
+                message: e.message,
+                retryable: e.retryable,
+            }),
+            Err(e) => Err(with_panic_message(self.classify(&store, e), &logs)),
+        }
+    }
+
+    fn init(
+        &self,
+        store: &mut Store<BatchState>,
+        instance: &bindings::Transform,
+        params: &str,
+    ) -> Result<(), RunError> {
+        match instance.call_init(&mut *store, params) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(RunError::ParamsRejected(message)),
+            Err(e) => Err(self.classify(store, e)),
+        }
+    }
+
+    fn new_store(&self) -> Store<BatchState> {
+        let mut store = Store::new(
+            &self.engine,
+            BatchState::new(self.limits.max_memory_bytes()),
+        );
+        store.limiter(|s| &mut s.limiter);
+        store
+            .set_fuel(self.limits.fuel_per_batch)
+            .expect("fuel is enabled");
+        let ticks = self.limits.batch_timeout.as_millis() / EPOCH_TICK.as_millis();
+        store.set_epoch_deadline(ticks.max(1) as u64);
+        store.epoch_deadline_trap();
+        store
+    }
+
+    /// Turns a wasmtime error into the variant callers act on.
+    fn classify(&self, store: &Store<BatchState>, e: wasmtime::Error) -> RunError {
+        if store.data().limiter.hit_cap() {
+            return RunError::MemoryExceeded(self.limits.max_memory_mib());
+        }
+        match e.downcast_ref::<Trap>() {
+            Some(Trap::OutOfFuel) => RunError::OutOfFuel(self.limits.fuel_per_batch),
+            Some(Trap::Interrupt) => {
+                RunError::Timeout(self.limits.batch_timeout.as_millis() as u64)
+            }
+            // wasmtime's own text already starts with "wasm trap: ".
+            Some(trap) => RunError::Trap(
+                trap.to_string()
+                    .trim_start_matches("wasm trap: ")
+                    .to_string(),
+            ),
+            None => RunError::Trap(
+                format!("{e:#}")
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+        }
+    }
+}
+
+/// Re-emits a module's log line at its own level, marked as the module's.
+fn emit(batch_id: &str, line: &bindings::ModuleLog) {
+    use bindings::LogLevel;
+    let message = &line.message;
+    match line.level {
+        LogLevel::Debug => tracing::debug!(batch = %batch_id, "module: {message}"),
+        LogLevel::Info => tracing::info!(batch = %batch_id, "module: {message}"),
+        LogLevel::Warn => tracing::warn!(batch = %batch_id, "module: {message}"),
+        LogLevel::Error => tracing::error!(batch = %batch_id, "module: {message}"),
+    }
+}
+
+/// A Rust guest's panic hook logs the panic before the trap; put that
+/// message into the trap's, where users look first.
+fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
+    let panic = logs.iter().rev().find(|l| l.message.contains("panic"));
+    match (e, panic) {
+        (RunError::Trap(trap), Some(line)) => RunError::Trap(format!("{}\n{trap}", line.message)),
+        (e, _) => e,
+    }
+}
+
+/// How instances get their memory: serving engines pool it; a compile
+/// worker instantiates nothing and must not reserve the pool's address
+/// space. Compiled code is the same under both.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Allocation {
+    Pooling,
+    OnDemand,
+}
+
+fn engine_config(limits: &Limits, allocation: Allocation) -> Config {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .cranelift_nan_canonicalization(true)
+        .relaxed_simd_deterministic(true)
+        .shared_memory(false)
+        .consume_fuel(true)
+        .epoch_interruption(true)
+        .max_wasm_stack(limits.max_stack_bytes())
+        // Unused (no async), but wasmtime refuses a Wasm stack larger than it.
+        .async_stack_size(limits.max_stack_bytes() + (1 << 20))
+        .parallel_compilation(true);
+    let mut pool = wasmtime::PoolingAllocationConfig::default();
+    pool.total_component_instances(64)
+        .total_core_instances(256)
+        .total_memories(128)
+        .total_tables(256)
+        .max_memories_per_component(8)
+        .max_memory_size(limits.max_memory_bytes())
+        // A fresh instance per batch would otherwise page-fault its whole
+        // working set back in every time (measured: ~250 ns/record); keeping
+        // it resident and zeroing it with memset is several times cheaper.
+        .linear_memory_keep_resident(KEEP_RESIDENT)
+        .table_keep_resident(1 << 16)
+        // Where the kernel can tell (Linux 6.7+), reset only the pages a batch
+        // dirtied instead of memsetting the whole resident prefix.
+        .pagemap_scan(wasmtime::Enabled::Auto);
+    if allocation == Allocation::Pooling {
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
+    config
+}
+
+fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) {
+    std::thread::Builder::new()
+        .name("sluice-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(EPOCH_TICK);
+                engine.increment_epoch();
+            }
+        })
+        .expect("spawn epoch ticker");
+}
+
+/// A loaded module with its parameters: what the pipeline runs per batch.
+pub struct WasmTransform {
+    runtime: Arc<Runtime>,
+    module: LoadedModule,
+    params: String,
+}
+
+impl WasmTransform {
+    /// Binds `module` to `params`, checking `init` accepts them.
+    pub fn new(
+        runtime: Arc<Runtime>,
+        module: LoadedModule,
+        params: String,
+    ) -> Result<Self, RunError> {
+        runtime.check_params(&module, &params)?;
+        Ok(WasmTransform {
+            runtime,
+            module,
+            params,
+        })
+    }
+}
+
+impl sluice_core::transform::Transform for WasmTransform {
+    fn module_digest(&self) -> &str {
+        &self.module.digest
+    }
+
+    fn limits(&self) -> &Limits {
+        self.runtime.limits()
+    }
+
+    fn params(&self) -> &str {
+        &self.params
+    }
+
+    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
+        self.runtime.run(&self.module, &self.params, plan, records)
+    }
+}

@@ -1,0 +1,266 @@
+//! Loading a component: check its structure, imports and exports without
+//! compiling (cheap, so a module that would be refused costs nothing to
+//! refuse), compile under a budget or reuse the cached artifact, check the
+//! world's types, pre-instantiate.
+//!
+//! Owns the compiled-artifact cache, keyed by (sha256 of the .wasm, engine
+//! compatibility hash). It must only ever deserialize artifacts this host
+//! compiled and wrote itself: deserializing is unsafe for foreign bytes.
+
+use super::RunError;
+use super::bindings::{BatchState, Transform, TransformPre};
+use super::compile;
+use crate::batch::sha256_hex;
+use sluice_core::limits::Limits;
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use wasmtime::component::{Component, Linker, types::ComponentItem};
+use wasmtime::{Engine, Store};
+
+/// Interfaces a module may import: the world's own.
+const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/log@0.1.0"];
+
+/// The functions the world's transform exports.
+const WORLD_EXPORTS: &[&str] = &["init", "process"];
+
+/// Why a module cannot be used. All are the user's to fix; none is retryable.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    #[error("cannot read module {path}")]
+    Read {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("not a WebAssembly component: {0}")]
+    NotAComponent(String),
+    #[error("{}", forbidden_imports(.0))]
+    ForbiddenImport(Vec<String>),
+    #[error("module does not implement the sluice:plugin/transform@0.1.0 world: {0}")]
+    WrongWorld(String),
+    /// Compiling it would take more time or memory than the limits give.
+    #[error("module refused: {0}")]
+    CompileBudget(String),
+    #[error("wasm engine: {0}")]
+    Engine(String),
+}
+
+/// A validated, compiled, pre-instantiated module version.
+pub struct LoadedModule {
+    /// sha256 of the component bytes, hex.
+    pub digest: String,
+    pre: TransformPre<BatchState>,
+}
+
+impl LoadedModule {
+    pub(super) fn instantiate(&self, store: &mut Store<BatchState>) -> Result<Transform, RunError> {
+        self.pre
+            .instantiate(store)
+            .map_err(|e| RunError::Instantiate(format!("{e:#}")))
+    }
+}
+
+/// Hex of the engine's compatibility hash: artifacts compiled by another
+/// wasmtime version or configuration are never reused.
+pub fn engine_hash(engine: &Engine) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+pub fn load(
+    engine: &Engine,
+    linker: &Linker<BatchState>,
+    limits: &Limits,
+    bytes: &[u8],
+    cache_dir: Option<&Path>,
+) -> Result<LoadedModule, ModuleError> {
+    if is_core_module(bytes) {
+        return Err(ModuleError::NotAComponent(
+            "this is a core wasm module; wrap it into a component (e.g. `wasm-tools component new`)"
+                .into(),
+        ));
+    }
+    check_before_compiling(bytes)?;
+    let digest = sha256_hex(bytes);
+    let component = compile_cached(engine, limits, bytes, &digest, cache_dir)?;
+    check_imports(engine, &component)?;
+    let pre = linker
+        .instantiate_pre(&component)
+        .map_err(|e| ModuleError::WrongWorld(format!("{e:#}")))?;
+    let pre = TransformPre::new(pre).map_err(|e| ModuleError::WrongWorld(format!("{e:#}")))?;
+    Ok(LoadedModule { digest, pre })
+}
+
+fn is_core_module(bytes: &[u8]) -> bool {
+    // A core module's preamble is `\0asm` + version 1; a component's is
+    // `\0asm` + version 0x0d with layer 1.
+    bytes.len() >= 8 && bytes[..4] == *b"\0asm" && bytes[4..8] == [1, 0, 0, 0]
+}
+
+/// The checks that need no compiling: the component's framing, its
+/// top-level imports (only the world's own) and its exports (the world's
+/// `init` and `process`; their types are checked after compiling). Nested modules and components are skipped: what they import
+/// is satisfied inside the component, never by the host.
+fn check_before_compiling(bytes: &[u8]) -> Result<(), ModuleError> {
+    use wasmparser::{Parser, Payload};
+    let malformed = |e: wasmparser::BinaryReaderError| ModuleError::NotAComponent(e.to_string());
+    let mut imports = Vec::new();
+    let mut exports = Vec::new();
+    let mut depth = 0usize;
+    for payload in Parser::new(0).parse_all(bytes) {
+        match payload.map_err(malformed)? {
+            Payload::Version { .. } => depth += 1,
+            Payload::End(_) => depth -= 1,
+            Payload::ComponentImportSection(section) if depth == 1 => {
+                for import in section {
+                    let import = import.map_err(malformed)?;
+                    // Type imports name the types of the world's functions
+                    // (checked with them after compiling), not host code.
+                    if !matches!(import.ty, wasmparser::ComponentTypeRef::Type(_)) {
+                        imports.push(import.name.name.to_string());
+                    }
+                }
+            }
+            Payload::ComponentExportSection(section) if depth == 1 => {
+                for export in section {
+                    exports.push(export.map_err(malformed)?.name.name.to_string());
+                }
+            }
+            _ => {}
+        }
+    }
+    let forbidden: Vec<String> = imports
+        .into_iter()
+        .filter(|name| !ALLOWED_IMPORTS.contains(&name.as_str()))
+        .collect();
+    if !forbidden.is_empty() {
+        return Err(ModuleError::ForbiddenImport(forbidden));
+    }
+    let missing: Vec<&str> = WORLD_EXPORTS
+        .iter()
+        .filter(|name| !exports.iter().any(|e| e == *name))
+        .copied()
+        .collect();
+    match missing.is_empty() {
+        true => Ok(()),
+        false => Err(ModuleError::WrongWorld(format!(
+            "it does not export `{}`",
+            missing.join("`, `")
+        ))),
+    }
+}
+
+fn compile_cached(
+    engine: &Engine,
+    limits: &Limits,
+    bytes: &[u8],
+    digest: &str,
+    cache_dir: Option<&Path>,
+) -> Result<Component, ModuleError> {
+    let Some(dir) = cache_dir else {
+        return compile::compile(engine, limits, bytes);
+    };
+    let path = dir.join(format!("{digest}-{}.cwasm", engine_hash(engine)));
+    // Read into memory rather than mmap the file: a cache file truncated
+    // under a running host would otherwise crash it (SIGBUS).
+    if let Ok(artifact) = std::fs::read(&path) {
+        // SAFETY: files in the cache directory are written only by
+        // `compile_cached` below, from `Component::serialize` of this same
+        // engine configuration (the file name carries its compatibility
+        // hash); wasmtime also checks the artifact's header on load.
+        match unsafe { Component::deserialize(engine, &artifact) } {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "ignoring unusable cached module: {e:#}")
+            }
+        }
+    }
+    let component = compile::compile(engine, limits, bytes)?;
+    let artifact = component
+        .serialize()
+        .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
+    // The module is compiled: a cache that cannot be written only costs
+    // the next start a compile.
+    if let Err(e) = write_atomically(dir, &path, &artifact) {
+        tracing::warn!(path = %path.display(), "cannot cache the compiled module: {e}");
+    }
+    Ok(component)
+}
+
+/// Writes `bytes` to `path` through a temporary file of its own (unique
+/// per process and call, so concurrent loads of one module never share
+/// one), renamed into place: readers see the whole file or none.
+fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleError> {
+    let forbidden: Vec<String> = component
+        .component_type()
+        .imports(engine)
+        .filter(|(name, item)| {
+            !(ALLOWED_IMPORTS.contains(name)
+                && matches!(item.ty, ComponentItem::ComponentInstance(_)))
+        })
+        .map(|(name, _)| name.to_string())
+        .collect();
+    match forbidden.is_empty() {
+        true => Ok(()),
+        false => Err(ModuleError::ForbiddenImport(forbidden)),
+    }
+}
+
+/// Names every forbidden import (the first ten), and says what to do when
+/// they are WASI's: a `wasm32-wasip2` build imports WASI even when the code
+/// never uses it.
+fn forbidden_imports(names: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut listed: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
+    if names.len() > SHOWN {
+        listed.push(format!("and {} more", names.len() - SHOWN));
+    }
+    let mut message = format!(
+        "module imports {}, outside the sluice:plugin world (allowed: {})",
+        listed.join(", "),
+        ALLOWED_IMPORTS.join(", ")
+    );
+    if names.iter().any(|n| n.starts_with("wasi:")) {
+        message.push_str(
+            "; WASI imports come from a wasm32-wasi* build: build the plugin for \
+             wasm32-unknown-unknown and wrap it with `wasm-tools component new` \
+             (scripts/build-plugins.sh does both)",
+        );
+    }
+    message
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forbidden_imports;
+
+    #[test]
+    fn every_forbidden_import_is_named_and_wasi_gets_the_build_hint() {
+        let names: Vec<String> = (0..12)
+            .map(|i| format!("wasi:io/streams{i}@0.2.0"))
+            .collect();
+        let message = forbidden_imports(&names);
+        assert!(message.contains("`wasi:io/streams0@0.2.0`"), "{message}");
+        assert!(message.contains("`wasi:io/streams9@0.2.0`"), "{message}");
+        assert!(message.contains("and 2 more"), "{message}");
+        assert!(message.contains("wasm32-unknown-unknown"), "{message}");
+
+        let message = forbidden_imports(&["test:evil/net".to_string()]);
+        assert!(
+            message.starts_with("module imports `test:evil/net`, outside"),
+            "{message}"
+        );
+        assert!(!message.contains("wasm32"), "{message}");
+    }
+}

@@ -1,0 +1,277 @@
+//! The MySQL/MariaDB backend of the SQL sink: connections, error kinds, and
+//! the bulk row path: multi-row prepared INSERTs sized to the server's
+//! `max_allowed_packet` and the 65,535-placeholder limit, in power-of-two
+//! row counts so the prepared statements are reused across batches.
+//!
+//! Delivery guarantee: see the module header in `mod.rs`. It must never
+//! report a lost `COMMIT` reply as anything but
+//! [`SinkError::CommitUnknown`].
+
+use super::config::MysqlConfig;
+use crate::config::{SinkConfig, WriteMode};
+use crate::sink::{SinkError, redact_url};
+use crate::{
+    Cell, Dialect, MYSQL, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
+};
+use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlPool};
+use sqlx::{Arguments, MySql, Row, Transaction};
+
+/// The protocol's limit on placeholders per prepared statement.
+const MAX_PARAMS: usize = 65_535;
+
+/// The MySQL sink.
+pub type MysqlSink = SqlSink<MysqlBackend>;
+
+/// Connects to the database named by `config.url` and prepares the tables.
+pub async fn open(config: &SinkConfig) -> Result<MysqlSink, SinkError> {
+    let MysqlConfig { options, pool } = MysqlConfig::from_url(&config.url, config.lock_timeout_ms)?;
+    let pool = pool.connect_with(options).await.map_err(|e| {
+        SinkError::Unavailable(format!(
+            "cannot connect to {}: {e}",
+            redact_url(&config.url)
+        ))
+    })?;
+    let packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
+        .fetch_one(&pool)
+        .await
+        .map_err(db_err)?;
+    // Leave room for the statement text and the protocol's own framing.
+    let max_statement_bytes = (packet as usize).saturating_sub(64 * 1024).max(64 * 1024) * 9 / 10;
+    SqlSink::open(
+        MysqlBackend {
+            pool,
+            max_statement_bytes,
+        },
+        config,
+    )
+    .await
+}
+
+pub struct MysqlBackend {
+    pub(super) pool: MySqlPool,
+    /// Budget for one statement's parameters, from `max_allowed_packet`.
+    max_statement_bytes: usize,
+}
+
+/// A target's statements.
+pub struct Statements {
+    insert: MultiRowInsert,
+    /// `DELETE FROM t WHERE k1 = ? AND ...`
+    delete: String,
+    max_statement_bytes: usize,
+}
+
+pub struct MysqlTx {
+    tx: Transaction<'static, MySql>,
+}
+
+/// Server error numbers worth retrying: lock wait timeout, deadlock, too
+/// many connections, server shutdown, server gone, lost connection,
+/// connection killed, query interrupted, idle timeout.
+const RETRIABLE: &[u16] = &[1205, 1213, 1040, 1053, 2006, 2013, 1927, 1317, 4031];
+
+fn db_err(e: sqlx::Error) -> SinkError {
+    match &e {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => SinkError::Unavailable(e.to_string()),
+        sqlx::Error::Database(d) => {
+            let number = d
+                .try_downcast_ref::<MySqlDatabaseError>()
+                .map(|m| m.number());
+            if number.is_some_and(|n| RETRIABLE.contains(&n)) {
+                SinkError::Unavailable(e.to_string())
+            } else {
+                SinkError::Database(e.to_string())
+            }
+        }
+        _ => SinkError::Database(e.to_string()),
+    }
+}
+
+fn args<'q>(params: &[Param<'q>]) -> Result<MySqlArguments, SinkError> {
+    let mut args = MySqlArguments::default();
+    for p in params {
+        match *p {
+            Param::Int(x) => args.add(x),
+            Param::Text(s) => args.add(s),
+            Param::Bytes(b) => args.add(b),
+        }
+        .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))?;
+    }
+    Ok(args)
+}
+
+/// Runs one statement on `executor` (the pool or a batch transaction);
+/// returns rows affected.
+async fn execute_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = MySql>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64, SinkError> {
+    Ok(sqlx::query_with(sql, args(params)?)
+        .execute(executor)
+        .await
+        .map_err(db_err)?
+        .rows_affected())
+}
+
+/// The first column of the first row `sql` returns on `executor`, if any.
+async fn query_i64_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = MySql>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<i64>, SinkError> {
+    let row = sqlx::query_with(sql, args(params)?)
+        .fetch_optional(executor)
+        .await
+        .map_err(db_err)?;
+    Ok(row.map(|r| r.get::<i64, _>(0)))
+}
+
+fn bind(args: &mut MySqlArguments, cell: Cell<'_>) -> Result<(), SinkError> {
+    match cell {
+        Cell::Integer(v) => args.add(v),
+        Cell::Real(v) => args.add(v),
+        Cell::Text(v) => args.add(v),
+        Cell::Blob(v) => args.add(v),
+        Cell::Boolean(v) => args.add(v),
+    }
+    .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))
+}
+
+impl SqlBackend for MysqlBackend {
+    type Statements = Statements;
+    type Tx = MysqlTx;
+
+    fn dialect(&self) -> &'static Dialect {
+        &MYSQL
+    }
+
+    async fn begin(&self) -> Result<MysqlTx, SinkError> {
+        Ok(MysqlTx {
+            tx: self.pool.begin().await.map_err(db_err)?,
+        })
+    }
+
+    async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
+        execute_on(&self.pool, sql, params).await
+    }
+
+    async fn query_i64(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+        query_i64_on(&self.pool, sql, params).await
+    }
+
+    async fn table_columns(
+        &self,
+        schema: Option<&str>,
+        table: &str,
+    ) -> Result<Vec<String>, SinkError> {
+        let in_schema = if schema.is_some() { "?" } else { "DATABASE()" };
+        let sql = format!(
+            "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
+             WHERE table_schema = {in_schema} AND table_name = ?"
+        );
+        let mut query = sqlx::query(&sql);
+        if let Some(s) = schema {
+            query = query.bind(s);
+        }
+        let rows = query
+            .bind(table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+    }
+
+    async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
+        let keys = target.quoted_keys();
+        let non_keys = target.quoted_non_keys();
+        let tail = match target.config.mode {
+            WriteMode::Append | WriteMode::Delete => String::new(),
+            // Nothing to update: keep the row (a no-op assignment, not
+            // INSERT IGNORE, which would also swallow real errors).
+            _ if non_keys.is_empty() => format!(" ON DUPLICATE KEY UPDATE {0} = {0}", keys[0]),
+            WriteMode::Upsert => format!(
+                " ON DUPLICATE KEY UPDATE {}",
+                target.assignments(|c| format!("VALUES({c})"))
+            ),
+            WriteMode::Accumulate => format!(
+                " ON DUPLICATE KEY UPDATE {}",
+                target.assignments(|c| format!("COALESCE({c}, 0) + COALESCE(VALUES({c}), 0)"))
+            ),
+        };
+        Ok(Statements {
+            insert: MultiRowInsert::for_target(target, tail, MAX_PARAMS),
+            delete: target.delete_by_key(),
+            max_statement_bytes: self.max_statement_bytes,
+        })
+    }
+}
+
+impl SqlTx<Statements> for MysqlTx {
+    async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
+        execute_on(&mut *self.tx, sql, params).await
+    }
+
+    async fn query_i64(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<i64>, SinkError> {
+        query_i64_on(&mut *self.tx, sql, params).await
+    }
+
+    async fn write_rows(
+        &mut self,
+        target: &Target,
+        statements: &Statements,
+        columns: &[TypedColumn<'_>],
+        rows: usize,
+    ) -> Result<(), SinkError> {
+        if target.config.mode == WriteMode::Delete {
+            for row in 0..rows {
+                let mut args = MySqlArguments::default();
+                for &k in &target.keys {
+                    bind(&mut args, columns[k].cell(row))?;
+                }
+                sqlx::query_with(&statements.delete, args)
+                    .execute(&mut *self.tx)
+                    .await
+                    .map_err(db_err)?;
+            }
+            return Ok(());
+        }
+        let insert = &statements.insert;
+        for chunk in insert.chunks(columns, rows, statements.max_statement_bytes) {
+            let sql = insert.sql(chunk.len());
+            let mut args = MySqlArguments::default();
+            for row in chunk {
+                for column in columns {
+                    bind(&mut args, column.cell(row))?;
+                }
+            }
+            sqlx::query_with(&sql, args)
+                .execute(&mut *self.tx)
+                .await
+                .map_err(db_err)?;
+        }
+        Ok(())
+    }
+
+    async fn commit(self) -> Result<(), SinkError> {
+        self.tx.commit().await.map_err(|e| match e {
+            // The server answered: the transaction did not commit.
+            sqlx::Error::Database(_) => db_err(e),
+            other => SinkError::CommitUnknown(other.to_string()),
+        })
+    }
+
+    async fn rollback(self) {
+        // A broken connection is closed by the pool; the server rolls back.
+        let _ = self.tx.rollback().await;
+    }
+}

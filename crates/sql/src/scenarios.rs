@@ -1,0 +1,476 @@
+//! Test scenarios every SQL backend must pass, run by each backend's own
+//! `tests.rs` against its real database: fencing, write modes (with keys
+//! repeated inside one batch), identifiers from config, output that does not
+//! fit, dead letters, and the at-least-once split.
+//!
+//! Checks go through the sink's public API and single-value queries, so one
+//! scenario serves every dialect. It must not know any one backend.
+
+use super::{Dialect, Param, SqlBackend, SqlSink};
+use crate::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition};
+use crate::config::{PipelineConfig, SinkConfig};
+use crate::output::{Column, ColumnData, Output, TargetRows};
+use crate::sink::{Commit, CommitOutcome, DeadLetter, DeadLetterKind, SinkError};
+pub use sluice_core::testing::words_output;
+
+/// A sink config for `url` with the given `[[sink.targets]]` (and extra
+/// `[sink]` keys before them).
+pub fn sink_config(url: &str, schema: Option<&str>, extra: &str, targets: &str) -> SinkConfig {
+    let schema = schema
+        .map(|s| format!("schema = \"{s}\""))
+        .unwrap_or_default();
+    let text = format!(
+        r#"
+pipeline = "p"
+[source]
+brokers = "x"
+topics = ["t"]
+[module]
+path = "m.wasm"
+[sink]
+url = "{url}"
+{schema}
+{extra}
+{targets}
+"#
+    );
+    PipelineConfig::parse(&text).expect("config").sink
+}
+
+pub const COUNTS: &str = r#"
+[[sink.targets]]
+name = "counts"
+mode = "accumulate"
+key = ["word"]
+columns = { word = "text", n = "integer" }
+"#;
+
+pub const MODES: &str = r#"
+[[sink.targets]]
+name = "counts"
+table = "log"
+columns = { word = "text", n = "integer" }
+
+[[sink.targets]]
+name = "latest"
+mode = "upsert"
+key = ["word"]
+columns = { word = "text", n = "integer" }
+
+[[sink.targets]]
+name = "gone"
+table = "latest"
+mode = "delete"
+key = ["word"]
+columns = { word = "text" }
+
+[[sink.targets]]
+name = "totals"
+mode = "accumulate"
+key = ["word"]
+columns = { word = "text", n = "integer", x = "real" }
+"#;
+
+/// Table and column names no one should paste into SQL.
+pub const WEIRD: &str = r#"
+[[sink.targets]]
+name = "counts"
+table = 'we"ird `table`; DROP TABLE sluice_checkpoints; --'
+mode = "accumulate"
+key = ["the word"]
+columns = { "the word" = "text", 'n"`' = "integer" }
+"#;
+
+pub fn batch(from: i64, until: i64) -> (Plan, Records) {
+    let owned: Vec<OwnedRecord> = (from..until)
+        .map(|o| OwnedRecord {
+            offset: o,
+            timestamp: 0,
+            key: None,
+            value: Some(vec![b'x']),
+            headers: vec![],
+        })
+        .collect();
+    let mut records = Records::default();
+    records.push_slice("t", 0, &owned);
+    let range = OffsetRange {
+        topic: "t".into(),
+        partition: 0,
+        from,
+        until,
+    };
+    (Plan::new("p", vec![range], "m", "params", 0), records)
+}
+
+pub async fn try_commit<B: SqlBackend>(
+    sink: &SqlSink<B>,
+    from: i64,
+    until: i64,
+    output: &Output,
+    dead_letters: &[DeadLetter],
+) -> Result<CommitOutcome, SinkError> {
+    let (plan, records) = batch(from, until);
+    let digest = sluice_core::sink::digest(output, dead_letters);
+    let c = Commit {
+        plan: &plan,
+        records: &records,
+        output,
+        dead_letters,
+        output_digest: &digest,
+    };
+    sink.commit(&c).await
+}
+
+async fn commit<B: SqlBackend>(
+    sink: &SqlSink<B>,
+    from: i64,
+    until: i64,
+    output: &Output,
+) -> CommitOutcome {
+    try_commit(sink, from, until, output, &[])
+        .await
+        .expect("commit reaches the database")
+}
+
+/// One integer from `sql` (placeholders in the dialect's style).
+async fn value<B: SqlBackend>(sink: &SqlSink<B>, sql: &str, params: &[Param<'_>]) -> Option<i64> {
+    sink.backend()
+        .query_i64(sql, params)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+struct Names {
+    d: &'static Dialect,
+    schema: Option<String>,
+}
+
+impl Names {
+    fn of<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) -> Names {
+        Names {
+            d: sink.backend().dialect(),
+            schema: schema.map(str::to_string),
+        }
+    }
+    fn table(&self, name: &str) -> String {
+        self.d.qualified(self.schema.as_deref(), name).unwrap()
+    }
+    fn col(&self, name: &str) -> String {
+        self.d.ident(name).unwrap()
+    }
+    /// `SELECT <col> FROM <table> WHERE <key> = ?`
+    fn lookup(&self, table: &str, col: &str, key: &str) -> String {
+        format!(
+            "SELECT {} FROM {} WHERE {} = {}",
+            self.col(col),
+            self.table(table),
+            self.col(key),
+            self.d.param(1)
+        )
+    }
+    fn count(&self, table: &str) -> String {
+        format!("SELECT count(*) FROM {}", self.table(table))
+    }
+}
+
+fn tp() -> TopicPartition {
+    TopicPartition {
+        topic: "t".into(),
+        partition: 0,
+    }
+}
+
+/// A stale `from` is fenced and rolls back everything; the rightful next
+/// batch then commits.
+pub async fn fencing<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let a = n.lookup("counts", "n", "word");
+    assert_eq!(
+        commit(sink, 0, 10, &words_output("counts", &[("a", 1)])).await,
+        CommitOutcome::Committed
+    );
+    // A zombie that planned the same range again (its `from` is stale).
+    let fenced = commit(
+        sink,
+        0,
+        10,
+        &words_output("counts", &[("a", 100), ("zombie", 1)]),
+    )
+    .await;
+    assert_eq!(
+        fenced,
+        CommitOutcome::Fenced {
+            partition: "t[0]".into(),
+            expected: 0,
+            found: Some(10)
+        }
+    );
+    // A zombie with an overlapping range.
+    assert!(matches!(
+        commit(sink, 5, 12, &words_output("counts", &[("b", 1)])).await,
+        CommitOutcome::Fenced { .. }
+    ));
+    assert_eq!(value(sink, &a, &[Param::Text("a")]).await, Some(1));
+    assert_eq!(value(sink, &n.count("counts"), &[]).await, Some(1));
+    let batches = value(sink, &n.count("sluice_batches"), &[]).await;
+    assert_eq!(batches, Some(1), "fenced batches leave no lineage");
+    assert_eq!(
+        commit(sink, 10, 20, &words_output("counts", &[("a", 2), ("b", 3)])).await,
+        CommitOutcome::Committed
+    );
+    assert_eq!(value(sink, &a, &[Param::Text("a")]).await, Some(3));
+    assert_eq!(value(sink, &a, &[Param::Text("b")]).await, Some(3));
+    let stored = sink.checkpoints("p", &[tp()]).await.unwrap();
+    assert_eq!(stored.get(&tp()), Some(&20));
+    let ranges = value(sink, &n.count("sluice_batch_ranges"), &[]).await;
+    assert_eq!(ranges, Some(2));
+}
+
+/// Append keeps every row, upsert keeps the last row per key (also within
+/// one batch), accumulate adds (also within one batch), delete removes.
+pub async fn write_modes<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let mut out = words_output("counts", &[("a", 1), ("b", 2)]);
+    out.targets.push(
+        words_output("latest", &[("a", 1), ("b", 2), ("a", 7)])
+            .targets
+            .remove(0),
+    );
+    let mut totals = words_output("totals", &[("a", 1), ("a", 2), ("c", 5)])
+        .targets
+        .remove(0);
+    totals.columns.push(Column {
+        name: "x".into(),
+        nulls: vec![0, 1, 0],
+        data: ColumnData::Float64(vec![0.5, 9.0, 0.25]),
+    });
+    out.targets.push(totals.clone());
+    assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);
+
+    let mut out2 = words_output("latest", &[("a", 5)]);
+    out2.targets
+        .push(words_output("counts", &[("a", 5)]).targets.remove(0));
+    let mut gone = words_output("gone", &[("b", 0)]).targets.remove(0);
+    gone.columns.truncate(1);
+    out2.targets.push(gone);
+    out2.targets.push(totals);
+    assert_eq!(commit(sink, 1, 2, &out2).await, CommitOutcome::Committed);
+
+    let log_a = format!(
+        "{} WHERE {} = {}",
+        n.count("log"),
+        n.col("word"),
+        n.d.param(1)
+    );
+    assert_eq!(value(sink, &log_a, &[Param::Text("a")]).await, Some(2));
+    assert_eq!(value(sink, &n.count("log"), &[]).await, Some(3));
+    let latest = n.lookup("latest", "n", "word");
+    assert_eq!(value(sink, &latest, &[Param::Text("a")]).await, Some(5));
+    assert_eq!(
+        value(sink, &latest, &[Param::Text("b")]).await,
+        None,
+        "deleted"
+    );
+    let total = n.lookup("totals", "n", "word");
+    assert_eq!(value(sink, &total, &[Param::Text("a")]).await, Some(6));
+    assert_eq!(value(sink, &total, &[Param::Text("c")]).await, Some(10));
+    // Nulls add nothing: x(a) = 0.5 + 0.5, scaled to compare as an integer.
+    let x = format!(
+        "SELECT CAST({} * 100 AS {}) FROM {} WHERE {} = {}",
+        n.col("x"),
+        if n.d.name == "MySQL" {
+            "SIGNED"
+        } else {
+            "BIGINT"
+        },
+        n.table("totals"),
+        n.col("word"),
+        n.d.param(1)
+    );
+    assert_eq!(value(sink, &x, &[Param::Text("a")]).await, Some(100));
+}
+
+/// Quotes, backticks, spaces and SQL in names are quoted, never pasted.
+pub async fn identifiers<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let mut out = words_output("counts", &[("x", 4), ("x", 1)]);
+    out.targets[0].columns[0].name = "the word".into();
+    out.targets[0].columns[1].name = "n\"`".into();
+    assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);
+    let sql = n.lookup(
+        "we\"ird `table`; DROP TABLE sluice_checkpoints; --",
+        "n\"`",
+        "the word",
+    );
+    assert_eq!(value(sink, &sql, &[Param::Text("x")]).await, Some(5));
+    let checkpoints = value(sink, &n.count("sluice_checkpoints"), &[]).await;
+    assert_eq!(checkpoints, Some(1), "the checkpoint table survived");
+}
+
+/// A name with a control character never reaches the database.
+pub fn bad_identifier(error: SinkError) {
+    assert!(error.to_string().contains("invalid identifier"), "{error}");
+}
+
+pub const BAD_IDENT: &str = r#"
+[[sink.targets]]
+name = "counts"
+table = "tab\u0000le"
+columns = { word = "text" }
+"#;
+
+/// Output that does not match the declared columns is a config error and
+/// commits nothing.
+pub async fn mismatch<B: SqlBackend>(sink: &SqlSink<B>) {
+    let mut out = words_output("counts", &[("a", 1)]);
+    out.targets[0].columns[1].data = ColumnData::Float64(vec![1.5]);
+    let err = try_commit(sink, 0, 1, &out, &[]).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("column `n` is Integer but the module wrote float64"),
+        "{err}"
+    );
+    assert!(
+        sink.checkpoints("p", &[tp()]).await.unwrap().is_empty(),
+        "nothing committed"
+    );
+}
+
+/// A dead letter keeps the record's value, kind and reason.
+pub async fn dead_letters<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let dead = [DeadLetter {
+        index: 1,
+        reason: "bad".into(),
+        kind: DeadLetterKind::Rejected,
+    }];
+    let out = words_output("counts", &[]);
+    let outcome = try_commit(sink, 0, 3, &out, &dead).await.unwrap();
+    assert_eq!(outcome, CommitOutcome::Committed);
+    let sql = format!(
+        "SELECT {} FROM {} WHERE {} = {} AND {} = {} AND {} = {}",
+        n.col("offset"),
+        n.table("sluice_dead_letters"),
+        n.col("kind"),
+        n.d.param(1),
+        n.col("reason"),
+        n.d.param(2),
+        n.col("record_value"),
+        n.d.param(3)
+    );
+    let params = [
+        Param::Text("rejected"),
+        Param::Text("bad"),
+        Param::Bytes(Some(b"x")),
+    ];
+    assert_eq!(value(sink, &sql, &params).await, Some(1));
+}
+
+/// At-least-once commits rows and offsets in two transactions; a stale
+/// range is still refused at the offsets step (its rows did land: that is
+/// the difference to exactly-once).
+pub async fn at_least_once<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let a = n.lookup("counts", "n", "word");
+    let out = words_output("counts", &[("a", 1)]);
+    assert_eq!(commit(sink, 0, 5, &out).await, CommitOutcome::Committed);
+    assert!(matches!(
+        commit(sink, 0, 5, &out).await,
+        CommitOutcome::Fenced { .. }
+    ));
+    assert_eq!(
+        value(sink, &a, &[Param::Text("a")]).await,
+        Some(2),
+        "duplicated"
+    );
+    let stored = sink.checkpoints("p", &[tp()]).await.unwrap();
+    assert_eq!(stored.get(&tp()), Some(&5));
+}
+
+pub const VALUES: &str = r#"
+[[sink.targets]]
+name = "vals"
+columns = { id = "integer", txt = "text", bin = "blob", x = "real", flag = "boolean" }
+"#;
+
+/// The text that needs escaping in bulk formats.
+pub const AWKWARD_TEXT: &str = "tab\there\nnew line \\N back\\slash \"dq\" 'sq' \r COMMIT; ünï";
+pub const AWKWARD_BYTES: &[u8] = &[0, 1, 255, b'\\', b'\n', b'\t', b'N'];
+
+/// Awkward values and nulls of every type survive the bulk path unchanged.
+pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<&str>) {
+    let n = Names::of(sink, schema);
+    let text = AWKWARD_TEXT;
+    let out = Output {
+        targets: vec![TargetRows {
+            target: "vals".into(),
+            rows: 2,
+            columns: vec![
+                Column {
+                    name: "id".into(),
+                    nulls: vec![],
+                    data: ColumnData::Int64(vec![1, 2]),
+                },
+                Column {
+                    name: "txt".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Text {
+                        lengths: vec![text.len() as u32, 0],
+                        data: text.as_bytes().to_vec(),
+                    },
+                },
+                Column {
+                    name: "bin".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Bytes {
+                        lengths: vec![AWKWARD_BYTES.len() as u32, 0],
+                        data: AWKWARD_BYTES.to_vec(),
+                    },
+                },
+                Column {
+                    name: "x".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Float64(vec![2.5, 0.0]),
+                },
+                Column {
+                    name: "flag".into(),
+                    nulls: vec![0, 1],
+                    data: ColumnData::Bool(vec![1, 0]),
+                },
+            ],
+        }],
+        rejections: vec![],
+    };
+    assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);
+    let (id, txt, bin, x, flag) = (
+        n.col("id"),
+        n.col("txt"),
+        n.col("bin"),
+        n.col("x"),
+        n.col("flag"),
+    );
+    let vals = n.table("vals");
+    let exact = format!(
+        "SELECT count(*) FROM {vals} WHERE {id} = 1 AND {txt} = {} AND {bin} = {} AND {flag}",
+        n.d.param(1),
+        n.d.param(2)
+    );
+    let params = [Param::Text(text), Param::Bytes(Some(AWKWARD_BYTES))];
+    assert_eq!(
+        value(sink, &exact, &params).await,
+        Some(1),
+        "text, bytes and boolean intact"
+    );
+    let int = if n.d.name == "MySQL" {
+        "SIGNED"
+    } else {
+        "BIGINT"
+    };
+    let doubled = format!("SELECT CAST({x} * 2 AS {int}) FROM {vals} WHERE {id} = 1");
+    assert_eq!(value(sink, &doubled, &[]).await, Some(5));
+    let nulls = format!(
+        "SELECT count(*) FROM {vals} WHERE {id} = 2 AND {txt} IS NULL AND {bin} IS NULL \
+         AND {x} IS NULL AND {flag} IS NULL"
+    );
+    assert_eq!(value(sink, &nulls, &[]).await, Some(1), "nulls stay null");
+}

@@ -1,0 +1,249 @@
+//! The SQLite backend of the SQL sink: connections, statements in SQLite's
+//! dialect and its row path (multi-row INSERTs).
+//!
+//! Delivery guarantee: see `sink::sql` (one `BEGIN IMMEDIATE` transaction
+//! per batch). It must never write a batch whose commit outcome is unknown
+//! without the checkpoint being read back first (the pipeline does that on
+//! [`SinkError::CommitUnknown`]).
+
+use super::config::SqliteConfig;
+use crate::config::{SinkConfig, WriteMode};
+use crate::sink::SinkError;
+use crate::{Cell, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Arguments, Connection, Row, Sqlite, SqlitePool};
+
+/// Most bound parameters per statement (SQLite's limit is 32766).
+const MAX_PARAMS: usize = 30_000;
+
+/// The SQLite sink.
+pub type SqliteSink = SqlSink<SqliteBackend>;
+
+/// Opens the database named by `config.url` and prepares the tables.
+pub async fn open(config: &SinkConfig) -> Result<SqliteSink, SinkError> {
+    let options = SqliteConfig::from_url(&config.url, config.lock_timeout_ms)?.options;
+    // One writer: SQLite serializes writes anyway, and one connection keeps
+    // `BEGIN IMMEDIATE` ... `COMMIT` on the same handle.
+    let pool = sqlx::sqlite::SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .map_err(|e| SinkError::Unavailable(format!("cannot open {}: {e}", config.url)))?;
+    SqlSink::open(SqliteBackend { pool }, config).await
+}
+
+pub struct SqliteBackend {
+    pub(super) pool: SqlitePool,
+}
+
+/// A target's statements.
+pub struct Statements {
+    insert: MultiRowInsert,
+    /// `DELETE FROM "t" WHERE "k1" = ? AND ...`
+    delete: String,
+}
+
+/// A batch transaction on the one connection.
+pub struct SqliteTx {
+    conn: PoolConnection<Sqlite>,
+}
+
+fn db_err(e: sqlx::Error) -> SinkError {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
+            SinkError::Unavailable(e.to_string())
+        }
+        sqlx::Error::Database(ref d) if d.message().contains("database is locked") => {
+            SinkError::Unavailable(e.to_string())
+        }
+        other => SinkError::Database(other.to_string()),
+    }
+}
+
+fn args<'q>(params: &[Param<'q>]) -> Result<SqliteArguments<'q>, SinkError> {
+    let mut args = SqliteArguments::default();
+    for p in params {
+        match *p {
+            Param::Int(x) => args.add(x),
+            Param::Text(s) => args.add(s),
+            Param::Bytes(b) => args.add(b),
+        }
+        .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))?;
+    }
+    Ok(args)
+}
+
+/// Runs one statement on `executor` (the pool or a batch transaction);
+/// returns rows affected.
+async fn execute_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = Sqlite>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<u64, SinkError> {
+    Ok(sqlx::query_with(sql, args(params)?)
+        .execute(executor)
+        .await
+        .map_err(db_err)?
+        .rows_affected())
+}
+
+/// The first column of the first row `sql` returns on `executor`, if any.
+async fn query_i64_on<'c>(
+    executor: impl sqlx::Executor<'c, Database = Sqlite>,
+    sql: &str,
+    params: &[Param<'_>],
+) -> Result<Option<i64>, SinkError> {
+    let row = sqlx::query_with(sql, args(params)?)
+        .fetch_optional(executor)
+        .await
+        .map_err(db_err)?;
+    Ok(row.map(|r| r.get::<i64, _>(0)))
+}
+
+fn bind<'q>(args: &mut SqliteArguments<'q>, cell: Cell<'q>) -> Result<(), SinkError> {
+    match cell {
+        Cell::Integer(v) => args.add(v),
+        Cell::Real(v) => args.add(v),
+        Cell::Text(v) => args.add(v),
+        Cell::Blob(v) => args.add(v),
+        Cell::Boolean(v) => args.add(v),
+    }
+    .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))
+}
+
+impl SqlBackend for SqliteBackend {
+    type Statements = Statements;
+    type Tx = SqliteTx;
+
+    fn dialect(&self) -> &'static crate::Dialect {
+        &crate::SQLITE
+    }
+
+    async fn begin(&self) -> Result<SqliteTx, SinkError> {
+        let mut conn = self.pool.acquire().await.map_err(db_err)?;
+        sqlx::raw_sql("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err)?;
+        Ok(SqliteTx { conn })
+    }
+
+    async fn execute(&self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
+        execute_on(&self.pool, sql, params).await
+    }
+
+    async fn query_i64(&self, sql: &str, params: &[Param<'_>]) -> Result<Option<i64>, SinkError> {
+        query_i64_on(&self.pool, sql, params).await
+    }
+
+    async fn table_columns(
+        &self,
+        _schema: Option<&str>,
+        table: &str,
+    ) -> Result<Vec<String>, SinkError> {
+        let rows = sqlx::query("SELECT name FROM pragma_table_info(?)")
+            .bind(table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db_err)?;
+        Ok(rows.iter().map(|r| r.get::<String, _>(0)).collect())
+    }
+
+    async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
+        let keys = target.quoted_keys().join(", ");
+        let non_keys = target.quoted_non_keys();
+        let table = &target.table;
+        let tail = match target.config.mode {
+            WriteMode::Append | WriteMode::Delete => String::new(),
+            _ if non_keys.is_empty() => format!(" ON CONFLICT ({keys}) DO NOTHING"),
+            WriteMode::Upsert => {
+                format!(
+                    " ON CONFLICT ({keys}) DO UPDATE SET {}",
+                    target.assignments(|c| format!("excluded.{c}"))
+                )
+            }
+            WriteMode::Accumulate => format!(
+                " ON CONFLICT ({keys}) DO UPDATE SET {}",
+                target.assignments(|c| format!(
+                    "coalesce({table}.{c}, 0) + coalesce(excluded.{c}, 0)"
+                ))
+            ),
+        };
+        Ok(Statements {
+            insert: MultiRowInsert::for_target(target, tail, MAX_PARAMS),
+            delete: target.delete_by_key(),
+        })
+    }
+}
+
+impl SqlTx<Statements> for SqliteTx {
+    async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
+        execute_on(&mut *self.conn, sql, params).await
+    }
+
+    async fn query_i64(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<i64>, SinkError> {
+        query_i64_on(&mut *self.conn, sql, params).await
+    }
+
+    async fn write_rows(
+        &mut self,
+        target: &Target,
+        statements: &Statements,
+        columns: &[TypedColumn<'_>],
+        rows: usize,
+    ) -> Result<(), SinkError> {
+        if target.config.mode == WriteMode::Delete {
+            for row in 0..rows {
+                let mut args = SqliteArguments::default();
+                for &k in &target.keys {
+                    bind(&mut args, columns[k].cell(row))?;
+                }
+                sqlx::query_with(&statements.delete, args)
+                    .execute(&mut *self.conn)
+                    .await
+                    .map_err(db_err)?;
+            }
+            return Ok(());
+        }
+        for chunk in statements.insert.chunks(columns, rows, usize::MAX) {
+            let sql = statements.insert.sql(chunk.len());
+            let mut args = SqliteArguments::default();
+            for row in chunk {
+                for column in columns {
+                    bind(&mut args, column.cell(row))?;
+                }
+            }
+            sqlx::query_with(&sql, args)
+                .execute(&mut *self.conn)
+                .await
+                .map_err(db_err)?;
+        }
+        Ok(())
+    }
+
+    async fn commit(mut self) -> Result<(), SinkError> {
+        match sqlx::raw_sql("COMMIT").execute(&mut *self.conn).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // The connection may be unusable; drop it rather than reuse.
+                let _ = self.conn.detach().close().await;
+                Err(SinkError::CommitUnknown(e.to_string()))
+            }
+        }
+    }
+
+    async fn rollback(mut self) {
+        if sqlx::raw_sql("ROLLBACK")
+            .execute(&mut *self.conn)
+            .await
+            .is_err()
+        {
+            let _ = self.conn.detach().close().await;
+        }
+    }
+}

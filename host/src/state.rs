@@ -1,0 +1,36 @@
+//! Opening a pipeline's state store: the module store and the lineage
+//! reader of the backend its sink kind keeps them in. The SQL sinks keep
+//! both in their own database (lineage must be written in the sink's batch
+//! transaction, so it lives where the sink commits).
+//!
+//! The one place that picks a state backend; everything above it (the
+//! control plane, replay, version following) holds the core's traits. It
+//! must not read or write state itself.
+
+use crate::config::SinkConfig;
+use sluice_core::sink::{SinkError, SinkKind};
+use sluice_core::store::{LineageStore, ModuleStore, StoreError};
+use sluice_sql::{SqlLineage, SqlModuleStore};
+use std::sync::Arc;
+
+/// The module store of the pipeline whose sink `sink` configures.
+pub async fn module_store(sink: &SinkConfig) -> Result<Arc<dyn ModuleStore>, StoreError> {
+    match sink_kind(sink)? {
+        SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
+            Ok(Arc::new(SqlModuleStore::open(sink).await?))
+        }
+    }
+}
+
+/// The lineage of the pipeline whose sink `sink` configures.
+pub async fn lineage(sink: &SinkConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
+    match SinkKind::of_url(&sink.url)? {
+        SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
+            Ok(Arc::new(SqlLineage::open(sink).await?))
+        }
+    }
+}
+
+fn sink_kind(sink: &SinkConfig) -> Result<SinkKind, StoreError> {
+    SinkKind::of_url(&sink.url).map_err(|e| StoreError::Config(e.to_string()))
+}
