@@ -88,7 +88,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
     let module = load_configured(config)?;
-    match SinkKind::of_url(&config.sink.url)? {
+    match config.sink.kind()? {
         SinkKind::Sqlite => {
             let sink = sqlite::open(&config.sink).await?;
             run_with(config, module, sink, until_caught_up, shutdown).await

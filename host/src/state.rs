@@ -24,7 +24,7 @@ pub async fn module_store(sink: &SinkConfig) -> Result<Arc<dyn ModuleStore>, Sto
 
 /// The lineage of the pipeline whose sink `sink` configures.
 pub async fn lineage(sink: &SinkConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
-    match SinkKind::of_url(&sink.url)? {
+    match sink.kind()? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
             Ok(Arc::new(SqlLineage::open(sink).await?))
         }
@@ -32,5 +32,5 @@ pub async fn lineage(sink: &SinkConfig) -> Result<Arc<dyn LineageStore>, SinkErr
 }
 
 fn sink_kind(sink: &SinkConfig) -> Result<SinkKind, StoreError> {
-    SinkKind::of_url(&sink.url).map_err(|e| StoreError::Config(e.to_string()))
+    sink.kind().map_err(|e| StoreError::Config(e.to_string()))
 }

@@ -209,6 +209,29 @@ columns = {{ a = "integer" }}
     )
 }
 
+/// `sink.kind` names the sink kind or is inferred from the URL; a kind the
+/// URL contradicts, or one sluice does not have, is refused by `check`.
+#[test]
+fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
+    let identity = plugin("identity").display().to_string();
+    let with_kind = |kind: &str| {
+        config_with_module(&identity).replace("[sink]\n", &format!("[sink]\nkind = \"{kind}\"\n"))
+    };
+    let (ok, err) = check(&config_with_module(&identity));
+    assert!(ok, "inferred from the URL: {err}");
+    let (ok, err) = check(&with_kind("sqlite"));
+    assert!(ok, "named: {err}");
+    let (ok, err) = check(&with_kind("mariadb"));
+    assert!(!ok);
+    assert!(
+        err.contains("`sink.kind` is `mysql` but `sink.url` is a sqlite URL"),
+        "{err}"
+    );
+    let (ok, err) = check(&with_kind("cassandra"));
+    assert!(!ok);
+    assert!(err.contains("unknown variant `cassandra`"), "{err}");
+}
+
 #[test]
 fn bad_inputs_get_clear_errors() {
     let (ok, err) = check(&config_with_module(

@@ -4,6 +4,7 @@
 //! `///` comment is the user documentation (the README's config reference is
 //! generated from the same words). It must not connect to anything.
 
+use crate::sink::{SinkError, SinkKind};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -256,6 +257,11 @@ impl Default for LimitsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
+    /// The sink kind: `sqlite`, `postgres` or `mysql` (`mariadb` is the
+    /// same). Default: the kind the URL's scheme names; if both are given
+    /// they must agree.
+    #[serde(default)]
+    pub kind: Option<SinkKind>,
     /// Database URL: `sqlite://PATH` (relative to the config file; created
     /// if missing) is the embedded default; `postgres://user@host:port/db`
     /// or `mysql://user:password@host:port/db` (MariaDB too). A password
@@ -531,7 +537,7 @@ impl PipelineConfig {
                 self.limits.compile_memory_mib
             ));
         }
-        if let Err(e) = crate::sink::SinkKind::of_url(&self.sink.url) {
+        if let Err(e) = self.sink.kind() {
             return invalid(
                 e.to_string()
                     .trim_start_matches("sink configuration: ")
@@ -574,6 +580,23 @@ pub const RESERVED_PROPERTIES: &[&str] = &[
     "enable.partition.eof",
     "bootstrap.servers",
 ];
+
+impl SinkConfig {
+    /// The sink kind: `kind` if set (it must agree with the URL's scheme),
+    /// else the one the URL names.
+    pub fn kind(&self) -> Result<SinkKind, SinkError> {
+        let of_url = SinkKind::of_url(&self.url)?;
+        match self.kind {
+            Some(kind) if kind != of_url => Err(SinkError::Config(format!(
+                "`sink.kind` is `{}` but `sink.url` is a {} URL (`{}`)",
+                kind.as_str(),
+                of_url.as_str(),
+                crate::sink::redact_url(&self.url)
+            ))),
+            _ => Ok(of_url),
+        }
+    }
+}
 
 impl TargetConfig {
     /// The table rows of this target go to.

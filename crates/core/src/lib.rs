@@ -4,6 +4,7 @@
 //! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the file).
 //! - [`batch`]: plans, offset ranges and the columnar record batch.
 //! - [`output`]: a batch's output rows, contract checks, the output digest.
+//! - [`contract`]: the output contract every sink kind checks rows against.
 //! - [`limits`]: the sandbox limits and the settings a result depends on.
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
@@ -14,12 +15,13 @@
 
 pub mod batch;
 pub mod config;
+pub mod contract;
 pub mod limits;
 pub mod output;
 pub mod sink;
 pub mod source;
 pub mod store;
-#[cfg(feature = "testing")]
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod transform;
 pub mod versions;

@@ -39,6 +39,10 @@ pub enum SinkError {
     /// (missing column, wrong type, bad identifier): fatal, fix the config.
     #[error("sink configuration: {0}")]
     Config(String),
+    /// The module's rows do not fit their target's declared columns:
+    /// fatal, fix the module or the config.
+    #[error(transparent)]
+    Contract(#[from] crate::contract::ContractError),
     /// Any other database error: fatal.
     #[error("sink error: {0}")]
     Database(String),
@@ -116,11 +120,13 @@ pub enum CommitOutcome {
     },
 }
 
-/// The sink kinds a URL can name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The sink kinds: `sink.kind` in the config, or named by the URL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SinkKind {
     Sqlite,
     Postgres,
+    #[serde(alias = "mariadb")]
     Mysql,
 }
 
@@ -136,6 +142,15 @@ impl SinkKind {
                 "unsupported sink URL `{url}`: use sqlite://PATH, postgres://USER@HOST/DB or \
                  mysql://USER@HOST/DB"
             ))),
+        }
+    }
+
+    /// The name `sink.kind` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SinkKind::Sqlite => "sqlite",
+            SinkKind::Postgres => "postgres",
+            SinkKind::Mysql => "mysql",
         }
     }
 }

@@ -90,7 +90,13 @@ async fn a_fence_between_prepare_and_commit_drops_the_batch_and_replans_from_the
     let sink = FaultySink::default();
     // The second commit meets partition 1's checkpoint moved by another
     // owner, into the middle of what the batch planned.
-    sink.on_attempt(2, Fault::FenceBy { partition: 1, to: 57 });
+    sink.on_attempt(
+        2,
+        Fault::FenceBy {
+            partition: 1,
+            to: 57,
+        },
+    );
     let stats = run_to_the_end(&logs, &sink).await;
     assert_eq!(stats.fenced, 1);
     let landed = sink.landed();
@@ -98,7 +104,11 @@ async fn a_fence_between_prepare_and_commit_drops_the_batch_and_replans_from_the
     assert_eq!(other, 1, "the other owner's commit stands");
     // Nothing the other owner committed is committed again.
     let own = assert_exactly_once(&logs, &sink, &PARTITIONS);
-    let others_records = logs.offsets(1).iter().filter(|o| (50..57).contains(*o)).count();
+    let others_records = logs
+        .offsets(1)
+        .iter()
+        .filter(|o| (50..57).contains(*o))
+        .count();
     assert_eq!(own + others_records, 900);
 }
 
@@ -148,13 +158,21 @@ async fn a_swap_during_the_read_ahead_reprepares_the_next_batch_with_the_new_ver
     // No batch mixes versions: every row was made by its plan's module.
     for b in &landed {
         for (version, ..) in &b.rows {
-            assert_eq!(b.module_digest, format!("module-v{version}"), "batch {}", b.batch_id);
+            assert_eq!(
+                b.module_digest,
+                format!("module-v{version}"),
+                "batch {}",
+                b.batch_id
+            );
         }
     }
     // The batch in flight kept version 1; every later one runs version 2.
     let digests: Vec<&str> = landed.iter().map(|b| b.module_digest.as_str()).collect();
     assert_eq!(&digests[..2], ["module-v1", "module-v1"]);
-    assert!(digests[2..].iter().all(|d| *d == "module-v2"), "{digests:?}");
+    assert!(
+        digests[2..].iter().all(|d| *d == "module-v2"),
+        "{digests:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -209,12 +227,17 @@ async fn a_partition_revoked_mid_batch_and_given_back_resumes_from_its_checkpoin
             for_: Duration::from_millis(60),
         },
     );
-    run(source, &sink, &FakeVersions::new(1), None).await.unwrap();
+    run(source, &sink, &FakeVersions::new(1), None)
+        .await
+        .unwrap();
     assert_eq!(assert_exactly_once(&logs, &sink, &PARTITIONS), 900);
     let without_2 = sink.landed()[2..4]
         .iter()
         .any(|b| b.ranges.iter().all(|r| r.partition != 2));
-    assert!(without_2, "batches ran without partition 2 while it was revoked");
+    assert!(
+        without_2,
+        "batches ran without partition 2 while it was revoked"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -231,9 +254,8 @@ async fn poison_records_become_dead_letters_and_the_rest_commits() {
         .iter()
         .flat_map(|b| b.dead_letters.clone())
         .collect();
-    let poison_offsets = |p: i32, at: &[usize]| -> Vec<i64> {
-        at.iter().map(|i| logs.offsets(p)[*i]).collect()
-    };
+    let poison_offsets =
+        |p: i32, at: &[usize]| -> Vec<i64> { at.iter().map(|i| logs.offsets(p)[*i]).collect() };
     let mut expected: Vec<(i32, i64, DeadLetterKind)> = Vec::new();
     for (p, at) in [(0, vec![7, 64]), (2, vec![119])] {
         for o in poison_offsets(p, &at) {

@@ -19,7 +19,7 @@ use std::time::Duration;
 pub async fn connect_any(sink: &SinkConfig) -> Result<(AnyPool, &'static Dialect), SinkError> {
     static DRIVERS: Once = Once::new();
     DRIVERS.call_once(sqlx::any::install_default_drivers);
-    let dialect = match SinkKind::of_url(&sink.url)? {
+    let dialect = match sink.kind()? {
         SinkKind::Sqlite => &SQLITE,
         SinkKind::Postgres => &POSTGRES,
         SinkKind::Mysql => &MYSQL,

@@ -7,8 +7,9 @@
 
 use super::dialect::Dialect;
 use crate::config::{ColumnType, TargetConfig};
-use crate::output::{ColumnData, TargetRows, Value};
+use crate::output::{TargetRows, Value};
 use crate::sink::SinkError;
+use sluice_core::contract::declared_columns;
 
 /// A target with its identifiers validated and quoted once.
 #[derive(Debug)]
@@ -213,59 +214,9 @@ impl Target {
     /// The output's columns in this target's column order, typed by the
     /// declared types, after checking they match in name and type.
     pub fn columns_of<'a>(&self, rows: &'a TargetRows) -> Result<Vec<TypedColumn<'a>>, SinkError> {
-        let name = &self.config.name;
-        if let Some(extra) = rows
-            .columns
-            .iter()
-            .find(|c| !self.config.columns.contains_key(&c.name))
-        {
-            return Err(SinkError::Config(format!(
-                "module wrote column `{}` to target `{name}`, which declares only {:?}",
-                extra.name, self.columns
-            )));
-        }
-        self.columns
-            .iter()
-            .zip(&self.types)
-            .map(|(col, &ty)| {
-                let c = rows
-                    .columns
-                    .iter()
-                    .find(|c| &c.name == col)
-                    .ok_or_else(|| {
-                        SinkError::Config(format!(
-                            "module wrote no column `{col}` for target `{name}`"
-                        ))
-                    })?;
-                if !compatible(ty, &c.data) {
-                    return Err(SinkError::Config(format!(
-                        "target `{name}` column `{col}` is {ty:?} but the module wrote {}",
-                        c.data.kind()
-                    )));
-                }
-                Ok(TypedColumn::convert(ty, c.values()))
-            })
-            .collect()
+        Ok(declared_columns(&self.config, rows)?
+            .into_iter()
+            .map(|(column, ty)| TypedColumn::convert(ty, column.values()))
+            .collect())
     }
-}
-
-fn compatible(ty: ColumnType, data: &ColumnData) -> bool {
-    matches!(
-        (ty, data),
-        (
-            ColumnType::Integer,
-            ColumnData::Int64(_) | ColumnData::Bool(_)
-        ) | (
-            ColumnType::Real,
-            ColumnData::Float64(_) | ColumnData::Int64(_)
-        ) | (ColumnType::Text, ColumnData::Text { .. })
-            | (
-                ColumnType::Blob,
-                ColumnData::Bytes { .. } | ColumnData::Text { .. }
-            )
-            | (
-                ColumnType::Boolean,
-                ColumnData::Bool(_) | ColumnData::Int64(_)
-            )
-    )
 }

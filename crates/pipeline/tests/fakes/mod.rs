@@ -227,7 +227,9 @@ impl Source for MemorySource {
         let mut records = Records::default();
         for r in ranges {
             let log = self.logs.snapshot(&r.topic_partition());
-            let chosen = log.iter().filter(|m| m.offset >= r.from && m.offset < r.until);
+            let chosen = log
+                .iter()
+                .filter(|m| m.offset >= r.from && m.offset < r.until);
             records.push_slice(&r.topic, r.partition, chosen);
         }
         records
@@ -551,10 +553,17 @@ pub fn assert_exactly_once(logs: &Logs, sink: &FaultySink, partitions: &[i32]) -
         ranges.sort();
         let mut at = 0;
         for (from, until, _) in &ranges {
-            assert_eq!(*from, at, "partition {p}: ranges {ranges:?} leave a gap or overlap");
+            assert_eq!(
+                *from, at,
+                "partition {p}: ranges {ranges:?} leave a gap or overlap"
+            );
             at = *until;
         }
-        assert_eq!(sink.checkpoint(p).unwrap_or(0), at, "partition {p}: checkpoint");
+        assert_eq!(
+            sink.checkpoint(p).unwrap_or(0),
+            at,
+            "partition {p}: checkpoint"
+        );
         let mut seen: Vec<i64> = landed
             .iter()
             .flat_map(|b| {
