@@ -12,6 +12,7 @@ use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats, StatusBoard
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, StoreVersions, WasmTransform};
 use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
+use sluice_core::error::Chain;
 use sluice_core::store::{StoreError, Version};
 use sluice_core::transform::Transform;
 use sluice_core::versions::VersionError;
@@ -111,7 +112,7 @@ async fn run_with<S: Sink>(
     until_caught_up: bool,
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
-    let store = crate::state::module_store(&config.sink).await?;
+    let store = crate::state::module_store(config).await?;
     let versions = StoreVersions::new(
         Arc::clone(&store),
         Arc::clone(&module.runtime),
@@ -217,13 +218,14 @@ async fn first_runnable(
                 return Ok(Some(transform));
             }
             Err(e @ VersionError::Unusable { .. }) => {
+                let problem = Chain(&e).to_string();
                 tracing::error!(
-                    "{e}; waiting for another version to be activated (roll back, or give this \
-                     host the limits it needs)"
+                    "{problem}; waiting for another version to be activated (roll back, or give \
+                     this host the limits it needs)"
                 );
-                status.update(|s| s.version_problem = Some(e.to_string()));
+                status.update(|s| s.version_problem = Some(problem));
             }
-            Err(e) => tracing::warn!("{e}; trying again"),
+            Err(e) => tracing::warn!("{}; trying again", Chain(&e)),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return Ok(None),
@@ -236,7 +238,7 @@ async fn first_runnable(
                     break;
                 }
                 Ok(_) => {}
-                Err(e) => tracing::warn!("{e}; trying again"),
+                Err(e) => tracing::warn!("{}; trying again", Chain(&e)),
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return Ok(None),

@@ -1,20 +1,30 @@
 //! Opening a pipeline's state store: the module store and the lineage
 //! reader of the backend its sink kind keeps them in. The SQL sinks keep
-//! both in their own database (lineage must be written in the sink's batch
-//! transaction, so it lives where the sink commits).
+//! both in their own database; `[state]` moves the module store to another
+//! one. Lineage always stays where the sink commits: it is written in the
+//! sink's batch transaction.
 //!
 //! The one place that picks a state backend; everything above it (the
 //! control plane, replay, version following) holds the core's traits. It
 //! must not read or write state itself.
 
-use crate::config::SinkConfig;
+use crate::config::{PipelineConfig, SinkConfig};
 use sluice_core::sink::{SinkError, SinkKind};
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use sluice_sql::{SqlLineage, SqlModuleStore};
 use std::sync::Arc;
 
-/// The module store of the pipeline whose sink `sink` configures.
-pub async fn module_store(sink: &SinkConfig) -> Result<Arc<dyn ModuleStore>, StoreError> {
+/// The module store of the pipeline: in `[state]` if configured, else in
+/// the sink's database.
+pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore>, StoreError> {
+    let own;
+    let sink = match &config.state {
+        Some(state) => {
+            own = state.as_sink(&config.sink);
+            &own
+        }
+        None => &config.sink,
+    };
     match sink_kind(sink)? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
             Ok(Arc::new(SqlModuleStore::open(sink).await?))

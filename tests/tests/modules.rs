@@ -495,3 +495,92 @@ async fn a_version_one_host_cannot_run_leaves_both_running_and_rollback_works() 
     a.stop();
     b.stop();
 }
+
+/// `[state]` moves the module store out of the sink's database: the seed
+/// and a deploy land in the state database (Postgres here, under its own
+/// prefix), rows and lineage in the sink's (SQLite), which holds no module
+/// tables; `verify` finds the versions in the state store.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_store_apart_holds_the_modules_and_the_sink_the_rows_and_lineage() {
+    let (pipeline, topic, prefix) = ("state-apart", "modules-state-apart", "it_state_apart_");
+    let state = SinkDb::Postgres {
+        url: sluice_tests::sinks::postgres_url(),
+        schema: "public".into(),
+    };
+    let pool = state.pool().await;
+    for table in ["versions", "modules"] {
+        let drop = format!("DROP TABLE IF EXISTS public.{prefix}{table}");
+        sqlx::raw_sql(&drop).execute(&pool).await.unwrap();
+    }
+    create_topic(shared_broker(), topic, 2);
+    let dir = TempDir::new(topic);
+    let sink = SinkDb::Sqlite(dir.path().join("sink.db"));
+    let (port, url) = control_port();
+    let config = dir.path().join("sluice.toml");
+    let state_toml = format!(
+        "[state]\nurl = \"{}\"\ntable_prefix = \"{prefix}\"\n",
+        state.url()
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "{}\n{state_toml}",
+            pipeline_config(pipeline, topic, &sink, port)
+        ),
+    )
+    .unwrap();
+    let host = Host::start(&config, &dir.path().join("sluice.log"));
+    host.wait_for_api(port);
+    let producer = Producer::start(shared_broker(), topic, 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let deployed = deploy_stamp_v2(&url);
+    assert!(deployed.contains("activated version 2"), "{deployed}");
+    host.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let produced = producer.stop();
+    wait_for_rows(&sink, produced, Duration::from_secs(60)).await;
+    host.stop();
+
+    let count = |table: &str| {
+        format!(
+            "SELECT COUNT(*) FROM {}",
+            state.table(&format!("{prefix}{table}"))
+        )
+    };
+    let pipeline_versions = format!("{} WHERE pipeline = '{pipeline}'", count("versions"));
+    assert_eq!(
+        state.scalar(&pipeline_versions).await,
+        Some(2),
+        "seed and deploy"
+    );
+    assert_eq!(state.scalar(&count("modules")).await, Some(2));
+    assert_eq!(
+        sink.scalar("SELECT COUNT(*) FROM sluice_versions").await,
+        None
+    );
+    assert_eq!(
+        sink.scalar("SELECT COUNT(*) FROM sluice_modules").await,
+        None
+    );
+    let batches = lineage(&sink, pipeline).await;
+    assert!(
+        batches
+            .iter()
+            .any(|b| b.module_digest == digest_of("stamp"))
+    );
+    let expected = read_committed(shared_broker(), topic, 2);
+    assert_rows_follow_lineage(
+        &sink.identity_rows().await,
+        &expected,
+        &batches,
+        versioned_value("v2:"),
+    );
+    let verified = sluice_tests::control::sluice_ok(&["verify", config.to_str().unwrap()]);
+    assert!(
+        verified.contains(&format!(
+            "verified {n} batches: {n} match, 0 differ",
+            n = batches.len()
+        )),
+        "{verified}"
+    );
+}

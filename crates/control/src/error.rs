@@ -7,6 +7,7 @@ use axum::Json;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use sluice_core::error::Chain;
 use sluice_core::store::StoreError;
 use sluice_runtime::Rejected;
 
@@ -53,12 +54,14 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         let status = match &e {
-            StoreError::Unavailable(_) | StoreError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
+            StoreError::Unavailable { .. } | StoreError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             StoreError::UnknownModule(_) => StatusCode::NOT_FOUND,
             StoreError::NothingToRollBack(_) => StatusCode::CONFLICT,
-            StoreError::Database(_) | StoreError::Config(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            StoreError::Database { .. } | StoreError::Config(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
-        ApiError::new(status, e.to_string())
+        ApiError::new(status, Chain(&e).to_string())
     }
 }
 

@@ -44,6 +44,41 @@ pub struct PipelineConfig {
     /// instance of the pipeline that serves it.
     #[serde(default)]
     pub control: Option<ControlConfig>,
+    /// Where the module store (components and activations) lives, if not
+    /// in the sink's own database. Lineage and dead letters stay with the
+    /// sink whatever this says: they commit in the sink's batch
+    /// transaction.
+    #[serde(default)]
+    pub state: Option<StateConfig>,
+}
+
+/// A state store apart from the sink (`[state]`): say, one database every
+/// pipeline's modules and activations live in.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// `sqlite://PATH` (relative to the config file; created if missing),
+    /// `postgres://user@host:port/db` or `mysql://user@host:port/db`.
+    pub url: String,
+    /// Prefix of the store's tables (`<prefix>modules`, `<prefix>versions`).
+    #[serde(default = "default_prefix")]
+    pub table_prefix: String,
+}
+
+impl StateConfig {
+    /// The connection settings of this store, in the shape the SQL
+    /// backends open (no targets: nothing but state is written there).
+    pub fn as_sink(&self, sink: &SinkConfig) -> SinkConfig {
+        SinkConfig {
+            kind: None,
+            url: self.url.clone(),
+            table_prefix: self.table_prefix.clone(),
+            schema: None,
+            guarantee: Guarantee::ExactlyOnce,
+            lock_timeout_ms: sink.lock_timeout_ms,
+            targets: Vec::new(),
+        }
+    }
 }
 
 /// The control plane's HTTP API, served by `sluice run`.
@@ -438,11 +473,9 @@ impl PipelineConfig {
         } else {
             cache
         });
-        if let Some(rest) = self.sink.url.strip_prefix("sqlite://") {
-            let file = Path::new(rest.split('?').next().unwrap_or(rest));
-            if file.is_relative() && !rest.starts_with(":memory:") {
-                self.sink.url = format!("sqlite://{}", base.join(rest).display());
-            }
+        resolve_sqlite_path(&mut self.sink.url, base);
+        if let Some(state) = &mut self.state {
+            resolve_sqlite_path(&mut state.url, base);
         }
     }
 
@@ -544,6 +577,12 @@ impl PipelineConfig {
                     .to_string(),
             );
         }
+        if let Some(Err(e)) = self.state.as_ref().map(|s| SinkKind::of_url(&s.url)) {
+            return invalid(format!(
+                "`state.url`: {}",
+                e.to_string().trim_start_matches("sink configuration: ")
+            ));
+        }
         if self.sink.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());
         }
@@ -580,6 +619,16 @@ pub const RESERVED_PROPERTIES: &[&str] = &[
     "enable.partition.eof",
     "bootstrap.servers",
 ];
+
+/// A relative `sqlite://` path is relative to the config file.
+fn resolve_sqlite_path(url: &mut String, base: &Path) {
+    if let Some(rest) = url.strip_prefix("sqlite://") {
+        let file = Path::new(rest.split('?').next().unwrap_or(rest));
+        if file.is_relative() && !rest.starts_with(":memory:") {
+            *url = format!("sqlite://{}", base.join(rest).display());
+        }
+    }
+}
 
 impl SinkConfig {
     /// The sink kind: `kind` if set (it must agree with the URL's scheme),

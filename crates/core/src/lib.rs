@@ -5,6 +5,7 @@
 //! - [`batch`]: plans, offset ranges and the columnar record batch.
 //! - [`output`]: a batch's output rows, contract checks, the output digest.
 //! - [`contract`]: the output contract every sink kind checks rows against.
+//! - [`error`]: causes kept as sources, and errors written with them.
 //! - [`limits`]: the sandbox limits and the settings a result depends on.
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
@@ -16,6 +17,7 @@
 pub mod batch;
 pub mod config;
 pub mod contract;
+pub mod error;
 pub mod limits;
 pub mod output;
 pub mod sink;

@@ -8,6 +8,7 @@
 //! ones in `sluice-sql`) and never import each other.
 
 use crate::batch::{Plan, Records, TopicPartition};
+use crate::error::{Cause, prefixed};
 use crate::output::Output;
 use std::collections::HashMap;
 
@@ -29,12 +30,20 @@ pub trait Sink {
 pub enum SinkError {
     /// The database could not be reached or dropped the connection: retry
     /// with backoff, then re-read the checkpoint.
-    #[error("sink unavailable: {0}")]
-    Unavailable(String),
+    #[error("sink unavailable{}", prefixed(.context))]
+    Unavailable {
+        context: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// COMMIT was sent but its outcome is unknown: read the checkpoint back
     /// before doing anything else; never write the batch again blindly.
-    #[error("commit outcome unknown: {0}")]
-    CommitUnknown(String),
+    #[error("commit outcome unknown{}", prefixed(.context))]
+    CommitUnknown {
+        context: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// The configuration or the module's output does not fit the tables
     /// (missing column, wrong type, bad identifier): fatal, fix the config.
     #[error("sink configuration: {0}")]
@@ -44,16 +53,44 @@ pub enum SinkError {
     #[error(transparent)]
     Contract(#[from] crate::contract::ContractError),
     /// Any other database error: fatal.
-    #[error("sink error: {0}")]
-    Database(String),
+    #[error("sink error{}", prefixed(.context))]
+    Database {
+        context: String,
+        #[source]
+        cause: Option<Cause>,
+    },
 }
 
 impl SinkError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            SinkError::Unavailable(_) | SinkError::CommitUnknown(_)
+            SinkError::Unavailable { .. } | SinkError::CommitUnknown { .. }
         )
+    }
+
+    /// Unreachable while doing `what` (may be empty), because of `cause`.
+    pub fn unavailable(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        SinkError::Unavailable {
+            context: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// COMMIT sent, its outcome unknown because of `cause`.
+    pub fn commit_unknown(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        SinkError::CommitUnknown {
+            context: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// The database refused `what` (may be empty), for `cause`.
+    pub fn database(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        SinkError::Database {
+            context: what.into(),
+            cause: Some(cause.into()),
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //! always name the same records (condition 1 of exactly-once).
 
 use crate::batch::{OffsetRange, Records, TopicPartition};
+use crate::error::{Cause, prefixed};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
@@ -71,8 +72,30 @@ pub enum SourceError {
         what: &'static str,
     },
     /// Any other Kafka error.
-    #[error("kafka: {0}")]
-    Kafka(String),
+    #[error("kafka{}", prefixed(.context))]
+    Kafka {
+        context: String,
+        #[source]
+        cause: Option<Cause>,
+    },
+}
+
+impl SourceError {
+    /// Kafka failed `what` (may be empty), because of `cause`.
+    pub fn kafka(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        SourceError::Kafka {
+            context: what.into(),
+            cause: Some(cause.into()),
+        }
+    }
+
+    /// Kafka failed, as sluice itself says.
+    pub fn kafka_says(message: impl Into<String>) -> Self {
+        SourceError::Kafka {
+            context: message.into(),
+            cause: None,
+        }
+    }
 }
 
 /// Where an owned partition stands (for status and lag).

@@ -11,6 +11,7 @@
 //! write lineage: lineage is written only in the sink's batch commit.
 
 use crate::batch::OffsetRange;
+use crate::error::{Cause, prefixed};
 use crate::sink::SinkError;
 use serde::Serialize;
 
@@ -149,15 +150,23 @@ pub struct VersionSummary {
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database could not be reached: retry later.
-    #[error("module store unavailable: {0}")]
-    Unavailable(String),
+    #[error("module store unavailable{}", prefixed(.context))]
+    Unavailable {
+        context: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// The database refused a write while another held its lock (SQLite):
     /// retry shortly.
-    #[error("module store busy: {0}")]
-    Busy(String),
+    #[error("module store busy")]
+    Busy(#[source] Cause),
     /// Any other database error.
-    #[error("module store: {0}")]
-    Database(String),
+    #[error("module store{}", prefixed(.context))]
+    Database {
+        context: String,
+        #[source]
+        cause: Option<Cause>,
+    },
     /// Names in the sink config do not fit the database.
     #[error("module store configuration: {0}")]
     Config(String),
@@ -169,7 +178,7 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_) | StoreError::Busy(_))
+        matches!(self, StoreError::Unavailable { .. } | StoreError::Busy(_))
     }
 }
 

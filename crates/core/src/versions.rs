@@ -5,7 +5,9 @@
 //! It must not decide when to ask: the loop does, at batch boundaries, so
 //! no batch mixes versions.
 
+use crate::store::StoreError;
 use crate::transform::Transform;
+use std::sync::Arc;
 
 /// Which module version a pipeline runs; asked between batches, so a swap
 /// reaches every instance without restart and no batch mixes versions.
@@ -30,11 +32,16 @@ pub struct Swap<T> {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum VersionError {
     /// The state store did not answer: keep the running version, ask again.
-    #[error("reading the active module version: {0}")]
-    Unavailable(String),
+    #[error("reading the active module version")]
+    Unavailable(#[source] Arc<StoreError>),
     /// The active version cannot run on this host (its module does not
     /// load, or `init` fails under this host's limits): the host keeps the
-    /// version it runs and says so on its status.
-    #[error("module version {version} cannot run on this host: {message}")]
-    Unusable { version: i64, message: String },
+    /// version it runs and says so on its status. Shared (`Arc`): a refusal
+    /// is remembered and given again without loading the module again.
+    #[error("module version {version} cannot run on this host")]
+    Unusable {
+        version: i64,
+        #[source]
+        cause: Arc<dyn std::error::Error + Send + Sync>,
+    },
 }

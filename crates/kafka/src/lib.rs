@@ -87,7 +87,7 @@ impl KafkaSource {
         let client = client_config(config, group_id);
         let consumer: BaseConsumer<OwnershipContext> = client
             .create_with_context(OwnershipContext::default())
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         let unreachable = |e: KafkaError| SourceError::Unreachable {
             brokers: config.brokers.clone(),
             message: e.to_string(),
@@ -103,12 +103,12 @@ impl KafkaSource {
         }
         match &config.assign {
             Some(assign) => ownership::assign_statically(&consumer, assign)
-                .map_err(|e| SourceError::Kafka(e.to_string()))?,
+                .map_err(|e| SourceError::kafka("", e))?,
             None => {
                 let topics: Vec<&str> = config.topics.iter().map(String::as_str).collect();
                 consumer
                     .subscribe(&topics)
-                    .map_err(|e| SourceError::Kafka(e.to_string()))?;
+                    .map_err(|e| SourceError::kafka("", e))?;
             }
         }
         Ok(KafkaSource {
@@ -189,7 +189,7 @@ impl KafkaSource {
         // meanwhile is new, paused until its checkpoint is read.
         if let Err(e) = self.consumer.resume(&self.started_list()) {
             self.held_error
-                .get_or_insert(SourceError::Kafka(format!("resume after the commit: {e}")));
+                .get_or_insert(SourceError::kafka("resume after the commit", e));
         }
     }
 
@@ -239,7 +239,7 @@ impl KafkaSource {
             return Err(self.out_of_range_error(&e));
         }
         if let KafkaError::MessageConsumptionFatal(_) = e {
-            return Err(SourceError::Kafka(e.to_string()));
+            return Err(SourceError::kafka("", e));
         }
         tracing::warn!("kafka consumer: {e}");
         Ok(())
@@ -253,7 +253,7 @@ impl KafkaSource {
                 return err;
             }
         }
-        SourceError::Kafka(format!("broker refused a planned offset: {e}"))
+        SourceError::kafka("broker refused a planned offset", e.clone())
     }
 
     /// Checks `from` against the log's bounds; `Some` if it lies outside.
@@ -308,7 +308,7 @@ impl KafkaSource {
         let positions = self
             .consumer
             .position()
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         for tp in &active {
             let reported = positions
                 .find_partition(&tp.topic, tp.partition)
@@ -389,7 +389,7 @@ impl KafkaSource {
         if starts.is_empty() {
             return Ok(());
         }
-        let kafka = |e: KafkaError| SourceError::Kafka(e.to_string());
+        let kafka = |e: KafkaError| SourceError::kafka("", e);
         let mut all = TopicPartitionList::new();
         for (tp, _) in &starts {
             all.add_partition(&tp.topic, tp.partition);
@@ -408,7 +408,7 @@ impl KafkaSource {
         }
         self.consumer
             .seek_partitions(seeks, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Kafka(format!("seek to the checkpoints: {e}")))?;
+            .map_err(|e| SourceError::kafka("seek to the checkpoints", e))?;
         self.consumer.resume(&all).map_err(kafka)?;
         for (tp, from) in froms {
             let state = self.partitions.get_mut(tp).expect("filtered above");

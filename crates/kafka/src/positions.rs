@@ -40,7 +40,7 @@ impl LogPositions {
         // Never subscribed: the group id is only a name.
         let consumer: BaseConsumer = client_config(config, &format!("sluice-{pipeline}-reset"))
             .create()
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         Ok(LogPositions {
             consumer,
             brokers: config.brokers.clone(),
@@ -75,10 +75,10 @@ impl LogPositions {
     fn bounds(&self, tp: &TopicPartition) -> Result<(i64, i64), SourceError> {
         let mut tpl = TopicPartitionList::new();
         tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Beginning)
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         self.consumer
             .assign(&tpl)
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         let deadline = Instant::now() + FETCH_BOUNDS_FOR;
         while Instant::now() < deadline {
             // Records are not wanted, only the watermarks their fetch carries.
@@ -99,18 +99,18 @@ impl LogPositions {
             ResetTo::Earliest => Ok(low),
             ResetTo::Latest => Ok(high),
             ResetTo::Offset(offset) if (low..=high).contains(&offset) => Ok(offset),
-            ResetTo::Offset(offset) => Err(SourceError::Kafka(format!(
+            ResetTo::Offset(offset) => Err(SourceError::kafka_says(format!(
                 "partition {tp}: offset {offset} is not in the log (it holds {low}..{high})"
             ))),
             ResetTo::Time(ms) => {
                 let mut query = TopicPartitionList::new();
                 query
                     .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(ms))
-                    .map_err(|e| SourceError::Kafka(e.to_string()))?;
+                    .map_err(|e| SourceError::kafka("", e))?;
                 let found = self
                     .consumer
                     .offsets_for_times(query, BROKER_TIMEOUT)
-                    .map_err(|e| SourceError::Kafka(format!("offsets for time {ms}: {e}")))?;
+                    .map_err(|e| SourceError::kafka(format!("offsets for time {ms}"), e))?;
                 let offset = found
                     .find_partition(&tp.topic, tp.partition)
                     .map(|e| e.offset());

@@ -29,7 +29,7 @@ impl RangeReader {
         // pipeline's group and nothing is ever committed under it.
         let consumer: BaseConsumer = client_config(config, &format!("sluice-{pipeline}-replay"))
             .create()
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         consumer
             .fetch_metadata(None, BROKER_TIMEOUT)
             .map_err(|e| SourceError::Unreachable {
@@ -44,16 +44,16 @@ impl RangeReader {
         let mut tpl = TopicPartitionList::new();
         for r in ranges {
             tpl.add_partition_offset(&r.topic, r.partition, Offset::Offset(r.from))
-                .map_err(|e| SourceError::Kafka(e.to_string()))?;
+                .map_err(|e| SourceError::kafka("", e))?;
         }
         self.consumer
             .assign(&tpl)
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         let mut read: BTreeMap<TopicPartition, Vec<OwnedRecord>> = BTreeMap::new();
         let deadline = Instant::now() + READ_LIMIT;
         while !self.all_read(ranges)? {
             if Instant::now() > deadline {
-                return Err(SourceError::Kafka(format!(
+                return Err(SourceError::kafka_says(format!(
                     "could not read back {} within {READ_LIMIT:?}",
                     crate::batch::describe(ranges)
                 )));
@@ -66,7 +66,7 @@ impl RangeReader {
                     };
                     read.entry(tp).or_default().push(owned(&m));
                 }
-                Some(Err(e)) => return Err(SourceError::Kafka(e.to_string())),
+                Some(Err(e)) => return Err(SourceError::kafka("", e)),
                 None => {}
             }
         }
@@ -87,7 +87,7 @@ impl RangeReader {
         let positions = self
             .consumer
             .position()
-            .map_err(|e| SourceError::Kafka(e.to_string()))?;
+            .map_err(|e| SourceError::kafka("", e))?;
         Ok(ranges.iter().all(|r| {
             positions
                 .find_partition(&r.topic, r.partition)

@@ -34,6 +34,7 @@ use sluice_core::{batch, config};
 
 use crate::batch::{OffsetRange, Plan, TopicPartition, describe, now_ms};
 use crate::config::OnPoison;
+use sluice_core::error::Chain;
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use sluice_core::source::{Source, SourceError};
 use sluice_core::transform::{RunError, Transform};
@@ -239,12 +240,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                         self.report_version_problem(None);
                         return Ok(prepared);
                     }
-                    Err(VersionError::Unavailable(e)) => {
-                        tracing::warn!("{e}; keeping the running version");
+                    Err(e @ VersionError::Unavailable(_)) => {
+                        tracing::warn!("{}; keeping the running version", Chain(&e));
                         return Ok(prepared);
                     }
                     Err(e) => {
-                        self.report_version_problem(Some(e.to_string()));
+                        self.report_version_problem(Some(Chain(&e).to_string()));
                         return Ok(prepared);
                     }
                 }
@@ -357,7 +358,10 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             {
                 Ok(c) => return Ok(c),
                 Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
-                    tracing::warn!("reading checkpoints: {e}; retrying in {backoff:?}");
+                    tracing::warn!(
+                        "reading checkpoints: {}; retrying in {backoff:?}",
+                        Chain(&e)
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }
@@ -446,12 +450,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                     return Some(swap);
                 }
                 Ok(None) => {}
-                Err(VersionError::Unavailable(e)) => {
-                    tracing::warn!("{e}; keeping the running version");
+                Err(e @ VersionError::Unavailable(_)) => {
+                    tracing::warn!("{}; keeping the running version", Chain(&e));
                     return None;
                 }
                 Err(e) => {
-                    self.report_version_problem(Some(e.to_string()));
+                    self.report_version_problem(Some(Chain(&e).to_string()));
                     return None;
                 }
             }
@@ -526,15 +530,15 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                     );
                     return Ok(false);
                 }
-                Err(SinkError::CommitUnknown(e)) => {
-                    tracing::warn!(batch = %commit.plan.batch_id, "commit outcome unknown ({e}); reading the checkpoint back");
+                Err(e @ SinkError::CommitUnknown { .. }) => {
+                    tracing::warn!(batch = %commit.plan.batch_id, "{}; reading the checkpoint back", Chain(&e));
                     match self.resolve_unknown(commit.plan).await? {
                         Some(done) => return Ok(done),
                         None => continue, // nothing landed: commit again
                     }
                 }
                 Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
-                    tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {e}; retrying in {backoff:?}");
+                    tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {backoff:?}", Chain(&e));
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }

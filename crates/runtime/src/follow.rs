@@ -59,7 +59,7 @@ impl StoreVersions {
         self.store
             .active(&self.pipeline)
             .await
-            .map_err(|e| VersionError::Unavailable(e.to_string()))
+            .map_err(|e| VersionError::Unavailable(Arc::new(e)))
     }
 
     /// Loads `version`'s module from the store and binds its params. A
@@ -80,15 +80,15 @@ impl StoreVersions {
     }
 
     async fn load_uncached(&self, version: &Version) -> Result<WasmTransform, VersionError> {
-        let unusable = |message: String| VersionError::Unusable {
+        let unusable = |cause: Arc<dyn std::error::Error + Send + Sync>| VersionError::Unusable {
             version: version.version,
-            message,
+            cause,
         };
         let component = self.store.get(&version.module_digest).await.map_err(|e| {
             if e.is_retryable() {
-                VersionError::Unavailable(e.to_string())
+                VersionError::Unavailable(Arc::new(e))
             } else {
-                unusable(e.to_string())
+                unusable(Arc::new(e))
             }
         })?;
         // Compiling is CPU-bound (seconds for a large module).
@@ -96,9 +96,9 @@ impl StoreVersions {
             let module = self
                 .runtime
                 .load(&component, self.cache_dir.as_deref())
-                .map_err(|e| unusable(e.to_string()))?;
+                .map_err(|e| unusable(Arc::new(e)))?;
             WasmTransform::new(Arc::clone(&self.runtime), module, version.params.clone())
-                .map_err(|e| unusable(e.to_string()))
+                .map_err(|e| unusable(Arc::new(e)))
         })
     }
 }

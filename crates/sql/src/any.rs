@@ -31,7 +31,7 @@ pub async fn connect_any(sink: &SinkConfig) -> Result<(AnyPool, &'static Dialect
         .acquire_timeout(Duration::from_secs(10))
         .connect(&any_url(&sink.url))
         .await
-        .map_err(|e| SinkError::Unavailable(format!("{}: {e}", redact_url(&sink.url))))?;
+        .map_err(|e| SinkError::unavailable(redact_url(&sink.url), e))?;
     Ok((pool, dialect))
 }
 
@@ -52,6 +52,8 @@ fn any_url(url: &str) -> String {
     match url.split_once("://") {
         Some(("mariadb", rest)) => format!("mysql://{rest}"),
         Some(("postgresql", rest)) => format!("postgres://{rest}"),
+        // A state store of its own may be a new file.
+        Some(("sqlite", rest)) if !rest.contains('?') => format!("sqlite://{rest}?mode=rwc"),
         _ => url.to_string(),
     }
 }

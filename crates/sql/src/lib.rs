@@ -213,7 +213,9 @@ impl<B: SqlBackend> SqlSink<B> {
                 self.in_transaction(c, Part::Outputs)
                     .await
                     .map_err(|e| match e {
-                        SinkError::CommitUnknown(m) => SinkError::Unavailable(m),
+                        SinkError::CommitUnknown { context, cause } => {
+                            SinkError::Unavailable { context, cause }
+                        }
                         other => other,
                     })?;
                 self.in_transaction(c, Part::Offsets).await

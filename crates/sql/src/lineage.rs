@@ -21,7 +21,7 @@ pub struct SqlLineage {
 }
 
 fn db_err(e: sqlx::Error) -> SinkError {
-    SinkError::Database(format!("reading lineage: {e}"))
+    SinkError::database("reading lineage", e)
 }
 
 impl SqlLineage {

@@ -91,8 +91,8 @@ impl Names {
 
 fn db_err(e: sqlx::Error) -> SinkError {
     match e {
-        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => SinkError::Unavailable(e.to_string()),
-        other => SinkError::Database(format!("reset: {other}")),
+        sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut => SinkError::unavailable("", e),
+        other => SinkError::database("reset", other),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::batch::{now_ms, sha256_hex};
 use crate::config::SinkConfig;
 use crate::sink::SinkError;
 use crate::{Dialect, InsertIgnore, connect_any, text_at};
+use sluice_core::error::Chain;
 use sluice_core::store::{ModuleStore, StoreError, Version};
 use sqlx::any::AnyRow;
 use sqlx::{Any, AnyPool, Row, Transaction};
@@ -146,14 +147,20 @@ fn is_busy(e: &sqlx::Error) -> bool {
 
 fn db_err(e: sqlx::Error) -> StoreError {
     if is_busy(&e) {
-        return StoreError::Busy(e.to_string());
+        return StoreError::Busy(e.into());
     }
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::Tls(_) => StoreError::Unavailable(e.to_string()),
-        e => StoreError::Database(e.to_string()),
+        | sqlx::Error::Tls(_) => StoreError::Unavailable {
+            context: String::new(),
+            cause: Some(e.into()),
+        },
+        e => StoreError::Database {
+            context: String::new(),
+            cause: Some(e.into()),
+        },
     }
 }
 
@@ -176,7 +183,10 @@ impl SqlModuleStore {
     /// schema already) and creates its tables if missing.
     pub async fn open(sink: &SinkConfig) -> Result<SqlModuleStore, StoreError> {
         let (pool, dialect) = connect_any(sink).await.map_err(|e| match e {
-            SinkError::Unavailable(m) => StoreError::Unavailable(format!("module store at {m}")),
+            SinkError::Unavailable { context, cause } => StoreError::Unavailable {
+                context: format!("at {context}"),
+                cause,
+            },
             e => StoreError::Config(e.to_string()),
         })?;
         let sql = Statements::new(dialect, sink.schema.as_deref(), &sink.table_prefix)?;
@@ -248,13 +258,13 @@ impl SqlModuleStore {
                 }
                 Ok(None) => return Ok(None),
                 // Another activation took the same number: count again.
-                Err(StoreError::Database(e)) if tries < ACTIVATION_TRIES => {
-                    tracing::debug!("activation of {digest}: {e}; trying again");
+                Err(e @ StoreError::Database { .. }) if tries < ACTIVATION_TRIES => {
+                    tracing::debug!("activation of {digest}: {}; trying again", Chain(&e));
                 }
                 // SQLite refused the write (busy, or a read that could not
                 // become a write while a batch commits): try again shortly.
-                Err(StoreError::Busy(e)) if tries < ACTIVATION_TRIES => {
-                    tracing::debug!("activation of {digest}: {e}; trying again");
+                Err(e @ StoreError::Busy(_)) if tries < ACTIVATION_TRIES => {
+                    tracing::debug!("activation of {digest}: {}; trying again", Chain(&e));
                     tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
                 }
                 Err(e) => return Err(e),
@@ -381,6 +391,9 @@ impl ModuleStore for SqlModuleStore {
         }
         self.active(pipeline)
             .await?
-            .ok_or_else(|| StoreError::Database(format!("pipeline `{pipeline}` lost its versions")))
+            .ok_or_else(|| StoreError::Database {
+                context: format!("pipeline `{pipeline}` lost its versions"),
+                cause: None,
+            })
     }
 }

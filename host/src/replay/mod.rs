@@ -18,9 +18,10 @@ pub use sluice_core::store::{CommittedBatch, Selection};
 use crate::batch::{Plan, sha256_hex};
 use crate::config::PipelineConfig;
 use crate::pipeline::{Batch, PipelineError, Preparer};
-use crate::runtime::{ENGINE, Limits, ReplaySettings, Runtime, WasmTransform};
+use crate::runtime::{ENGINE, Limits, ModuleError, ReplaySettings, Runtime, WasmTransform};
 use crate::sink::SinkError;
 use crate::source::{RangeReader, SourceError};
+use sluice_core::error::Cause;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,10 +36,22 @@ pub enum ReplayError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Source(#[from] SourceError),
-    #[error("module {module}: {message}")]
-    Module { module: String, message: String },
+    #[error("module {module}")]
+    Module {
+        module: String,
+        #[source]
+        cause: Cause,
+    },
+    /// The lineage does not say how to replay the batch.
     #[error("batch {batch_id}: {message}")]
     Batch { batch_id: String, message: String },
+    /// The batch could not be transformed again.
+    #[error("batch {batch_id}")]
+    Transform {
+        batch_id: String,
+        #[source]
+        cause: PipelineError,
+    },
 }
 
 /// The outcome of verifying one batch.
@@ -75,7 +88,7 @@ pub struct Replayer {
 impl Replayer {
     pub async fn open(config: &PipelineConfig) -> Result<Replayer, ReplayError> {
         let lineage = crate::state::lineage(&config.sink).await?;
-        let store = crate::state::module_store(&config.sink).await?;
+        let store = crate::state::module_store(config).await?;
         let source = config.source.clone();
         let pipeline = config.pipeline.clone();
         let reader = tokio::task::spawn_blocking(move || RangeReader::connect(&source, &pipeline))
@@ -184,9 +197,9 @@ impl Replayer {
         let reader = &self.reader;
         let records = tokio::task::block_in_place(|| reader.read(&plan.ranges))?;
         tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0)).map_err(
-            |e: PipelineError| ReplayError::Batch {
+            |cause| ReplayError::Transform {
                 batch_id: batch.batch_id.clone(),
-                message: e.to_string(),
+                cause,
             },
         )
     }
@@ -205,17 +218,17 @@ impl Replayer {
         if let Some(p) = self.preparers.get(&key) {
             return Ok(Arc::clone(p));
         }
-        let module_err = |message: String| ReplayError::Module {
+        let module_err = |cause: Cause| ReplayError::Module {
             module: key.0.clone(),
-            message,
+            cause,
         };
-        let runtime = self.runtime(&settings).map_err(&module_err)?;
+        let runtime = self.runtime(&settings).map_err(|e| module_err(e.into()))?;
         let module = tokio::task::block_in_place(|| {
             runtime.load(component, self.config.module.cache_dir.as_deref())
         })
-        .map_err(|e| module_err(e.to_string()))?;
+        .map_err(|e| module_err(e.into()))?;
         let transform = WasmTransform::new(runtime, module, params.to_string())
-            .map_err(|e| module_err(e.to_string()))?;
+            .map_err(|e| module_err(e.into()))?;
         let preparer = Arc::new(Preparer::new(
             self.config.pipeline.clone(),
             settings.on_poison,
@@ -226,12 +239,11 @@ impl Replayer {
     }
 
     /// The runtime for `settings`' limits, made on first use.
-    fn runtime(&mut self, settings: &ReplaySettings) -> Result<Arc<Runtime>, String> {
+    fn runtime(&mut self, settings: &ReplaySettings) -> Result<Arc<Runtime>, ModuleError> {
         if let Some(r) = self.runtimes.get(settings) {
             return Ok(Arc::clone(r));
         }
-        let runtime =
-            Arc::new(Runtime::new(settings.limits(&self.limits)).map_err(|e| e.to_string())?);
+        let runtime = Arc::new(Runtime::new(settings.limits(&self.limits))?);
         self.runtimes.insert(settings.clone(), Arc::clone(&runtime));
         Ok(runtime)
     }

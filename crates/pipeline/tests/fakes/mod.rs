@@ -517,12 +517,13 @@ impl Sink for FaultySink {
             }
             Some(Fault::LoseReply) => {
                 self.apply(commit);
-                Err(SinkError::CommitUnknown("fake: the reply was lost".into()))
+                Err(SinkError::commit_unknown("fake", "the reply was lost"))
             }
-            Some(Fault::LoseRequest) => Err(SinkError::CommitUnknown(
-                "fake: the connection died before the commit".into(),
+            Some(Fault::LoseRequest) => Err(SinkError::commit_unknown(
+                "fake",
+                "the connection died before the commit",
             )),
-            Some(Fault::Unavailable) => Err(SinkError::Unavailable("fake: sink down".into())),
+            Some(Fault::Unavailable) => Err(SinkError::unavailable("fake", "sink down")),
             Some(Fault::During { cue, for_ }) => {
                 cue();
                 tokio::time::sleep(for_).await;

@@ -26,10 +26,7 @@ pub type MysqlSink = SqlSink<MysqlBackend>;
 pub async fn open(config: &SinkConfig) -> Result<MysqlSink, SinkError> {
     let MysqlConfig { options, pool } = MysqlConfig::from_url(&config.url, config.lock_timeout_ms)?;
     let pool = pool.connect_with(options).await.map_err(|e| {
-        SinkError::Unavailable(format!(
-            "cannot connect to {}: {e}",
-            redact_url(&config.url)
-        ))
+        SinkError::unavailable(format!("cannot connect to {}", redact_url(&config.url)), e)
     })?;
     let packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
         .fetch_one(&pool)
@@ -77,18 +74,18 @@ fn db_err(e: sqlx::Error) -> SinkError {
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => SinkError::Unavailable(e.to_string()),
+        | sqlx::Error::WorkerCrashed => SinkError::unavailable("", e),
         sqlx::Error::Database(d) => {
             let number = d
                 .try_downcast_ref::<MySqlDatabaseError>()
                 .map(|m| m.number());
             if number.is_some_and(|n| RETRIABLE.contains(&n)) {
-                SinkError::Unavailable(e.to_string())
+                SinkError::unavailable("", e)
             } else {
-                SinkError::Database(e.to_string())
+                SinkError::database("", e)
             }
         }
-        _ => SinkError::Database(e.to_string()),
+        _ => SinkError::database("", e),
     }
 }
 
@@ -100,7 +97,7 @@ fn args<'q>(params: &[Param<'q>]) -> Result<MySqlArguments, SinkError> {
             Param::Text(s) => args.add(s),
             Param::Bytes(b) => args.add(b),
         }
-        .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))?;
+        .map_err(|e| SinkError::database("cannot bind value", e))?;
     }
     Ok(args)
 }
@@ -140,7 +137,7 @@ fn bind(args: &mut MySqlArguments, cell: Cell<'_>) -> Result<(), SinkError> {
         Cell::Blob(v) => args.add(v),
         Cell::Boolean(v) => args.add(v),
     }
-    .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))
+    .map_err(|e| SinkError::database("cannot bind value", e))
 }
 
 impl SqlBackend for MysqlBackend {
@@ -266,7 +263,7 @@ impl SqlTx<Statements> for MysqlTx {
         self.tx.commit().await.map_err(|e| match e {
             // The server answered: the transaction did not commit.
             sqlx::Error::Database(_) => db_err(e),
-            other => SinkError::CommitUnknown(other.to_string()),
+            other => SinkError::commit_unknown("", other),
         })
     }
 

@@ -25,10 +25,7 @@ pub async fn open(config: &SinkConfig) -> Result<PostgresSink, SinkError> {
     let PostgresConfig { options, pool } =
         PostgresConfig::from_url(&config.url, config.lock_timeout_ms)?;
     let pool = pool.connect_with(options).await.map_err(|e| {
-        SinkError::Unavailable(format!(
-            "cannot connect to {}: {e}",
-            redact_url(&config.url)
-        ))
+        SinkError::unavailable(format!("cannot connect to {}", redact_url(&config.url)), e)
     })?;
     SqlSink::open(PostgresBackend { pool }, config).await
 }
@@ -68,7 +65,7 @@ fn db_err(e: sqlx::Error) -> SinkError {
         | sqlx::Error::Protocol(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => SinkError::Unavailable(e.to_string()),
+        | sqlx::Error::WorkerCrashed => SinkError::unavailable("", e),
         sqlx::Error::Database(d) => {
             let code = d.code().unwrap_or_default();
             // 25P03: the server ended a session left idle inside a
@@ -78,12 +75,12 @@ fn db_err(e: sqlx::Error) -> SinkError {
                 || code.starts_with("57P")
                 || matches!(&*code, "40001" | "40P01" | "53300" | "55P03" | "25P03");
             if retriable {
-                SinkError::Unavailable(e.to_string())
+                SinkError::unavailable("", e)
             } else {
-                SinkError::Database(e.to_string())
+                SinkError::database("", e)
             }
         }
-        _ => SinkError::Database(e.to_string()),
+        _ => SinkError::database("", e),
     }
 }
 
@@ -95,7 +92,7 @@ fn args(params: &[Param<'_>]) -> Result<PgArguments, SinkError> {
             Param::Text(s) => args.add(s),
             Param::Bytes(b) => args.add(b),
         }
-        .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))?;
+        .map_err(|e| SinkError::database("cannot bind value", e))?;
     }
     Ok(args)
 }
@@ -146,7 +143,7 @@ fn bind_array(args: &mut PgArguments, column: &TypedColumn<'_>) -> Result<(), Si
         TypedColumn::Blob(v) => args.add(v.as_slice()),
         TypedColumn::Boolean(v) => args.add(v.as_slice()),
     }
-    .map_err(|e| SinkError::Database(format!("cannot bind column: {e}")))
+    .map_err(|e| SinkError::database("cannot bind column", e))
 }
 
 /// `UNNEST($1::bigint[], $2::text[])` over the columns at `bound`.
@@ -455,7 +452,7 @@ impl SqlTx<Statements> for PostgresTx {
         self.tx.commit().await.map_err(|e| match e {
             // The server answered: the transaction did not commit.
             sqlx::Error::Database(_) => db_err(e),
-            other => SinkError::CommitUnknown(other.to_string()),
+            other => SinkError::commit_unknown("", other),
         })
     }
 

@@ -29,7 +29,7 @@ pub async fn open(config: &SinkConfig) -> Result<SqliteSink, SinkError> {
         .max_connections(1)
         .connect_with(options)
         .await
-        .map_err(|e| SinkError::Unavailable(format!("cannot open {}: {e}", config.url)))?;
+        .map_err(|e| SinkError::unavailable(format!("cannot open {}", config.url), e))?;
     SqlSink::open(SqliteBackend { pool }, config).await
 }
 
@@ -52,12 +52,12 @@ pub struct SqliteTx {
 fn db_err(e: sqlx::Error) -> SinkError {
     match e {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
-            SinkError::Unavailable(e.to_string())
+            SinkError::unavailable("", e)
         }
         sqlx::Error::Database(ref d) if d.message().contains("database is locked") => {
-            SinkError::Unavailable(e.to_string())
+            SinkError::unavailable("", e)
         }
-        other => SinkError::Database(other.to_string()),
+        other => SinkError::database("", other),
     }
 }
 
@@ -69,7 +69,7 @@ fn args<'q>(params: &[Param<'q>]) -> Result<SqliteArguments<'q>, SinkError> {
             Param::Text(s) => args.add(s),
             Param::Bytes(b) => args.add(b),
         }
-        .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))?;
+        .map_err(|e| SinkError::database("cannot bind value", e))?;
     }
     Ok(args)
 }
@@ -109,7 +109,7 @@ fn bind<'q>(args: &mut SqliteArguments<'q>, cell: Cell<'q>) -> Result<(), SinkEr
         Cell::Blob(v) => args.add(v),
         Cell::Boolean(v) => args.add(v),
     }
-    .map_err(|e| SinkError::Database(format!("cannot bind value: {e}")))
+    .map_err(|e| SinkError::database("cannot bind value", e))
 }
 
 impl SqlBackend for SqliteBackend {
@@ -232,7 +232,7 @@ impl SqlTx<Statements> for SqliteTx {
             Err(e) => {
                 // The connection may be unusable; drop it rather than reuse.
                 let _ = self.conn.detach().close().await;
-                Err(SinkError::CommitUnknown(e.to_string()))
+                Err(SinkError::commit_unknown("", e))
             }
         }
     }
