@@ -2,7 +2,7 @@
 //!
 //! # Delivery guarantee
 //!
-//! Exactly-once, by the shared SQL batch transaction (see `sink::sql`): one
+//! Exactly-once, by the shared SQL batch transaction (see the crate root, `lib.rs`): one
 //! InnoDB transaction per batch holds the rows, the dead letters, the
 //! lineage and the offset compare-and-set (`UPDATE ... WHERE next_offset =
 //! from` is a locking read, so two owners serialize on the checkpoint row

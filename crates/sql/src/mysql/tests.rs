@@ -1,4 +1,4 @@
-//! The shared SQL sink scenarios (`sink::sql::scenarios`) against the real
+//! The shared SQL sink scenarios (`crate::scenarios`) against the real
 //! MySQL/MariaDB (`SLUICE_TEST_MYSQL_URL`, default the local server), one
 //! database per test, dropped first.
 

@@ -2,7 +2,7 @@
 //!
 //! # Delivery guarantee
 //!
-//! Exactly-once, by the shared SQL batch transaction (see `sink::sql`): one
+//! Exactly-once, by the shared SQL batch transaction (see the crate root, `lib.rs`): one
 //! transaction per batch holds the rows, the dead letters, the lineage and
 //! the offset compare-and-set. Two owners of one partition serialize on the
 //! checkpoint row's lock; the second finds the offset moved and is fenced.

@@ -1,4 +1,4 @@
-//! The shared SQL sink scenarios (`sink::sql::scenarios`) against the real
+//! The shared SQL sink scenarios (`crate::scenarios`) against the real
 //! Postgres (`SLUICE_TEST_POSTGRES_URL`, default the local server), one
 //! schema per test, dropped first.
 

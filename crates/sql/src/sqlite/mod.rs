@@ -2,7 +2,7 @@
 //!
 //! # Delivery guarantee
 //!
-//! Exactly-once, by the shared SQL batch transaction (see `sink::sql`),
+//! Exactly-once, by the shared SQL batch transaction (see the crate root, `lib.rs`),
 //! here one `BEGIN IMMEDIATE` transaction per batch. It depends on (1) the
 //! source replaying the same records for the same range (Kafka,
 //! `read_committed`), (2) the module being deterministic, and (3) SQLite's

@@ -1,7 +1,7 @@
 //! The SQLite backend of the SQL sink: connections, statements in SQLite's
 //! dialect and its row path (multi-row INSERTs).
 //!
-//! Delivery guarantee: see `sink::sql` (one `BEGIN IMMEDIATE` transaction
+//! Delivery guarantee: see the crate root, `lib.rs` (one `BEGIN IMMEDIATE` transaction
 //! per batch). It must never write a batch whose commit outcome is unknown
 //! without the checkpoint being read back first (the pipeline does that on
 //! [`SinkError::CommitUnknown`]).

@@ -1,4 +1,4 @@
-//! The shared SQL sink scenarios (`sink::sql::scenarios`) against real
+//! The shared SQL sink scenarios (`crate::scenarios`) against real
 //! SQLite files, one file per test.
 
 use crate::scenarios::{self as s, sink_config};
