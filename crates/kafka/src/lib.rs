@@ -122,77 +122,6 @@ impl KafkaSource {
         })
     }
 
-    /// Reads for up to `wait` (less once some partition has a full batch,
-    /// ownership changed, or, within ~50 ms, once `interrupt` is set).
-    /// Newly assigned partitions stay paused until
-    /// [`KafkaSource::start_partitions`] gives their checkpoint; see
-    /// [`KafkaSource::unstarted`].
-    pub fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
-        if let Some(e) = self.held_error.take() {
-            return Err(e);
-        }
-        let deadline = Instant::now() + wait;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut wait = left.min(Duration::from_millis(50));
-            // Drain what is queued without reading the clock per message.
-            for _ in 0..DRAIN_PER_CLOCK_CHECK {
-                match self.consumer.poll(wait) {
-                    Some(Ok(m)) => buffer(&mut self.partitions, &m),
-                    Some(Err(e)) => self.on_error(e)?,
-                    None => break,
-                }
-                wait = Duration::ZERO;
-            }
-            let ownership_changed = self.apply_ownership_events();
-            if Instant::now() >= deadline
-                || self.some_batch_full()
-                || ownership_changed
-                || interrupt.load(Ordering::Relaxed)
-            {
-                break;
-            }
-        }
-        self.refresh_positions()
-    }
-
-    /// Keeps this instance in the consumer group until `done` is set, while
-    /// the pipeline takes no records (a commit retrying through a sink
-    /// outage): librdkafka leaves the group when the consumer is not
-    /// polled for `max.poll.interval.ms`. After [`HOLD_AFTER`] the started
-    /// partitions are paused, so nothing more is fetched (the buffers stay
-    /// bounded), and polled; they resume when `done` is set. Assignments and
-    /// revocations are recorded as in [`KafkaSource::poll`]; an error is
-    /// reported by the next poll.
-    pub fn hold(&mut self, done: &std::sync::mpsc::Receiver<()>) {
-        if done.recv_timeout(HOLD_AFTER) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
-            return;
-        }
-        let held = self.started_list();
-        if let Err(e) = self.consumer.pause(&held) {
-            tracing::warn!("cannot pause partitions while the sink is retrying: {e}");
-        }
-        tracing::debug!("holding the consumer group membership while the commit retries");
-        while done.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
-            match self.consumer.poll(HOLD_POLL) {
-                Some(Ok(m)) => buffer(&mut self.partitions, &m),
-                Some(Err(e)) => {
-                    if let Err(e) = self.on_error(e) {
-                        self.held_error.get_or_insert(e);
-                    }
-                }
-                None => {}
-            }
-            self.apply_ownership_events();
-        }
-        // The started partitions still owned: one revoked and assigned again
-        // meanwhile is new, paused until its checkpoint is read.
-        if let Err(e) = self.consumer.resume(&self.started_list()) {
-            self.held_error
-                .get_or_insert(SourceError::kafka("resume after the commit", e));
-        }
-    }
-
     /// The partitions that have started (been seeked to a checkpoint).
     fn started_list(&self) -> TopicPartitionList {
         let mut list = TopicPartitionList::new();
@@ -347,9 +276,116 @@ impl KafkaSource {
         Ok(())
     }
 
+    /// The offset a partition starts at, refusing one below the log start.
+    /// (The log end is checked on the fetch path instead: ListOffsets(latest)
+    /// is wrong on some brokers, the fetch response's high watermark is not.)
+    fn start_offset(
+        &self,
+        tp: &TopicPartition,
+        checkpoint: Option<i64>,
+    ) -> Result<i64, SourceError> {
+        let (low, high) = self
+            .consumer
+            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
+            .map_err(|e| SourceError::Unreachable {
+                brokers: self.brokers.clone(),
+                message: e.to_string(),
+            })?;
+        let from = match (checkpoint, self.start) {
+            (Some(offset), _) => offset,
+            (None, StartPosition::Earliest) => low,
+            (None, StartPosition::Latest) => high,
+        };
+        if from < low.max(0) {
+            let partition = tp.to_string();
+            return Err(SourceError::OutOfRange {
+                partition,
+                from,
+                low,
+                high,
+                what: "below the log start",
+            });
+        }
+        Ok(from)
+    }
+}
+
+/// How the batch loop reads Kafka (the core's `Source` trait).
+impl Source for KafkaSource {
+    /// Reads for up to `wait` (less once some partition has a full batch,
+    /// ownership changed, or, within ~50 ms, once `interrupt` is set).
+    /// Newly assigned partitions stay paused until
+    /// [`KafkaSource::start_partitions`] gives their checkpoint; see
+    /// [`KafkaSource::unstarted`].
+    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
+        if let Some(e) = self.held_error.take() {
+            return Err(e);
+        }
+        let deadline = Instant::now() + wait;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let mut wait = left.min(Duration::from_millis(50));
+            // Drain what is queued without reading the clock per message.
+            for _ in 0..DRAIN_PER_CLOCK_CHECK {
+                match self.consumer.poll(wait) {
+                    Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                    Some(Err(e)) => self.on_error(e)?,
+                    None => break,
+                }
+                wait = Duration::ZERO;
+            }
+            let ownership_changed = self.apply_ownership_events();
+            if Instant::now() >= deadline
+                || self.some_batch_full()
+                || ownership_changed
+                || interrupt.load(Ordering::Relaxed)
+            {
+                break;
+            }
+        }
+        self.refresh_positions()
+    }
+
+    /// Keeps this instance in the consumer group until `done` is set, while
+    /// the pipeline takes no records (a commit retrying through a sink
+    /// outage): librdkafka leaves the group when the consumer is not
+    /// polled for `max.poll.interval.ms`. After [`HOLD_AFTER`] the started
+    /// partitions are paused, so nothing more is fetched (the buffers stay
+    /// bounded), and polled; they resume when `done` is set. Assignments and
+    /// revocations are recorded as in [`KafkaSource::poll`]; an error is
+    /// reported by the next poll.
+    fn hold(&mut self, done: &std::sync::mpsc::Receiver<()>) {
+        if done.recv_timeout(HOLD_AFTER) != Err(std::sync::mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        let held = self.started_list();
+        if let Err(e) = self.consumer.pause(&held) {
+            tracing::warn!("cannot pause partitions while the sink is retrying: {e}");
+        }
+        tracing::debug!("holding the consumer group membership while the commit retries");
+        while done.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+            match self.consumer.poll(HOLD_POLL) {
+                Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                Some(Err(e)) => {
+                    if let Err(e) = self.on_error(e) {
+                        self.held_error.get_or_insert(e);
+                    }
+                }
+                None => {}
+            }
+            self.apply_ownership_events();
+        }
+        // The started partitions still owned: one revoked and assigned again
+        // meanwhile is new, paused until its checkpoint is read.
+        if let Err(e) = self.consumer.resume(&self.started_list()) {
+            self.held_error
+                .get_or_insert(SourceError::kafka("resume after the commit", e));
+        }
+    }
+
     /// Per owned partition: where the next range starts (`None` until
     /// started) and the log end the last fetch reported (`None` before any).
-    pub fn progress(&self) -> Vec<PartitionProgress> {
+    fn progress(&self) -> Vec<PartitionProgress> {
         self.partitions
             .iter()
             .map(|(tp, s)| PartitionProgress {
@@ -362,12 +398,12 @@ impl KafkaSource {
     }
 
     /// True once the consumer group has assigned partitions (maybe none).
-    pub fn assigned_once(&self) -> bool {
+    fn assigned_once(&self) -> bool {
         self.assigned_once
     }
 
     /// Partitions assigned but not started yet.
-    pub fn unstarted(&self) -> Vec<TopicPartition> {
+    fn unstarted(&self) -> Vec<TopicPartition> {
         self.partitions
             .iter()
             .filter(|(_, s)| s.next.is_none())
@@ -378,7 +414,7 @@ impl KafkaSource {
     /// Starts (or restarts) reading each partition at its checkpoint, or
     /// where the config says if it has none; drops anything buffered for
     /// them. Partitions revoked meanwhile are skipped.
-    pub fn start_partitions(
+    fn start_partitions(
         &mut self,
         starts: &[(TopicPartition, Option<i64>)],
     ) -> Result<(), SourceError> {
@@ -421,43 +457,10 @@ impl KafkaSource {
         Ok(())
     }
 
-    /// The offset a partition starts at, refusing one below the log start.
-    /// (The log end is checked on the fetch path instead: ListOffsets(latest)
-    /// is wrong on some brokers, the fetch response's high watermark is not.)
-    fn start_offset(
-        &self,
-        tp: &TopicPartition,
-        checkpoint: Option<i64>,
-    ) -> Result<i64, SourceError> {
-        let (low, high) = self
-            .consumer
-            .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Unreachable {
-                brokers: self.brokers.clone(),
-                message: e.to_string(),
-            })?;
-        let from = match (checkpoint, self.start) {
-            (Some(offset), _) => offset,
-            (None, StartPosition::Earliest) => low,
-            (None, StartPosition::Latest) => high,
-        };
-        if from < low.max(0) {
-            let partition = tp.to_string();
-            return Err(SourceError::OutOfRange {
-                partition,
-                from,
-                low,
-                high,
-                what: "below the log start",
-            });
-        }
-        Ok(from)
-    }
-
     /// Cuts the next ranges: per started partition, from its checkpoint up to
     /// what has been read, at most `max_records_per_partition` offsets.
     /// Partitions with nothing new are left out.
-    pub fn plan_ranges(&self) -> Vec<OffsetRange> {
+    fn plan_ranges(&self) -> Vec<OffsetRange> {
         self.partitions
             .iter()
             .filter_map(|(tp, s)| {
@@ -476,7 +479,7 @@ impl KafkaSource {
     /// The buffered records of `ranges`, in the module's layout. They stay
     /// buffered until [`KafkaSource::committed`] so a failed commit can
     /// re-run the same batch.
-    pub fn records(&self, ranges: &[OffsetRange]) -> Records {
+    fn records(&self, ranges: &[OffsetRange]) -> Records {
         let mut records = Records::default();
         for r in ranges {
             let Some(state) = self.partitions.get(&r.topic_partition()) else {
@@ -493,7 +496,7 @@ impl KafkaSource {
 
     /// Marks `ranges` committed: their records leave the buffers and the next
     /// ranges start at their `until`.
-    pub fn committed(&mut self, ranges: &[OffsetRange]) {
+    fn committed(&mut self, ranges: &[OffsetRange]) {
         for r in ranges {
             if let Some(state) = self.partitions.get_mut(&r.topic_partition()) {
                 while state.buffer.front().is_some_and(|m| m.offset < r.until) {
@@ -506,7 +509,7 @@ impl KafkaSource {
 
     /// True once every owned partition has committed up to the log end seen
     /// when it was first reached, with nothing left buffered.
-    pub fn caught_up(&self) -> bool {
+    fn caught_up(&self) -> bool {
         self.assigned_once
             && self
                 .partitions
@@ -620,42 +623,4 @@ fn cached_watermarks<C: rdkafka::consumer::ConsumerContext>(
         && low >= 0
         && high >= 0)
         .then_some((low, high))
-}
-
-/// The batch loop reads Kafka through the core's `Source` trait; the
-/// inherent methods above carry the documentation.
-impl Source for KafkaSource {
-    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
-        KafkaSource::poll(self, wait, interrupt)
-    }
-    fn hold(&mut self, done: &std::sync::mpsc::Receiver<()>) {
-        KafkaSource::hold(self, done)
-    }
-    fn assigned_once(&self) -> bool {
-        KafkaSource::assigned_once(self)
-    }
-    fn unstarted(&self) -> Vec<TopicPartition> {
-        KafkaSource::unstarted(self)
-    }
-    fn start_partitions(
-        &mut self,
-        starts: &[(TopicPartition, Option<i64>)],
-    ) -> Result<(), SourceError> {
-        KafkaSource::start_partitions(self, starts)
-    }
-    fn plan_ranges(&self) -> Vec<OffsetRange> {
-        KafkaSource::plan_ranges(self)
-    }
-    fn records(&self, ranges: &[OffsetRange]) -> Records {
-        KafkaSource::records(self, ranges)
-    }
-    fn committed(&mut self, ranges: &[OffsetRange]) {
-        KafkaSource::committed(self, ranges)
-    }
-    fn caught_up(&self) -> bool {
-        KafkaSource::caught_up(self)
-    }
-    fn progress(&self) -> Vec<PartitionProgress> {
-        KafkaSource::progress(self)
-    }
 }

@@ -10,8 +10,6 @@
 //! instead of them. They must not hold loop logic: what they decide (CAS,
 //! ranges by position) mirrors what the real backends do.
 
-#![allow(dead_code)]
-
 use sluice_core::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition};
 use sluice_core::limits::Limits;
 use sluice_core::output::{Column, ColumnData, Output, TargetRows};
