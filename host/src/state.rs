@@ -25,7 +25,7 @@ pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore
         }
         None => &config.sink,
     };
-    match sink_kind(sink)? {
+    match sink.kind().map_err(|e| StoreError::Config(e.to_string()))? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
             Ok(Arc::new(SqlModuleStore::open(sink).await?))
         }
@@ -39,8 +39,4 @@ pub async fn lineage(sink: &SinkConfig) -> Result<Arc<dyn LineageStore>, SinkErr
             Ok(Arc::new(SqlLineage::open(sink).await?))
         }
     }
-}
-
-fn sink_kind(sink: &SinkConfig) -> Result<SinkKind, StoreError> {
-    sink.kind().map_err(|e| StoreError::Config(e.to_string()))
 }

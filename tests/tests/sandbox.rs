@@ -210,7 +210,8 @@ columns = {{ a = "integer" }}
 }
 
 /// `sink.kind` names the sink kind or is inferred from the URL; a kind the
-/// URL contradicts, or one sluice does not have, is refused by `check`.
+/// URL contradicts, or one sluice does not have, is refused by `check`, and
+/// so is a `[state]` URL of a kind that cannot keep state.
 #[test]
 fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
     let identity = plugin("identity").display().to_string();
@@ -230,6 +231,21 @@ fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
     let (ok, err) = check(&with_kind("cassandra"));
     assert!(!ok);
     assert!(err.contains("unknown variant `cassandra`"), "{err}");
+    // A state store apart must be one sluice can keep state in.
+    let state = |url: &str| {
+        format!(
+            "{}\n[state]\nurl = \"{url}\"\n",
+            config_with_module(&identity)
+        )
+    };
+    let (ok, err) = check(&state("sqlite://state.db"));
+    assert!(ok, "{err}");
+    let (ok, err) = check(&state("redis://127.0.0.1:6379"));
+    assert!(!ok);
+    assert!(
+        err.contains("`state.url`: unsupported sink URL `redis://127.0.0.1:6379`"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -571,17 +571,10 @@ impl PipelineConfig {
             ));
         }
         if let Err(e) = self.sink.kind() {
-            return invalid(
-                e.to_string()
-                    .trim_start_matches("sink configuration: ")
-                    .to_string(),
-            );
+            return invalid(config_message(e));
         }
         if let Some(Err(e)) = self.state.as_ref().map(|s| SinkKind::of_url(&s.url)) {
-            return invalid(format!(
-                "`state.url`: {}",
-                e.to_string().trim_start_matches("sink configuration: ")
-            ));
+            return invalid(format!("`state.url`: {}", config_message(e)));
         }
         if self.sink.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());
@@ -619,6 +612,15 @@ pub const RESERVED_PROPERTIES: &[&str] = &[
     "enable.partition.eof",
     "bootstrap.servers",
 ];
+
+/// What a sink's configuration error says, without the sink's own prefix
+/// (the config error adds its own).
+fn config_message(e: SinkError) -> String {
+    match e {
+        SinkError::Config(message) => message,
+        other => other.to_string(),
+    }
+}
 
 /// A relative `sqlite://` path is relative to the config file.
 fn resolve_sqlite_path(url: &mut String, base: &Path) {
