@@ -102,6 +102,10 @@ pub async fn run(
             let sink = mysql::open(&config.sink).await?;
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
+        SinkKind::Redis => {
+            let sink = crate::sink::redis::open(&config.sink).await?;
+            run_with(config, module, sink, until_caught_up, shutdown).await
+        }
     }
 }
 

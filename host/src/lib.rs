@@ -21,7 +21,8 @@
 //! Re-exported: [`batch`], [`config`], [`output`], [`limits`], [`store`]
 //! (`sluice-core`); [`pipeline`] (`sluice-pipeline`, the batch loop);
 //! [`runtime`] (`sluice-runtime`); [`source`] (`sluice-kafka`); [`sink`]
-//! (the core's sink contract, and the SQL backends of `sluice-sql`);
+//! (the core's sink contract, the SQL backends of `sluice-sql` and the
+//! Redis one of `sluice-redis`);
 //! [`control`] (`sluice-control`).
 
 pub mod app;
@@ -35,9 +36,11 @@ pub use sluice_kafka as source;
 pub use sluice_pipeline as pipeline;
 pub use sluice_runtime as runtime;
 
-/// The sink contract (`sluice-core`) and the SQL backends (`sluice-sql`).
+/// The sink contract (`sluice-core`) and the backends (`sluice-sql`,
+/// `sluice-redis`).
 pub mod sink {
     pub use sluice_core::sink::*;
+    pub use sluice_redis as redis;
     pub use sluice_sql as sql;
     pub use sluice_sql::{mysql, postgres, sqlite};
 }

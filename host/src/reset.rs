@@ -32,6 +32,12 @@ pub async fn reset(
     partitions: Option<Vec<TopicPartition>>,
     dry_run: bool,
 ) -> Result<ResetDone, ResetError> {
+    if !config.sink.kind()?.is_sql() {
+        return Err(ResetError::Sink(SinkError::Config(format!(
+            "`reset` moves checkpoints of SQL sinks only; this pipeline's sink is {}",
+            config.sink.kind()?.as_str()
+        ))));
+    }
     let source = config.source.clone();
     let pipeline = config.pipeline.clone();
     let targets = tokio::task::spawn_blocking(move || {

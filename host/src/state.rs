@@ -1,7 +1,7 @@
 //! Opening a pipeline's state store: the module store and the lineage
 //! reader of the backend its sink kind keeps them in. The SQL sinks keep
-//! both in their own database; `[state]` moves the module store to another
-//! one. Lineage always stays where the sink commits: it is written in the
+//! both in their own database, the Redis sink under its prefix in Redis;
+//! `[state]` moves the module store to another database or Redis. Lineage always stays where the sink commits: it is written in the
 //! sink's batch transaction.
 //!
 //! The one place that picks a state backend; everything above it (the
@@ -11,6 +11,7 @@
 use crate::config::{PipelineConfig, SinkConfig};
 use sluice_core::sink::{SinkError, SinkKind};
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
+use sluice_redis::{RedisLineage, RedisModuleStore};
 use sluice_sql::{SqlLineage, SqlModuleStore};
 use std::sync::Arc;
 
@@ -29,6 +30,7 @@ pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
             Ok(Arc::new(SqlModuleStore::open(sink).await?))
         }
+        SinkKind::Redis => Ok(Arc::new(RedisModuleStore::open(sink).await?)),
     }
 }
 
@@ -38,5 +40,6 @@ pub async fn lineage(sink: &SinkConfig) -> Result<Arc<dyn LineageStore>, SinkErr
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
             Ok(Arc::new(SqlLineage::open(sink).await?))
         }
+        SinkKind::Redis => Ok(Arc::new(RedisLineage::open(sink).await?)),
     }
 }

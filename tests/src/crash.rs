@@ -5,7 +5,6 @@
 //! It must not decide what is correct: tests compare the sink's tables with
 //! an independent `read_committed` read of the input.
 
-use crate::sinks::SinkDb;
 use crate::{numbered, produce, produce_transaction, spawn_until_caught_up};
 use rand::Rng;
 use std::path::Path;
@@ -38,12 +37,13 @@ pub fn produce_mixed_input(
 }
 
 /// Runs `sluice run --until-caught-up CONFIG` and SIGKILLs it `kills` times,
-/// each time 0-60 ms after the run committed a new batch, so kills hit
-/// reading, transforming and committing alike. Returns the kills done (fewer
-/// if the pipeline finished first) and the batches committed meanwhile.
+/// each time 0-60 ms after the run committed a new batch (as `committed`
+/// counts them in the sink), so kills hit reading, transforming and
+/// committing alike. Returns the kills done (fewer if the pipeline
+/// finished first) and the batches committed meanwhile.
 pub async fn kill_loop(
     config: &Path,
-    db: &SinkDb,
+    committed: impl AsyncFn() -> i64,
     kills: usize,
     rng: &mut impl Rng,
 ) -> (usize, i64) {
@@ -52,7 +52,7 @@ pub async fn kill_loop(
     let started = Instant::now();
     while done < kills {
         let mut child = spawn_until_caught_up(config, "warn", Stdio::null());
-        while child.try_wait().expect("wait").is_none() && db.committed_batches().await <= batches {
+        while child.try_wait().expect("wait").is_none() && committed().await <= batches {
             assert!(
                 started.elapsed() < Duration::from_secs(900),
                 "crash loop took too long"
@@ -66,7 +66,7 @@ pub async fn kill_loop(
         child.kill().expect("SIGKILL"); // std's kill() is SIGKILL on Unix
         child.wait().expect("reap");
         done += 1;
-        batches = db.committed_batches().await;
+        batches = committed().await;
     }
     (done, batches)
 }

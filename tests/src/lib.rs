@@ -10,6 +10,7 @@ pub mod bench;
 pub mod control;
 pub mod crash;
 pub mod proxy;
+pub mod redis_server;
 pub mod sinks;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -1,13 +1,14 @@
 //! A fault-injecting TCP proxy between `sluice` and a database: a MOCK of
 //! the network, standing in only for a fault the real services cannot be
 //! made to produce on demand: the server commits a transaction but its reply
-//! to `COMMIT` never reaches the client.
+//! to `COMMIT` (or to Redis's `EVALSHA`) never reaches the client.
 //!
-//! Bytes pass through unchanged. When a client packet holds `COMMIT` (sent
-//! as text by sqlx on Postgres and MySQL) and a drop is due, the packet is
-//! forwarded, the server's reply is swallowed and, once the server has had
-//! time to commit, both connections are closed. It must not change any byte
-//! it forwards.
+//! Bytes pass through unchanged. When a client packet holds the marker
+//! (`COMMIT`, sent as text by sqlx on Postgres and MySQL; `EVALSHA` for
+//! Redis's commit script) and a drop is due, the packet and whatever
+//! follows it for 300 ms are forwarded, the server's replies are
+//! swallowed, and then both connections are closed. It must not change any
+//! byte it forwards.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -23,6 +24,8 @@ pub struct FaultProxy {
 
 struct State {
     upstream: String,
+    /// What a commit request holds.
+    marker: &'static [u8],
     /// Drop the reply to every `every`-th COMMIT ...
     every: usize,
     /// ... at most this many times.
@@ -35,10 +38,21 @@ impl FaultProxy {
     /// Proxies `upstream` (`host:port`), dropping the reply to every
     /// `every`-th COMMIT, `max_drops` times in all.
     pub fn start(upstream: &str, every: usize, max_drops: usize) -> FaultProxy {
+        Self::start_on(upstream, b"COMMIT", every, max_drops)
+    }
+
+    /// Like [`FaultProxy::start`], for requests holding `marker`.
+    pub fn start_on(
+        upstream: &str,
+        marker: &'static [u8],
+        every: usize,
+        max_drops: usize,
+    ) -> FaultProxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
         let port = listener.local_addr().expect("addr").port();
         let state = Arc::new(State {
             upstream: upstream.to_string(),
+            marker,
             every,
             max_drops,
             commits: AtomicUsize::new(0),
@@ -90,16 +104,23 @@ impl State {
                 Ok(n) => n,
             };
             let chunk = &buf[..n];
-            let drop_reply = contains(chunk, b"COMMIT") && self.due();
+            let drop_reply =
+                !doomed.load(Ordering::SeqCst) && contains(chunk, self.marker) && self.due();
             if drop_reply {
                 doomed.store(true, Ordering::SeqCst);
+                // Let the rest of the request through and the server
+                // commit, then cut both sides.
+                let (c3, s3) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
+                std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(300));
+                    let _ = c3.shutdown(Shutdown::Both);
+                    let _ = s3.shutdown(Shutdown::Both);
+                });
             }
             if to.write_all(chunk).is_err() {
-                break;
-            }
-            if drop_reply {
-                // Let the server commit, then cut both sides.
-                std::thread::sleep(Duration::from_millis(300));
                 break;
             }
         }

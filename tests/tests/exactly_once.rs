@@ -31,7 +31,13 @@ async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     );
 
     let sink = sinks::SinkDb::Sqlite(db.clone());
-    let (kills, batches_before_final) = crash::kill_loop(&config, &sink, 24, &mut rng).await;
+    let (kills, batches_before_final) = crash::kill_loop(
+        &config,
+        async || sink.committed_batches().await,
+        24,
+        &mut rng,
+    )
+    .await;
     assert!(
         kills >= 20,
         "only {kills} kills happened before the pipeline finished; make batches smaller"

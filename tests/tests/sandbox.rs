@@ -241,9 +241,11 @@ fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
     let (ok, err) = check(&state("sqlite://state.db"));
     assert!(ok, "{err}");
     let (ok, err) = check(&state("redis://127.0.0.1:6379"));
+    assert!(ok, "Redis keeps state too: {err}");
+    let (ok, err) = check(&state("mongodb://127.0.0.1:27017"));
     assert!(!ok);
     assert!(
-        err.contains("`state.url`: unsupported sink URL `redis://127.0.0.1:6379`"),
+        err.contains("`state.url`: unsupported sink URL `mongodb://127.0.0.1:27017`"),
         "{err}"
     );
 }

@@ -126,7 +126,8 @@ async fn sigkill_cycles(which: Db, name: &str) {
         dir.path(),
         &identity_config_into(name, &broker.brokers, name, &db.sink_toml(), 200),
     );
-    let (kills, batches) = crash::kill_loop(&config, &db, 22, &mut rng).await;
+    let (kills, batches) =
+        crash::kill_loop(&config, async || db.committed_batches().await, 22, &mut rng).await;
     assert!(
         kills >= 20,
         "only {kills} kills before the pipeline finished"

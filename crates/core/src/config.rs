@@ -5,6 +5,7 @@
 //! generated from the same words). It must not connect to anything.
 
 use crate::sink::{SinkError, SinkKind};
+use crate::template::Template;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -76,6 +77,7 @@ impl StateConfig {
             schema: None,
             guarantee: Guarantee::ExactlyOnce,
             lock_timeout_ms: sink.lock_timeout_ms,
+            lineage_keep: None,
             targets: Vec::new(),
         }
     }
@@ -292,18 +294,20 @@ impl Default for LimitsConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
-    /// The sink kind: `sqlite`, `postgres` or `mysql` (`mariadb` is the
-    /// same). Default: the kind the URL's scheme names; if both are given
-    /// they must agree.
+    /// The sink kind: `sqlite`, `postgres`, `mysql` (`mariadb` is the
+    /// same) or `redis`. Default: the kind the URL's scheme names; if both
+    /// are given they must agree.
     #[serde(default)]
     pub kind: Option<SinkKind>,
     /// Database URL: `sqlite://PATH` (relative to the config file; created
     /// if missing) is the embedded default; `postgres://user@host:port/db`
-    /// or `mysql://user:password@host:port/db` (MariaDB too). A password
-    /// may also come from the URL's usual environment (`PGPASSWORD`).
+    /// or `mysql://user:password@host:port/db` (MariaDB too);
+    /// `redis://[:password@]host:port/db` for Redis. A password may also
+    /// come from the URL's usual environment (`PGPASSWORD`).
     pub url: String,
     /// Prefix of sluice's own tables (checkpoints, batches, ranges, dead
-    /// letters).
+    /// letters), or on Redis of its own keys (`<prefix>checkpoints:<pipeline>`
+    /// and so on).
     #[serde(default = "default_prefix")]
     pub table_prefix: String,
     /// Schema (Postgres) or database (MySQL) holding sluice's tables and the
@@ -312,8 +316,10 @@ pub struct SinkConfig {
     #[serde(default)]
     pub schema: Option<String>,
     /// `exactly-once` (default): rows, dead letters, lineage and offsets in
-    /// one transaction. `at-least-once`: rows first, offsets in a second
-    /// transaction (a crash in between writes rows twice); for comparison.
+    /// one transaction (on Redis: one script). `at-least-once`: rows first,
+    /// offsets in a second transaction (a crash in between writes rows
+    /// twice); on SQL for comparison, on Redis (alias `idempotent`) for
+    /// idempotent commands only, whose replay writes the same values.
     #[serde(default)]
     pub guarantee: Guarantee,
     /// How long, in milliseconds, one of this pipeline's transactions may
@@ -325,9 +331,15 @@ pub struct SinkConfig {
     /// MariaDB: `innodb_lock_wait_timeout` and `idle_transaction_timeout`
     /// (whole seconds, at least 1; MySQL: `wait_timeout`); SQLite:
     /// `busy_timeout` (a frozen writer blocks the file until it wakes: SQLite
-    /// is for one host).
+    /// is for one host); Redis: the longest wait for a reply, after which
+    /// a batch's outcome is read back from the checkpoints.
     #[serde(default = "default_lock_timeout_ms")]
     pub lock_timeout_ms: u64,
+    /// Redis: how many batches' lineage entries are kept per pipeline
+    /// (the oldest are trimmed in the commit that adds one; `verify` and
+    /// `shadow` see only these). Default 100000. SQL sinks keep all.
+    #[serde(default)]
+    pub lineage_keep: Option<u64>,
     /// The targets a module may write to.
     pub targets: Vec<TargetConfig>,
 }
@@ -340,6 +352,9 @@ pub enum Guarantee {
     #[default]
     ExactlyOnce,
     /// Outputs commit before offsets; a crash between them duplicates.
+    /// (`idempotent` is the same: on Redis it allows only idempotent
+    /// commands, so a replay writes the same values again.)
+    #[serde(alias = "idempotent")]
     AtLeastOnce,
 }
 
@@ -361,9 +376,204 @@ pub struct TargetConfig {
     /// Columns and their SQL types (`integer`, `real`, `text`, `blob`,
     /// `boolean`). The module's rows must carry exactly these columns.
     pub columns: BTreeMap<String, ColumnType>,
-    /// Create the table if it does not exist.
+    /// Create the table if it does not exist (SQL sinks).
     #[serde(default = "yes")]
     pub create: bool,
+    /// Redis sinks: the commands every row of this target runs, in order
+    /// (`[[sink.targets.redis]]`, at least one). SQL sinks refuse it.
+    #[serde(default)]
+    pub redis: Vec<RedisCommandConfig>,
+}
+
+/// One Redis command a target's rows run. Keys, fields, members and values
+/// are templates: text with `{column}` placeholders (`{{`/`}}` for a
+/// literal brace), checked against the target's columns at start. A value
+/// is written as text: integers and floats in decimal, booleans as `1`/`0`,
+/// blobs as their bytes; a null in a placeholder fails the batch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisCommandConfig {
+    /// `set`, `hset`, `hincrby`, `incrby`, `sadd`, `pfadd`, `zadd`,
+    /// `zincrby`, `xadd` or `del`.
+    pub command: RedisCommand,
+    /// The key the command writes, e.g. `"seen:{day}"`. Must not render
+    /// empty.
+    pub key: String,
+    /// The hash field (`hset`, `hincrby`).
+    #[serde(default)]
+    pub field: Option<String>,
+    /// The value (`set`, `hset`).
+    #[serde(default)]
+    pub value: Option<String>,
+    /// The member (`sadd`, `pfadd`, `zadd`, `zincrby`).
+    #[serde(default)]
+    pub member: Option<String>,
+    /// The score (`zadd`): must render as a number.
+    #[serde(default)]
+    pub score: Option<String>,
+    /// The increment (`hincrby`, `incrby`: an integer; `zincrby`: a
+    /// number). Default: `"1"`.
+    #[serde(default)]
+    pub by: Option<String>,
+    /// `set` only: expire the key this many seconds after the write.
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+    /// `xadd` only: the columns written as the entry's fields. Default:
+    /// every column of the target.
+    #[serde(default)]
+    pub fields: Option<Vec<String>>,
+}
+
+/// The Redis commands a target may run.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisCommand {
+    Set,
+    Hset,
+    Hincrby,
+    Incrby,
+    Sadd,
+    Pfadd,
+    Zadd,
+    Zincrby,
+    Xadd,
+    Del,
+}
+
+impl RedisCommand {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisCommand::Set => "set",
+            RedisCommand::Hset => "hset",
+            RedisCommand::Hincrby => "hincrby",
+            RedisCommand::Incrby => "incrby",
+            RedisCommand::Sadd => "sadd",
+            RedisCommand::Pfadd => "pfadd",
+            RedisCommand::Zadd => "zadd",
+            RedisCommand::Zincrby => "zincrby",
+            RedisCommand::Xadd => "xadd",
+            RedisCommand::Del => "del",
+        }
+    }
+
+    /// True if running it twice leaves what running it once does: the
+    /// only commands `at-least-once` (which may replay a batch) allows.
+    pub fn is_idempotent(self) -> bool {
+        !matches!(
+            self,
+            RedisCommand::Hincrby
+                | RedisCommand::Incrby
+                | RedisCommand::Zincrby
+                | RedisCommand::Xadd
+        )
+    }
+
+    /// The Redis type of the key it writes (as `TYPE` names it); `None`
+    /// for `del`, which takes any.
+    pub fn key_type(self) -> Option<&'static str> {
+        match self {
+            RedisCommand::Set | RedisCommand::Incrby => Some("string"),
+            RedisCommand::Hset | RedisCommand::Hincrby => Some("hash"),
+            RedisCommand::Sadd => Some("set"),
+            // A HyperLogLog is a string to `TYPE`.
+            RedisCommand::Pfadd => Some("string"),
+            RedisCommand::Zadd | RedisCommand::Zincrby => Some("zset"),
+            RedisCommand::Xadd => Some("stream"),
+            RedisCommand::Del => None,
+        }
+    }
+
+    /// The template arguments it needs, in order, by config field name.
+    pub fn arguments(self) -> &'static [&'static str] {
+        match self {
+            RedisCommand::Set => &["value"],
+            RedisCommand::Hset => &["field", "value"],
+            RedisCommand::Hincrby => &["field", "by"],
+            RedisCommand::Incrby => &["by"],
+            RedisCommand::Sadd | RedisCommand::Pfadd => &["member"],
+            RedisCommand::Zadd => &["score", "member"],
+            RedisCommand::Zincrby => &["by", "member"],
+            RedisCommand::Xadd | RedisCommand::Del => &[],
+        }
+    }
+}
+
+impl RedisCommandConfig {
+    /// The template given for argument `name` (`by` defaults to `"1"`).
+    pub fn argument(&self, name: &str) -> Option<String> {
+        match name {
+            "field" => self.field.clone(),
+            "value" => self.value.clone(),
+            "member" => self.member.clone(),
+            "score" => self.score.clone(),
+            "by" => Some(self.by.clone().unwrap_or_else(|| "1".into())),
+            _ => None,
+        }
+    }
+
+    fn validate(&self, target: &TargetConfig, guarantee: Guarantee) -> Result<(), String> {
+        let command = self.command.as_str();
+        let columns = target.columns.keys();
+        Template::parse(&self.key, columns.clone()).map_err(|e| format!("`key`: {e}"))?;
+        let needed = self.command.arguments();
+        let given = [
+            ("field", self.field.is_some()),
+            ("value", self.value.is_some()),
+            ("member", self.member.is_some()),
+            ("score", self.score.is_some()),
+            ("by", self.by.is_some()),
+            ("ttl_s", self.ttl_s.is_some()),
+            ("fields", self.fields.is_some()),
+        ];
+        let allowed_extra: &[&str] = match self.command {
+            RedisCommand::Set => &["ttl_s"],
+            RedisCommand::Xadd => &["fields"],
+            _ => &[],
+        };
+        for (name, is_given) in given {
+            if is_given && !needed.contains(&name) && !allowed_extra.contains(&name) {
+                return Err(format!("`{command}` takes no `{name}`"));
+            }
+        }
+        for name in needed {
+            let template = self
+                .argument(name)
+                .ok_or_else(|| format!("`{command}` needs `{name}`"))?;
+            let parsed = Template::parse(&template, columns.clone())
+                .map_err(|e| format!("`{name}`: {e}"))?;
+            if let Some(text) = parsed.literal() {
+                let number_ok = match (*name, self.command) {
+                    ("by", RedisCommand::Zincrby) | ("score", _) => text.parse::<f64>().is_ok(),
+                    ("by", _) => text.parse::<i64>().is_ok(),
+                    _ => true,
+                };
+                if !number_ok {
+                    return Err(format!("`{name}` = {text:?} is not a number"));
+                }
+            }
+        }
+        if self.ttl_s == Some(0) {
+            return Err("`ttl_s` must be at least 1".into());
+        }
+        if let Some(fields) = &self.fields {
+            if fields.is_empty() {
+                return Err("`fields` must name at least one column".into());
+            }
+            if let Some(f) = fields.iter().find(|f| !target.columns.contains_key(*f)) {
+                return Err(format!(
+                    "`fields` names `{f}`, which the target does not declare"
+                ));
+            }
+        }
+        if guarantee == Guarantee::AtLeastOnce && !self.command.is_idempotent() {
+            return Err(format!(
+                "`{command}` is not idempotent, and `guarantee = \"at-least-once\"` may run a \
+                 batch's commands twice after a crash: use `guarantee = \"exactly-once\"` (the \
+                 default) or an idempotent command (set, hset, sadd, pfadd, zadd, del)"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// How rows of a target are applied to its table.
@@ -570,14 +780,25 @@ impl PipelineConfig {
                 self.limits.compile_memory_mib
             ));
         }
-        if let Err(e) = self.sink.kind() {
-            return invalid(config_message(e));
-        }
+        let kind = self
+            .sink
+            .kind()
+            .map_err(|e| ConfigError::Invalid(config_message(e)))?;
         if let Some(Err(e)) = self.state.as_ref().map(|s| SinkKind::of_url(&s.url)) {
             return invalid(format!("`state.url`: {}", config_message(e)));
         }
         if self.sink.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());
+        }
+        match self.sink.lineage_keep {
+            Some(_) if kind.is_sql() => {
+                return invalid(format!(
+                    "`sink.lineage_keep` is for Redis sinks; a {} sink keeps all lineage",
+                    kind.as_str()
+                ));
+            }
+            Some(0) => return invalid("`sink.lineage_keep` must be at least 1".into()),
+            _ => {}
         }
         let mut names = std::collections::BTreeSet::new();
         for t in &self.sink.targets {
@@ -585,6 +806,7 @@ impl PipelineConfig {
                 return invalid(format!("target `{}` is declared twice", t.name));
             }
             t.validate()?;
+            t.validate_for(kind, self.sink.guarantee)?;
         }
         Ok(())
     }
@@ -650,6 +872,48 @@ impl SinkConfig {
 }
 
 impl TargetConfig {
+    /// The checks that depend on the sink kind: SQL targets write tables
+    /// and take no Redis commands; Redis targets run commands and take no
+    /// table settings.
+    fn validate_for(&self, kind: SinkKind, guarantee: Guarantee) -> Result<(), ConfigError> {
+        let invalid = |m: String| Err(ConfigError::Invalid(format!("target `{}`: {m}", self.name)));
+        if kind.is_sql() {
+            if !self.redis.is_empty() {
+                return invalid(format!(
+                    "`redis` commands are for a Redis sink, but the sink is {}",
+                    kind.as_str()
+                ));
+            }
+            return Ok(());
+        }
+        if self.redis.is_empty() {
+            return invalid(
+                "a Redis target needs at least one `[[sink.targets.redis]]` command".into(),
+            );
+        }
+        let sql_only = [
+            ("table", self.table.is_some()),
+            ("mode", self.mode != WriteMode::Append),
+            ("key", !self.key.is_empty()),
+        ];
+        if let Some((field, _)) = sql_only.iter().find(|(_, set)| *set) {
+            return invalid(format!(
+                "`{field}` is for SQL sinks; a Redis target says what it writes in its \
+                 `[[sink.targets.redis]]` commands"
+            ));
+        }
+        for (i, command) in self.redis.iter().enumerate() {
+            if let Err(e) = command.validate(self, guarantee) {
+                return invalid(format!(
+                    "redis command {} (`{}`): {e}",
+                    i + 1,
+                    command.command.as_str()
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The table rows of this target go to.
     pub fn table(&self) -> &str {
         self.table.as_deref().unwrap_or(&self.name)

@@ -10,6 +10,7 @@
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
 //! - [`store`]: the state store traits (module store, lineage reader).
+//! - [`template`]: `{column}` templates for keys and values (Redis).
 //!
 //! It must not depend on wasmtime, rdkafka, sqlx or axum: the backends
 //! depend on it, never the other way round.
@@ -23,6 +24,7 @@ pub mod output;
 pub mod sink;
 pub mod source;
 pub mod store;
+pub mod template;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod transform;

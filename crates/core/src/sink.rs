@@ -165,6 +165,7 @@ pub enum SinkKind {
     Postgres,
     #[serde(alias = "mariadb")]
     Mysql,
+    Redis,
 }
 
 impl SinkKind {
@@ -175,9 +176,11 @@ impl SinkKind {
             "sqlite" => Ok(SinkKind::Sqlite),
             "postgres" | "postgresql" => Ok(SinkKind::Postgres),
             "mysql" | "mariadb" => Ok(SinkKind::Mysql),
+            "redis" | "rediss" => Ok(SinkKind::Redis),
             _ => Err(SinkError::Config(format!(
-                "unsupported sink URL `{url}`: use sqlite://PATH, postgres://USER@HOST/DB or \
-                 mysql://USER@HOST/DB"
+                "unsupported sink URL `{}`: use sqlite://PATH, postgres://USER@HOST/DB, \
+                 mysql://USER@HOST/DB or redis://HOST:PORT/DB",
+                redact_url(url)
             ))),
         }
     }
@@ -188,7 +191,13 @@ impl SinkKind {
             SinkKind::Sqlite => "sqlite",
             SinkKind::Postgres => "postgres",
             SinkKind::Mysql => "mysql",
+            SinkKind::Redis => "redis",
         }
+    }
+
+    /// True for the kinds that write tables (SQL).
+    pub fn is_sql(self) -> bool {
+        !matches!(self, SinkKind::Redis)
     }
 }
 

@@ -23,6 +23,12 @@ pub async fn connect_any(sink: &SinkConfig) -> Result<(AnyPool, &'static Dialect
         SinkKind::Sqlite => &SQLITE,
         SinkKind::Postgres => &POSTGRES,
         SinkKind::Mysql => &MYSQL,
+        other => {
+            return Err(SinkError::Config(format!(
+                "a {} URL is not a SQL database",
+                other.as_str()
+            )));
+        }
     };
     // One connection for SQLite: an in-memory database is per connection.
     let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };

@@ -1,0 +1,121 @@
+-- sluice: one batch, atomically (see sink.rs for the argument layout).
+--
+-- A script is atomic but not rolled back: everything that could fail is
+-- checked first (the offsets compare-and-set, the type of every key
+-- written, the integers INCRBY/HINCRBY add to), and only then is anything
+-- written. The host validated the arguments themselves before the call.
+--
+-- KEYS[1] checkpoints hash, KEYS[2] lineage list, KEYS[3] dead letter
+-- list, KEYS[4..] the keys the batch writes.
+
+local at = 1
+local function take()
+  local v = ARGV[at]
+  at = at + 1
+  return v
+end
+
+-- 1. The compare-and-set of every partition's next offset.
+local moves = {}
+for _ = 1, tonumber(take()) do
+  local field = take()
+  local from = take()
+  local untl = take()
+  local stored = redis.call('HGET', KEYS[1], field)
+  if stored and stored ~= from then
+    return {'fenced', field, stored}
+  end
+  moves[#moves + 1] = field
+  moves[#moves + 1] = untl
+end
+local lineage = take()
+local keep = tonumber(take())
+local n_dead = tonumber(take())
+local dead_at = at
+at = at + n_dead
+
+-- 2. What would make a write fail: a key of another type, a counter that
+-- holds no integer, a string that is no HyperLogLog.
+for _ = 1, tonumber(take()) do
+  local key = KEYS[tonumber(take())]
+  local want = take()
+  local field = take()
+  local check = take()
+  local found = redis.call('TYPE', key)['ok']
+  if found ~= 'none' then
+    if want ~= '' and found ~= want then
+      return {'wrongtype', key, found, want}
+    end
+    if check == 'int' then
+      local v
+      if field == '' then
+        v = redis.call('GET', key)
+      else
+        v = redis.call('HGET', key, field)
+      end
+      if v and not string.match(v, '^%-?%d+$') then
+        return {'notinteger', key, field}
+      end
+    elseif check == 'hll' then
+      if not pcall(redis.call, 'PFCOUNT', key) then
+        return {'wrongtype', key, 'string (not a HyperLogLog)', 'hyperloglog'}
+      end
+    end
+  end
+end
+
+-- 3. The writes: nothing below fails on what was checked above.
+for i = 1, #moves, 2 do
+  redis.call('HSET', KEYS[1], moves[i], moves[i + 1])
+end
+if lineage ~= '' then
+  redis.call('RPUSH', KEYS[2], lineage)
+  redis.call('LTRIM', KEYS[2], -keep, -1)
+end
+for i = dead_at, dead_at + n_dead - 1 do
+  redis.call('RPUSH', KEYS[3], ARGV[i])
+end
+for _ = 1, tonumber(take()) do
+  local op = take()
+  local key = KEYS[tonumber(take())]
+  if op == 'set' then
+    local value = take()
+    local ttl = take()
+    if ttl == '' then
+      redis.call('SET', key, value)
+    else
+      redis.call('SET', key, value, 'EX', ttl)
+    end
+  elseif op == 'hset' then
+    local field = take()
+    local value = take()
+    redis.call('HSET', key, field, value)
+  elseif op == 'hincrby' then
+    local field = take()
+    local by = take()
+    redis.call('HINCRBY', key, field, by)
+  elseif op == 'incrby' then
+    redis.call('INCRBY', key, take())
+  elseif op == 'sadd' then
+    redis.call('SADD', key, take())
+  elseif op == 'pfadd' then
+    redis.call('PFADD', key, take())
+  elseif op == 'zadd' then
+    local score = take()
+    local member = take()
+    redis.call('ZADD', key, score, member)
+  elseif op == 'zincrby' then
+    local by = take()
+    local member = take()
+    redis.call('ZINCRBY', key, by, member)
+  elseif op == 'xadd' then
+    local args = {'XADD', key, '*'}
+    for _ = 1, tonumber(take()) do
+      args[#args + 1] = take()
+    end
+    redis.call(unpack(args))
+  elseif op == 'del' then
+    redis.call('DEL', key)
+  end
+end
+return {'ok'}

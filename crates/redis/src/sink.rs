@@ -1,0 +1,302 @@
+//! The Redis sink: a batch's commands, dead letters, lineage entry and
+//! offset moves, committed by one server-side script.
+//!
+//! # Delivery guarantee
+//!
+//! `exactly-once` (the default): one `EVALSHA` of `commit.lua` per batch
+//! (loaded once, called by its SHA, loaded again on NOSCRIPT). The script
+//! first compares every partition's stored next offset with the plan's
+//! `from` (the compare-and-set: another owner's move makes it return
+//! `fenced` having written nothing), then checks every key's type and
+//! every counter, and only then writes the commands, the lineage entry,
+//! the dead letters and the offset moves. Redis runs a script alone and
+//! whole, so they land together or not at all; a script is not rolled
+//! back if it fails halfway, which is why everything that can fail is
+//! checked before anything is written (here, before the call; there,
+//! before the first write). A reply that never arrives (connection lost,
+//! `lock_timeout_ms` passed) is [`SinkError::CommitUnknown`]: the
+//! pipeline reads the checkpoints back; a late script finds the offsets
+//! moved and is fenced. Durability is Redis's: with `appendonly yes` and
+//! `appendfsync always` an acknowledged batch survives the server's death;
+//! with less, a crash of Redis can lose acknowledged batches (and their
+//! offsets with them, so they are read again, consistently).
+//! Depends on (1) the source replaying the same records for the same
+//! range, (2) the module being deterministic, (3) Redis's script
+//! atomicity.
+//!
+//! `at-least-once` (`idempotent`): the commands are pipelined first, then
+//! a script moves the offsets (with the same compare-and-set) and writes
+//! lineage and dead letters. A crash in between runs the commands again,
+//! so only idempotent commands are allowed (the config refuses others).
+//!
+//! It must not write outside one script call per batch in exactly-once
+//! mode.
+
+use crate::connect::{StateKeys, commit_err, connect, sink_err};
+use crate::lineage::LineageEntry;
+use crate::render::{CompiledTarget, Rendered, ops_of};
+use redis::aio::ConnectionManager;
+use sluice_core::batch::TopicPartition;
+use sluice_core::config::{Guarantee, SinkConfig};
+use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Most arguments one commit script is given. Redis runs a script alone,
+/// blocking every other client: a batch that would need more fails with a
+/// clear error instead of stalling the server, and the user makes batches
+/// smaller (`source.max_records_per_partition`).
+pub const MAX_SCRIPT_ARGUMENTS: usize = 2_000_000;
+
+/// Lineage entries kept per pipeline when `sink.lineage_keep` is unset.
+pub const DEFAULT_LINEAGE_KEEP: u64 = 100_000;
+
+/// The Redis sink.
+pub struct RedisSink {
+    conn: ConnectionManager,
+    prefix: String,
+    targets: HashMap<String, CompiledTarget>,
+    guarantee: Guarantee,
+    lineage_keep: u64,
+    script: redis::Script,
+}
+
+/// Opens the sink named by `config.url` (the server must answer).
+pub async fn open(config: &SinkConfig) -> Result<RedisSink, SinkError> {
+    let conn = connect(&config.url, Duration::from_millis(config.lock_timeout_ms)).await?;
+    let targets = config
+        .targets
+        .iter()
+        .map(|t| Ok((t.name.clone(), CompiledTarget::new(t)?)))
+        .collect::<Result<_, SinkError>>()?;
+    let sink = RedisSink {
+        conn,
+        prefix: config.table_prefix.clone(),
+        targets,
+        guarantee: config.guarantee,
+        lineage_keep: config.lineage_keep.unwrap_or(DEFAULT_LINEAGE_KEEP),
+        script: redis::Script::new(include_str!("commit.lua")),
+    };
+    if config.guarantee == Guarantee::AtLeastOnce {
+        tracing::info!(
+            "redis sink: at-least-once (idempotent commands pipelined, then offsets): a crash \
+             between the two runs a batch's commands again"
+        );
+    }
+    Ok(sink)
+}
+
+impl RedisSink {
+    /// The commit script's arguments for `c`: offsets, lineage, dead
+    /// letters, checks and (unless `with_commands` is false) the commands.
+    fn script_call(
+        &self,
+        c: &Commit<'_>,
+        keys: &StateKeys,
+        with_commands: bool,
+    ) -> Result<redis::ScriptInvocation<'_>, SinkError> {
+        let mut rendered = Rendered::default();
+        if with_commands {
+            for rows in &c.output.targets {
+                rendered.add(self.target(&rows.target)?, rows)?;
+            }
+        }
+        let checks = rendered.checks()?;
+        let mut call = self.script.prepare_invoke();
+        call.key(&keys.checkpoints)
+            .key(&keys.lineage)
+            .key(&keys.dead_letters);
+        for k in &rendered.keys {
+            call.key(k.as_slice());
+        }
+        call.arg(c.plan.ranges.len());
+        for r in &c.plan.ranges {
+            call.arg(StateKeys::field(&r.topic, r.partition))
+                .arg(r.from)
+                .arg(r.until);
+        }
+        call.arg(LineageEntry::of(c).to_json())
+            .arg(self.lineage_keep);
+        let dead = dead_letters(c);
+        call.arg(dead.len());
+        for d in &dead {
+            call.arg(d);
+        }
+        call.arg(checks.len() / 4);
+        for a in &checks {
+            call.arg(a.as_slice());
+        }
+        call.arg(rendered.op_count);
+        for a in &rendered.ops {
+            call.arg(a.as_slice());
+        }
+        let arguments =
+            6 + 3 * c.plan.ranges.len() + dead.len() + checks.len() + rendered.ops.len();
+        if arguments > MAX_SCRIPT_ARGUMENTS {
+            return Err(SinkError::Config(format!(
+                "batch {} needs {arguments} script arguments, over the {MAX_SCRIPT_ARGUMENTS} one \
+                 Redis script may take without stalling the server: lower \
+                 `source.max_records_per_partition`",
+                c.plan.batch_id
+            )));
+        }
+        Ok(call)
+    }
+
+    fn target(&self, name: &str) -> Result<&CompiledTarget, SinkError> {
+        self.targets.get(name).ok_or_else(|| {
+            SinkError::Config(format!(
+                "module wrote to target `{name}`, which the sink does not declare"
+            ))
+        })
+    }
+
+    /// Runs the commit script; the outcome it reports.
+    async fn run_script(
+        &self,
+        c: &Commit<'_>,
+        with_commands: bool,
+    ) -> Result<CommitOutcome, SinkError> {
+        let keys = StateKeys::new(&self.prefix, &c.plan.pipeline);
+        let call = self.script_call(c, &keys, with_commands)?;
+        let mut conn = self.conn.clone();
+        let reply: Vec<String> = call.invoke_async(&mut conn).await.map_err(commit_err)?;
+        outcome(reply, c)
+    }
+
+    /// At-least-once: the commands, pipelined, outside the script.
+    async fn write_commands(&self, c: &Commit<'_>) -> Result<(), SinkError> {
+        let mut pipe = redis::pipe();
+        for rows in &c.output.targets {
+            for op in ops_of(self.target(&rows.target)?, rows)? {
+                let mut cmd = redis::cmd(&op.command.as_str().to_uppercase());
+                cmd.arg(&op.key);
+                for a in &op.arguments {
+                    cmd.arg(a.as_slice());
+                }
+                if let Some(ttl) = op.ttl_s {
+                    cmd.arg("EX").arg(ttl);
+                }
+                pipe.add_command(cmd).ignore();
+            }
+        }
+        let mut conn = self.conn.clone();
+        pipe.query_async::<()>(&mut conn)
+            .await
+            .map_err(|e| sink_err("writing a batch's commands", e))
+    }
+}
+
+/// The script's reply as the loop acts on it.
+fn outcome(reply: Vec<String>, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
+    match reply.first().map(String::as_str) {
+        Some("ok") => Ok(CommitOutcome::Committed),
+        Some("fenced") => {
+            let field = reply.get(1).cloned().unwrap_or_default();
+            let expected = c
+                .plan
+                .ranges
+                .iter()
+                .find(|r| StateKeys::field(&r.topic, r.partition) == field)
+                .map_or(-1, |r| r.from);
+            Ok(CommitOutcome::Fenced {
+                partition: field,
+                expected,
+                found: reply.get(2).and_then(|f| f.parse().ok()),
+            })
+        }
+        Some("wrongtype") => Err(SinkError::Config(format!(
+            "key {:?} holds a {}, but the batch writes it as a {}: nothing was written",
+            reply.get(1).map_or("", String::as_str),
+            reply.get(2).map_or("", String::as_str),
+            reply.get(3).map_or("", String::as_str),
+        ))),
+        Some("notinteger") => Err(SinkError::Config(format!(
+            "key {:?} field {:?} holds no integer, so it cannot be incremented: nothing was \
+             written",
+            reply.get(1).map_or("", String::as_str),
+            reply.get(2).map_or("", String::as_str),
+        ))),
+        _ => Err(SinkError::Database {
+            context: format!("the commit script answered {reply:?}"),
+            cause: None,
+        }),
+    }
+}
+
+/// The batch's dead letters as JSON entries.
+fn dead_letters(c: &Commit<'_>) -> Vec<String> {
+    if c.dead_letters.is_empty() {
+        return Vec::new();
+    }
+    let records: Vec<_> = c.records.iter().collect();
+    c.dead_letters
+        .iter()
+        .map(|d| {
+            let r = records[d.index];
+            let mut entry = serde_json::json!({
+                "batch_id": c.plan.batch_id,
+                "topic": r.topic,
+                "partition": r.partition,
+                "offset": r.offset,
+                "kind": d.kind.as_str(),
+                "reason": d.reason,
+            });
+            for (name, bytes) in [("key", r.key), ("value", r.value)] {
+                if let Some(b) = bytes {
+                    match std::str::from_utf8(b) {
+                        Ok(text) => entry[name] = text.into(),
+                        Err(_) => entry[format!("{name}_hex")] = hex::encode(b).into(),
+                    }
+                }
+            }
+            entry.to_string()
+        })
+        .collect()
+}
+
+impl Sink for RedisSink {
+    async fn checkpoints(
+        &self,
+        pipeline: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, SinkError> {
+        let keys = StateKeys::new(&self.prefix, pipeline);
+        if partitions.is_empty() {
+            return Ok(HashMap::new());
+        }
+        let fields: Vec<String> = partitions
+            .iter()
+            .map(|tp| StateKeys::field(&tp.topic, tp.partition))
+            .collect();
+        let mut conn = self.conn.clone();
+        let stored: Vec<Option<i64>> = redis::cmd("HMGET")
+            .arg(&keys.checkpoints)
+            .arg(&fields)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| sink_err("reading checkpoints", e))?;
+        Ok(partitions
+            .iter()
+            .zip(stored)
+            .filter_map(|(tp, next)| next.map(|n| (tp.clone(), n)))
+            .collect())
+    }
+
+    async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
+        match self.guarantee {
+            Guarantee::ExactlyOnce => self.run_script(c, true).await,
+            Guarantee::AtLeastOnce => {
+                self.write_commands(c).await?;
+                // A lost reply only risks the commands running again,
+                // which this mode allows: retry like an outage.
+                self.run_script(c, false).await.map_err(|e| match e {
+                    SinkError::CommitUnknown { context, cause } => {
+                        SinkError::Unavailable { context, cause }
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Redis for the Redis sink's tests: a `redis-server` of the test's own on
+//! a free port, with `appendonly yes` and `appendfsync always` so an
+//! acknowledged write survives the server's SIGKILL (the machine's shared
+//! Redis keeps nothing on disk), and the reads the tests check results by.
+//!
+//! It must not write into a pipeline's keys.
+
+use crate::{Seen, TempDir, free_port};
+use redis::Commands;
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` of one test; killed when dropped.
+pub struct RedisServer {
+    pub port: u16,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server persisting to its own directory.
+    pub fn start(name: &str) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: TempDir::new(&format!("redis-{name}")),
+            child: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// Starts (again) on the same port and directory: the AOF is replayed.
+    pub fn restart(&mut self) {
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server (Debian package redis-server)");
+        self.child = Some(child);
+        let started = Instant::now();
+        while self.try_conn().is_none() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "redis-server did not answer on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs the server (nothing is flushed beyond what the AOF holds).
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn try_conn(&self) -> Option<redis::Connection> {
+        let client = redis::Client::open(self.url()).ok()?;
+        let mut conn = client
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .ok()?;
+        redis::cmd("PING").query::<String>(&mut conn).ok()?;
+        Some(conn)
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        self.try_conn().expect("connect to the test's redis-server")
+    }
+
+    /// Committed batches of `pipeline` (its lineage entries).
+    pub fn committed_batches(&self, pipeline: &str) -> i64 {
+        self.try_conn()
+            .and_then(|mut c| c.llen(format!("sluice_lineage:{pipeline}")).ok())
+            .unwrap_or(0)
+    }
+
+    pub fn dead_letters(&self, pipeline: &str) -> usize {
+        self.conn()
+            .llen(format!("sluice_dead_letters:{pipeline}"))
+            .expect("LLEN")
+    }
+
+    /// Asserts the lineage entries' ranges are contiguous per partition.
+    pub fn assert_contiguous_lineage(&self, pipeline: &str) -> usize {
+        let entries: Vec<String> = self
+            .conn()
+            .lrange(format!("sluice_lineage:{pipeline}"), 0, -1)
+            .expect("LRANGE");
+        let mut ranges = Vec::new();
+        for e in &entries {
+            let v: serde_json::Value = serde_json::from_str(e).expect("lineage JSON");
+            for r in v["ranges"].as_array().expect("ranges") {
+                ranges.push((
+                    r["topic"].as_str().unwrap().to_string(),
+                    r["partition"].as_i64().unwrap(),
+                    r["from"].as_i64().unwrap(),
+                    r["until"].as_i64().unwrap(),
+                ));
+            }
+        }
+        ranges.sort();
+        crate::assert_ranges_contiguous(ranges);
+        entries.len()
+    }
+
+    /// Asserts what [`identity_redis_config`] writes equals `expected`
+    /// (an independent `read_committed` read): per partition the stream
+    /// `rec:P` holds each record once, in offset order; the hash `counts`
+    /// counts them; the set `keys:P` holds their keys. Also: contiguous
+    /// lineage, no dead letters. Returns the records checked.
+    pub fn assert_identity_exactly_once(&self, pipeline: &str, expected: &[Seen]) -> usize {
+        let mut conn = self.conn();
+        let mut by_partition: BTreeMap<i32, Vec<&Seen>> = BTreeMap::new();
+        for s in expected {
+            by_partition.entry(s.partition).or_default().push(s);
+        }
+        let counts: BTreeMap<String, i64> = conn.hgetall("counts").expect("HGETALL counts");
+        for (p, want) in &by_partition {
+            let entries: Vec<(String, BTreeMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
+                .arg(format!("rec:{p}"))
+                .arg("-")
+                .arg("+")
+                .query(&mut conn)
+                .expect("XRANGE");
+            let got: Vec<Seen> = entries
+                .iter()
+                .map(|(_, f)| Seen {
+                    partition: *p,
+                    offset: String::from_utf8_lossy(&f["offset"]).parse().unwrap(),
+                    key: f
+                        .get("key")
+                        .map(|k| String::from_utf8_lossy(k).into_owned()),
+                    value: String::from_utf8_lossy(&f["value"]).into_owned(),
+                })
+                .collect();
+            assert_eq!(
+                got.len(),
+                want.len(),
+                "partition {p}: stream entries differ in number from the committed input"
+            );
+            assert!(
+                got.iter().zip(want).all(|(g, w)| g == *w),
+                "partition {p}: stream entries differ from the committed input"
+            );
+            assert_eq!(counts.get(&p.to_string()), Some(&(want.len() as i64)));
+            let members: BTreeSet<String> = conn.smembers(format!("keys:{p}")).expect("SMEMBERS");
+            let keys: BTreeSet<String> = want.iter().filter_map(|s| s.key.clone()).collect();
+            assert_eq!(members, keys, "partition {p}: key set differs");
+        }
+        assert_eq!(
+            counts.len(),
+            by_partition.len(),
+            "counts of unknown partitions"
+        );
+        self.assert_contiguous_lineage(pipeline);
+        assert_eq!(self.dead_letters(pipeline), 0);
+        expected.len()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A pipeline that writes every record of `topic` into Redis with the
+/// identity plugin: XADD to `rec:{partition}` (offset, key, value), HINCRBY
+/// `counts` by partition, SADD the key to `keys:{partition}`; exactly-once.
+/// `extra_sink` adds lines to `[sink]`, `extra_source` to `[source]`.
+pub fn identity_redis_config(
+    pipeline: &str,
+    brokers: &str,
+    topic: &str,
+    url: &str,
+    max_records: u32,
+    extra_source: &str,
+) -> String {
+    format!(
+        r#"
+pipeline = "{pipeline}"
+
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+max_records_per_partition = {max_records}
+batch_interval_ms = 100
+properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
+{extra_source}
+
+[module]
+path = "{module}"
+
+[sink]
+url = "{url}"
+lock_timeout_ms = 3000
+
+[[sink.targets]]
+name = "records"
+columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
+
+[[sink.targets.redis]]
+command = "xadd"
+key = "rec:{{partition}}"
+fields = ["offset", "key", "value"]
+
+[[sink.targets.redis]]
+command = "hincrby"
+key = "counts"
+field = "{{partition}}"
+
+[[sink.targets.redis]]
+command = "sadd"
+key = "keys:{{partition}}"
+member = "{{key}}"
+"#,
+        module = crate::plugin("identity").display(),
+    )
+}
