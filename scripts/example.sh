@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # Runs one example of examples/ from scratch: starts a local Tansu broker,
 # creates the example's topic, produces its sample data, drops the example's
-# schema (SQL examples), runs the pipeline until caught up and prints where
-# the result is. Usage: scripts/example.sh NAME (see examples/).
+# schema (SQL examples) or keys (Redis: those under the example's `dedupe:`
+# prefix), runs the pipeline until caught up and prints where the result
+# is. Usage: scripts/example.sh NAME (see examples/).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert}"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis}"
 case "$name" in
   word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   json-filter)         topic=events;           partitions=2; data=examples/json-filter/events.jsonl ;;
   orders-mysql)        topic=orders;           partitions=2; data=examples/orders-mysql/orders.jsonl ;;
   changelog-upsert)    topic=customer-changes; partitions=1; data=examples/changelog-upsert/changes.jsonl ;;
+  dedupe-redis)        topic=user-events;      partitions=2; data=examples/dedupe-redis/events.jsonl ;;
   *) echo "unknown example $name" >&2; exit 2 ;;
 esac
 config="examples/$name/pipeline.toml"
@@ -21,6 +23,7 @@ case "$(sed -n 's/^url = "\([a-z]*\):.*/\1/p' "$config")" in
   postgres) psql -q -h 127.0.0.1 -U postgres test -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" ;;
   mysql)    mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$schema\`" ;;
   sqlite)   rm -f "examples/$name/"*.db* ;;
+  redis)    redis-cli --scan --pattern 'dedupe:*' | xargs -r redis-cli del >/dev/null ;;
 esac
 port=19092
 scripts/build-plugins.sh >/dev/null
