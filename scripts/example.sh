@@ -7,7 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis}"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|inspect-stdout}"
 case "$name" in
   word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
@@ -15,6 +15,7 @@ case "$name" in
   orders-mysql)        topic=orders;           partitions=2; data=examples/orders-mysql/orders.jsonl ;;
   changelog-upsert)    topic=customer-changes; partitions=1; data=examples/changelog-upsert/changes.jsonl ;;
   dedupe-redis)        topic=user-events;      partitions=2; data=examples/dedupe-redis/events.jsonl ;;
+  inspect-stdout)      topic=events;           partitions=2; data=examples/json-filter/events.jsonl ;;
   *) echo "unknown example $name" >&2; exit 2 ;;
 esac
 config="examples/$name/pipeline.toml"
@@ -23,6 +24,7 @@ case "$(sed -n 's/^url = "\([a-z]*\):.*/\1/p' "$config")" in
   postgres) psql -q -h 127.0.0.1 -U postgres test -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" ;;
   mysql)    mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$schema\`" ;;
   sqlite)   rm -f "examples/$name/"*.db* ;;
+  stdout)   rm -f "examples/$name/.sluice-state.db"* ;;
   redis)    redis-cli --scan --pattern 'dedupe:*' | xargs -r redis-cli del >/dev/null ;;
 esac
 port=19092

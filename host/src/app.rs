@@ -106,6 +106,43 @@ pub async fn run(
             let sink = crate::sink::redis::open(&config.sink).await?;
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
+        SinkKind::Stdout => run_printing(config, module, until_caught_up, shutdown).await,
+    }
+}
+
+/// The stdout sink over the state store that keeps its checkpoints.
+async fn run_printing(
+    config: &PipelineConfig,
+    module: ConfiguredModule,
+    until_caught_up: bool,
+    shutdown: CancellationToken,
+) -> Result<RunStats, AppError> {
+    let state = crate::state::state_sink(config)?;
+    let format = config.sink.format.unwrap_or_default();
+    tracing::info!(
+        state = %crate::sink::redact_url(&state.url),
+        "stdout sink: at-least-once (rows are printed, then the offsets move in the state \
+         store; a crash in between prints that one batch again)"
+    );
+    use crate::sink::stdout::StdoutSink as Print;
+    match state.kind()? {
+        SinkKind::Sqlite => {
+            let sink = Print::new(sqlite::open(&state).await?, format);
+            run_with(config, module, sink, until_caught_up, shutdown).await
+        }
+        SinkKind::Postgres => {
+            let sink = Print::new(postgres::open(&state).await?, format);
+            run_with(config, module, sink, until_caught_up, shutdown).await
+        }
+        SinkKind::Mysql => {
+            let sink = Print::new(mysql::open(&state).await?, format);
+            run_with(config, module, sink, until_caught_up, shutdown).await
+        }
+        SinkKind::Redis => {
+            let sink = Print::new(crate::sink::redis::open(&state).await?, format);
+            run_with(config, module, sink, until_caught_up, shutdown).await
+        }
+        SinkKind::Stdout => Err(SinkError::Config("stdout keeps no state".into()).into()),
     }
 }
 

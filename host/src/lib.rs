@@ -21,8 +21,8 @@
 //! Re-exported: [`batch`], [`config`], [`output`], [`limits`], [`store`]
 //! (`sluice-core`); [`pipeline`] (`sluice-pipeline`, the batch loop);
 //! [`runtime`] (`sluice-runtime`); [`source`] (`sluice-kafka`); [`sink`]
-//! (the core's sink contract, the SQL backends of `sluice-sql` and the
-//! Redis one of `sluice-redis`);
+//! (the core's sink contract, the SQL backends of `sluice-sql`, the
+//! Redis one of `sluice-redis` and the stdout one of `sluice-stdout`);
 //! [`control`] (`sluice-control`).
 
 pub mod app;
@@ -37,10 +37,11 @@ pub use sluice_pipeline as pipeline;
 pub use sluice_runtime as runtime;
 
 /// The sink contract (`sluice-core`) and the backends (`sluice-sql`,
-/// `sluice-redis`).
+/// `sluice-redis`, `sluice-stdout`).
 pub mod sink {
     pub use sluice_core::sink::*;
     pub use sluice_redis as redis;
     pub use sluice_sql as sql;
     pub use sluice_sql::{mysql, postgres, sqlite};
+    pub use sluice_stdout as stdout;
 }

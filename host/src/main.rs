@@ -298,10 +298,15 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             let stats = sluice::app::run(&config, until_caught_up, shutdown)
                 .await
                 .with_context(|| format!("pipeline `{}`", config.pipeline))?;
-            println!(
+            let summary = format!(
                 "{} batches, {} records, {} rows, {} dead letters",
                 stats.batches, stats.records, stats.rows, stats.dead_letters
             );
+            // Rows are the stdout sink's output: keep the summary out of it.
+            match config.sink.kind()? {
+                sluice::sink::SinkKind::Stdout => eprintln!("{summary}"),
+                _ => println!("{summary}"),
+            }
             Ok(())
         }
         Command::Check { config } => {

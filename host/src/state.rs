@@ -31,15 +31,35 @@ pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore
             Ok(Arc::new(SqlModuleStore::open(sink).await?))
         }
         SinkKind::Redis => Ok(Arc::new(RedisModuleStore::open(sink).await?)),
+        SinkKind::Stdout => Err(StoreError::Config(
+            "stdout keeps no modules: give the pipeline a `[state]`".into(),
+        )),
     }
 }
 
-/// The lineage of the pipeline whose sink `sink` configures.
-pub async fn lineage(sink: &SinkConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
+/// Where the pipeline's checkpoints and lineage are committed: the sink,
+/// or `[state]` for a sink that keeps no state (stdout).
+pub fn state_sink(config: &PipelineConfig) -> Result<SinkConfig, SinkError> {
+    if config.sink.kind()?.keeps_state() {
+        return Ok(config.sink.clone());
+    }
+    match &config.state {
+        Some(state) => Ok(state.as_sink(&config.sink)),
+        None => Err(SinkError::Config(format!(
+            "a {} sink keeps its checkpoints in `[state]`, which is missing",
+            config.sink.kind()?.as_str()
+        ))),
+    }
+}
+
+/// The lineage of `config`'s pipeline.
+pub async fn lineage(config: &PipelineConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
+    let sink = state_sink(config)?;
     match sink.kind()? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
-            Ok(Arc::new(SqlLineage::open(sink).await?))
+            Ok(Arc::new(SqlLineage::open(&sink).await?))
         }
-        SinkKind::Redis => Ok(Arc::new(RedisLineage::open(sink).await?)),
+        SinkKind::Redis => Ok(Arc::new(RedisLineage::open(&sink).await?)),
+        SinkKind::Stdout => Err(SinkError::Config("stdout keeps no lineage".into())),
     }
 }

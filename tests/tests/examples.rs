@@ -373,3 +373,59 @@ async fn dedupe_redis_example_is_exact_across_crashes() {
         counts.values().sum::<i64>()
     );
 }
+
+/// The inspect-stdout example prints the json-filter example's rows as
+/// JSON lines, and its dead letter on stderr.
+#[tokio::test(flavor = "multi_thread")]
+async fn inspect_stdout_example_prints_the_json_filter_rows() {
+    let brokers = shared_broker();
+    let topic = "events-inspect";
+    create_topic(brokers, topic, 2);
+    let data = repo_root().join("examples/json-filter/events.jsonl");
+    produce_lines(brokers, topic, &data, 2);
+    let dir = TempDir::new("inspect-stdout");
+    let config = adapt_config(
+        &repo_root().join("examples/inspect-stdout"),
+        brokers,
+        dir.path(),
+    );
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("[\"events\"]", &format!("[\"{topic}\"]"));
+    let config = write_config(dir.path(), &text);
+    let out = std::process::Command::new(sluice_bin())
+        .args(["run", "--until-caught-up"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let mut rows: Vec<(i64, String, f64)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("a JSON line");
+            assert_eq!(v["target"], "purchases");
+            let r = &v["row"];
+            (
+                r["id"].as_i64().unwrap(),
+                r["user"].as_str().unwrap().to_string(),
+                r["amount"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    let dead = stderr
+        .lines()
+        .filter(|l| l.contains("\"dead_letter\""))
+        .count();
+    let mut actual = String::from("id user amount\n");
+    for (id, user, amount) in rows {
+        actual.push_str(&format!("{id} {user} {amount:?}\n"));
+    }
+    actual.push_str(&format!("dead_letters {dead}\n"));
+    assert_eq!(actual, expected("inspect-stdout"));
+    assert!(
+        dir.path().join(".sluice-state.db").exists(),
+        "no checkpoint file"
+    );
+}

@@ -48,7 +48,9 @@ pub struct PipelineConfig {
     /// Where the module store (components and activations) lives, if not
     /// in the sink's own database. Lineage and dead letters stay with the
     /// sink whatever this says: they commit in the sink's batch
-    /// transaction.
+    /// transaction. The stdout sink keeps everything here (checkpoints
+    /// too); without `[state]` it uses `.sluice-state.db` next to the
+    /// config.
     #[serde(default)]
     pub state: Option<StateConfig>,
 }
@@ -59,7 +61,8 @@ pub struct PipelineConfig {
 #[serde(deny_unknown_fields)]
 pub struct StateConfig {
     /// `sqlite://PATH` (relative to the config file; created if missing),
-    /// `postgres://user@host:port/db` or `mysql://user@host:port/db`.
+    /// `postgres://user@host:port/db`, `mysql://user@host:port/db` or
+    /// `redis://host:port/db`.
     pub url: String,
     /// Prefix of the store's tables (`<prefix>modules`, `<prefix>versions`).
     #[serde(default = "default_prefix")]
@@ -78,6 +81,7 @@ impl StateConfig {
             guarantee: Guarantee::ExactlyOnce,
             lock_timeout_ms: sink.lock_timeout_ms,
             lineage_keep: None,
+            format: None,
             targets: Vec::new(),
         }
     }
@@ -302,8 +306,9 @@ pub struct SinkConfig {
     /// Database URL: `sqlite://PATH` (relative to the config file; created
     /// if missing) is the embedded default; `postgres://user@host:port/db`
     /// or `mysql://user:password@host:port/db` (MariaDB too);
-    /// `redis://[:password@]host:port/db` for Redis. A password may also
-    /// come from the URL's usual environment (`PGPASSWORD`).
+    /// `redis://[:password@]host:port/db` for Redis; `stdout://` prints
+    /// rows (at-least-once, see `format`). A password may also come from
+    /// the URL's usual environment (`PGPASSWORD`).
     pub url: String,
     /// Prefix of sluice's own tables (checkpoints, batches, ranges, dead
     /// letters), or on Redis of its own keys (`<prefix>checkpoints:<pipeline>`
@@ -335,6 +340,10 @@ pub struct SinkConfig {
     /// a batch's outcome is read back from the checkpoints.
     #[serde(default = "default_lock_timeout_ms")]
     pub lock_timeout_ms: u64,
+    /// stdout: `json` (default: one JSON object per row and line) or
+    /// `table` (aligned columns per batch, for a terminal).
+    #[serde(default)]
+    pub format: Option<StdoutFormat>,
     /// Redis: how many batches' lineage entries are kept per pipeline
     /// (the oldest are trimmed in the commit that adds one; `verify` and
     /// `shadow` see only these). Default 100000. SQL sinks keep all.
@@ -342,6 +351,17 @@ pub struct SinkConfig {
     pub lineage_keep: Option<u64>,
     /// The targets a module may write to.
     pub targets: Vec<TargetConfig>,
+}
+
+/// How the stdout sink prints rows.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StdoutFormat {
+    /// One JSON object per row and line.
+    #[default]
+    Json,
+    /// A header per batch, then each target's rows in aligned columns.
+    Table,
 }
 
 /// The delivery guarantee of a sink.
@@ -684,6 +704,14 @@ impl PipelineConfig {
             cache
         });
         resolve_sqlite_path(&mut self.sink.url, base);
+        if self.state.is_none() && self.sink.kind().is_ok_and(|k| !k.keeps_state()) {
+            // The stdout sink's checkpoints, lineage and modules: a local
+            // SQLite file next to the config unless `[state]` says otherwise.
+            self.state = Some(StateConfig {
+                url: format!("sqlite://{DEFAULT_STATE_FILE}"),
+                table_prefix: default_prefix(),
+            });
+        }
         if let Some(state) = &mut self.state {
             resolve_sqlite_path(&mut state.url, base);
         }
@@ -784,11 +812,18 @@ impl PipelineConfig {
             .sink
             .kind()
             .map_err(|e| ConfigError::Invalid(config_message(e)))?;
-        if let Some(Err(e)) = self.state.as_ref().map(|s| SinkKind::of_url(&s.url)) {
-            return invalid(format!("`state.url`: {}", config_message(e)));
+        match self.state.as_ref().map(|s| SinkKind::of_url(&s.url)) {
+            Some(Err(e)) => return invalid(format!("`state.url`: {}", config_message(e))),
+            Some(Ok(k)) if !k.keeps_state() => {
+                return invalid(format!("`state.url`: {} keeps no state", k.as_str()));
+            }
+            _ => {}
         }
         if self.sink.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());
+        }
+        if self.sink.format.is_some() && kind != SinkKind::Stdout {
+            return invalid("`sink.format` is for the stdout sink".into());
         }
         match self.sink.lineage_keep {
             Some(_) if kind.is_sql() => {
@@ -823,6 +858,10 @@ pub const MAX_STACK_KIB: u64 = 8 * 1024;
 /// stack allowed plus room for the host's frames under it (wasmtime,
 /// lifting, the batch loop).
 pub const TRANSFORM_THREAD_STACK_BYTES: usize = (MAX_STACK_KIB as usize + 4 * 1024) * 1024;
+
+/// The state store of a sink that keeps none (stdout) when `[state]` is
+/// absent: this SQLite file next to the config.
+pub const DEFAULT_STATE_FILE: &str = ".sluice-state.db";
 
 /// librdkafka properties sluice sets itself.
 pub const RESERVED_PROPERTIES: &[&str] = &[
@@ -886,7 +925,10 @@ impl TargetConfig {
             }
             return Ok(());
         }
-        if self.redis.is_empty() {
+        if kind == SinkKind::Stdout && !self.redis.is_empty() {
+            return invalid("`redis` commands are for a Redis sink, but the sink is stdout".into());
+        }
+        if kind == SinkKind::Redis && self.redis.is_empty() {
             return invalid(
                 "a Redis target needs at least one `[[sink.targets.redis]]` command".into(),
             );
@@ -898,8 +940,13 @@ impl TargetConfig {
         ];
         if let Some((field, _)) = sql_only.iter().find(|(_, set)| *set) {
             return invalid(format!(
-                "`{field}` is for SQL sinks; a Redis target says what it writes in its \
-                 `[[sink.targets.redis]]` commands"
+                "`{field}` is for SQL sinks; {}",
+                match kind {
+                    SinkKind::Redis =>
+                        "a Redis target says what it writes in its \
+                                        `[[sink.targets.redis]]` commands",
+                    _ => "the stdout sink prints every row",
+                }
             ));
         }
         for (i, command) in self.redis.iter().enumerate() {

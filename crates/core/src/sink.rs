@@ -166,6 +166,7 @@ pub enum SinkKind {
     #[serde(alias = "mariadb")]
     Mysql,
     Redis,
+    Stdout,
 }
 
 impl SinkKind {
@@ -177,9 +178,10 @@ impl SinkKind {
             "postgres" | "postgresql" => Ok(SinkKind::Postgres),
             "mysql" | "mariadb" => Ok(SinkKind::Mysql),
             "redis" | "rediss" => Ok(SinkKind::Redis),
+            "stdout" => Ok(SinkKind::Stdout),
             _ => Err(SinkError::Config(format!(
                 "unsupported sink URL `{}`: use sqlite://PATH, postgres://USER@HOST/DB, \
-                 mysql://USER@HOST/DB or redis://HOST:PORT/DB",
+                 mysql://USER@HOST/DB, redis://HOST:PORT/DB or stdout://",
                 redact_url(url)
             ))),
         }
@@ -192,12 +194,19 @@ impl SinkKind {
             SinkKind::Postgres => "postgres",
             SinkKind::Mysql => "mysql",
             SinkKind::Redis => "redis",
+            SinkKind::Stdout => "stdout",
         }
     }
 
     /// True for the kinds that write tables (SQL).
     pub fn is_sql(self) -> bool {
-        !matches!(self, SinkKind::Redis)
+        !matches!(self, SinkKind::Redis | SinkKind::Stdout)
+    }
+
+    /// True for the kinds that can keep state (checkpoints, lineage,
+    /// modules): all but stdout.
+    pub fn keeps_state(self) -> bool {
+        self != SinkKind::Stdout
     }
 }
 

@@ -87,7 +87,7 @@ pub struct Replayer {
 
 impl Replayer {
     pub async fn open(config: &PipelineConfig) -> Result<Replayer, ReplayError> {
-        let lineage = crate::state::lineage(&config.sink).await?;
+        let lineage = crate::state::lineage(config).await?;
         let store = crate::state::module_store(config).await?;
         let source = config.source.clone();
         let pipeline = config.pipeline.clone();
