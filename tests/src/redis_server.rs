@@ -16,15 +16,23 @@ pub struct RedisServer {
     pub port: u16,
     dir: TempDir,
     child: Option<Child>,
+    /// `appendfsync always` (else no persistence at all).
+    durable: bool,
 }
 
 impl RedisServer {
     /// Starts a server persisting to its own directory.
     pub fn start(name: &str) -> RedisServer {
+        Self::start_with(name, true)
+    }
+
+    /// Starts a server that persists every write (`durable`) or nothing.
+    pub fn start_with(name: &str, durable: bool) -> RedisServer {
         let mut server = RedisServer {
             port: free_port(),
             dir: TempDir::new(&format!("redis-{name}")),
             child: None,
+            durable,
         };
         server.restart();
         server
@@ -36,14 +44,11 @@ impl RedisServer {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(self.dir.path())
-            .args([
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-                "--save",
-                "",
-            ])
+            .args(match self.durable {
+                true => ["--appendonly", "yes", "--appendfsync", "always"],
+                false => ["--appendonly", "no", "--appendfsync", "no"],
+            })
+            .args(["--save", ""])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -90,6 +95,31 @@ impl RedisServer {
         self.try_conn()
             .and_then(|mut c| c.llen(format!("sluice_lineage:{pipeline}")).ok())
             .unwrap_or(0)
+    }
+
+    /// Records per second from the first to the last batch commit in
+    /// `pipeline`'s lineage (the first batch's records left out), and the
+    /// batch count.
+    pub fn lineage_rate(&self, pipeline: &str) -> (f64, usize) {
+        let entries: Vec<String> = self
+            .conn()
+            .lrange(format!("sluice_lineage:{pipeline}"), 0, -1)
+            .expect("LRANGE");
+        let parsed: Vec<(i64, i64)> = entries
+            .iter()
+            .map(|e| {
+                let v: serde_json::Value = serde_json::from_str(e).expect("lineage JSON");
+                (
+                    v["committed_at_ms"].as_i64().unwrap(),
+                    v["records"].as_i64().unwrap(),
+                )
+            })
+            .collect();
+        let (first_ms, first_records) = parsed[0];
+        let last_ms = parsed.last().unwrap().0;
+        let total: i64 = parsed.iter().map(|p| p.1).sum();
+        let span = (last_ms - first_ms).max(1) as f64 / 1000.0;
+        ((total - first_records) as f64 / span, parsed.len())
     }
 
     pub fn dead_letters(&self, pipeline: &str) -> usize {

@@ -1,4 +1,5 @@
--- sluice: one batch, atomically (see sink.rs for the argument layout).
+-- sluice: one batch, atomically (see sink.rs and render.rs for the
+-- argument layout: each call is name, key index, argument count, arguments).
 --
 -- A script is atomic but not rolled back: everything that could fail is
 -- checked first (the offsets compare-and-set, the type of every key
@@ -78,42 +79,36 @@ end
 for _ = 1, tonumber(take()) do
   local op = take()
   local key = KEYS[tonumber(take())]
+  local args = {}
+  for i = 1, tonumber(take()) do
+    args[i] = take()
+  end
   if op == 'set' then
-    local value = take()
-    local ttl = take()
+    -- value, ttl pairs: the last one is what stays
+    local value, ttl = args[#args - 1], args[#args]
     if ttl == '' then
       redis.call('SET', key, value)
     else
       redis.call('SET', key, value, 'EX', ttl)
     end
   elseif op == 'hset' then
-    local field = take()
-    local value = take()
-    redis.call('HSET', key, field, value)
+    redis.call('HSET', key, unpack(args))
   elseif op == 'hincrby' then
-    local field = take()
-    local by = take()
-    redis.call('HINCRBY', key, field, by)
-  elseif op == 'incrby' then
-    redis.call('INCRBY', key, take())
-  elseif op == 'sadd' then
-    redis.call('SADD', key, take())
-  elseif op == 'pfadd' then
-    redis.call('PFADD', key, take())
-  elseif op == 'zadd' then
-    local score = take()
-    local member = take()
-    redis.call('ZADD', key, score, member)
-  elseif op == 'zincrby' then
-    local by = take()
-    local member = take()
-    redis.call('ZINCRBY', key, by, member)
-  elseif op == 'xadd' then
-    local args = {'XADD', key, '*'}
-    for _ = 1, tonumber(take()) do
-      args[#args + 1] = take()
+    for i = 1, #args, 2 do
+      redis.call('HINCRBY', key, args[i], args[i + 1])
     end
-    redis.call(unpack(args))
+  elseif op == 'incrby' then
+    redis.call('INCRBY', key, args[1])
+  elseif op == 'sadd' then
+    redis.call('SADD', key, unpack(args))
+  elseif op == 'pfadd' then
+    redis.call('PFADD', key, unpack(args))
+  elseif op == 'zadd' then
+    redis.call('ZADD', key, unpack(args))
+  elseif op == 'zincrby' then
+    redis.call('ZINCRBY', key, args[1], args[2])
+  elseif op == 'xadd' then
+    redis.call('XADD', key, '*', unpack(args))
   elseif op == 'del' then
     redis.call('DEL', key)
   end

@@ -67,6 +67,13 @@ impl CompiledTarget {
 }
 
 /// A batch's commands in the commit script's layout (see `commit.lua`).
+///
+/// Commands are grouped to spare the script calls: the members of
+/// consecutive SADDs (PFADDs, ZADDs, HSETs) to one key become one variadic
+/// call, and consecutive increments of one counter are summed. Only
+/// commands with no other command to the same key between them are
+/// grouped, so the result is the one the rows give in order (commands to
+/// different keys commute).
 #[derive(Default)]
 pub struct Rendered {
     /// The keys written, by index (KEYS[4..] of the script).
@@ -79,10 +86,23 @@ pub struct Rendered {
     /// (key, field) set to a value that is no integer.
     non_integers: HashSet<(usize, Vec<u8>)>,
     hyperloglogs: HashSet<usize>,
-    /// The ops, flattened: name, key index, arguments.
-    pub ops: Vec<Vec<u8>>,
-    pub op_count: usize,
+    groups: Vec<Group>,
+    /// Per key, the group a next command of the same kind may join.
+    open: HashMap<usize, usize>,
 }
+
+/// One script call: a command, its key and its arguments.
+struct Group {
+    command: RedisCommand,
+    key: usize,
+    arguments: Vec<Vec<u8>>,
+    /// Increments: field -> position of its sum in `sums`.
+    sum_of: HashMap<Vec<u8>, usize>,
+    sums: Vec<(Vec<u8>, i64)>,
+}
+
+/// Most arguments one grouped call takes (Lua's `unpack` has a limit).
+const MAX_GROUP_ARGUMENTS: usize = 1000;
 
 /// One command of one row, rendered.
 pub struct Op {
@@ -126,22 +146,109 @@ impl Rendered {
             }
             _ => {}
         }
-        self.ops.push(op.command.as_str().as_bytes().to_vec());
-        self.ops.push((key + 4).to_string().into_bytes());
-        if op.command == RedisCommand::Xadd {
-            self.ops.push(op.arguments.len().to_string().into_bytes());
+        let mut g = self.group_for(key, &op);
+        match op.command {
+            RedisCommand::Incrby | RedisCommand::Hincrby => {
+                let by = op.arguments.last().expect("increments take `by`");
+                let by: i64 = std::str::from_utf8(by)
+                    .ok()
+                    .and_then(|b| b.parse().ok())
+                    .expect("checked by check_numbers");
+                let field = match op.command {
+                    RedisCommand::Hincrby => op.arguments[0].clone(),
+                    _ => Vec::new(),
+                };
+                let summed = |group: &Group| {
+                    let at = group.sum_of.get(&field).copied();
+                    at.is_none_or(|at| group.sums[at].1.checked_add(by).is_some())
+                };
+                if !summed(&self.groups[g]) {
+                    // The sum would overflow: a call of its own, in order.
+                    self.open.remove(&key);
+                    g = self.group_for(key, &op);
+                }
+                let group = &mut self.groups[g];
+                let at = *group.sum_of.entry(field.clone()).or_insert_with(|| {
+                    group.sums.push((field, 0));
+                    group.sums.len() - 1
+                });
+                group.sums[at].1 += by;
+            }
+            RedisCommand::Set => {
+                let group = &mut self.groups[g];
+                group.arguments.extend(op.arguments);
+                group.arguments.push(
+                    op.ttl_s
+                        .map(|t| t.to_string())
+                        .unwrap_or_default()
+                        .into_bytes(),
+                );
+            }
+            _ => self.groups[g].arguments.extend(op.arguments),
         }
-        self.ops.extend(op.arguments);
-        if op.command == RedisCommand::Set {
-            self.ops.push(
-                op.ttl_s
-                    .map(|t| t.to_string())
-                    .unwrap_or_default()
-                    .into_bytes(),
-            );
-        }
-        self.op_count += 1;
         Ok(())
+    }
+
+    /// The group `op` joins: the key's open group if it is of the same
+    /// command and has room, else a new one (which becomes the key's open
+    /// group).
+    fn group_for(&mut self, key: usize, op: &Op) -> usize {
+        let variadic = matches!(
+            op.command,
+            RedisCommand::Sadd
+                | RedisCommand::Pfadd
+                | RedisCommand::Zadd
+                | RedisCommand::Hset
+                | RedisCommand::Incrby
+                | RedisCommand::Hincrby
+        );
+        if variadic && let Some(&g) = self.open.get(&key) {
+            let group = &self.groups[g];
+            let room = group.arguments.len() + 2 * group.sums.len() + op.arguments.len()
+                <= MAX_GROUP_ARGUMENTS;
+            if group.command == op.command && room {
+                return g;
+            }
+        }
+        self.groups.push(Group {
+            command: op.command,
+            key,
+            arguments: Vec::new(),
+            sum_of: HashMap::new(),
+            sums: Vec::new(),
+        });
+        let g = self.groups.len() - 1;
+        self.open.insert(key, g);
+        g
+    }
+
+    /// How many calls the script makes.
+    pub fn call_count(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// The calls, flattened: name, key index, argument count, arguments.
+    pub fn into_calls(self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        for g in self.groups {
+            out.push(g.command.as_str().as_bytes().to_vec());
+            out.push((g.key + 4).to_string().into_bytes());
+            let sums = g
+                .sums
+                .iter()
+                .flat_map(|(field, sum)| {
+                    let sum = sum.to_string().into_bytes();
+                    match g.command {
+                        RedisCommand::Hincrby => vec![field.clone(), sum],
+                        _ => vec![sum],
+                    }
+                })
+                .collect::<Vec<_>>();
+            out.push((g.arguments.len() + sums.len()).to_string().into_bytes());
+            out.extend(g.arguments);
+            out.extend(sums);
+        }
+        out
     }
 
     /// The index of `key`, checking it is written as one type only.
@@ -209,43 +316,82 @@ impl Rendered {
     }
 }
 
+/// A template with its placeholders resolved to column positions.
+enum Part<'t> {
+    Literal(&'t [u8]),
+    Column(usize),
+}
+
+fn resolve<'t>(t: &'t Template, names: &[&str]) -> Vec<Part<'t>> {
+    t.pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Literal(text) => Part::Literal(text.as_bytes()),
+            Piece::Column(name) => Part::Column(
+                names
+                    .iter()
+                    .position(|n| n == name)
+                    .expect("templates name declared columns (checked at start)"),
+            ),
+        })
+        .collect()
+}
+
 /// Every command of every row of `rows`, rendered, in row order.
 pub fn ops_of(target: &CompiledTarget, rows: &TargetRows) -> Result<Vec<Op>, SinkError> {
     let declared = declared_columns(&target.config, rows)?;
-    let columns: HashMap<&str, Vec<Value<'_>>> = declared
+    let names: Vec<&str> = declared.iter().map(|(c, _)| c.name.as_str()).collect();
+    let columns: Vec<Vec<Value<'_>>> = declared.iter().map(|(c, _)| c.values().collect()).collect();
+    let resolved: Vec<(Vec<Part<'_>>, Vec<Vec<Part<'_>>>, Vec<usize>)> = target
+        .commands
         .iter()
-        .map(|(c, _)| (c.name.as_str(), c.values().collect()))
+        .map(|c| {
+            let fields = c
+                .fields
+                .iter()
+                .map(|f| names.iter().position(|n| n == f).expect("checked at start"))
+                .collect();
+            let arguments = c.arguments.iter().map(|t| resolve(t, &names)).collect();
+            (resolve(&c.key, &names), arguments, fields)
+        })
         .collect();
+    let name = &target.config.name;
     let mut ops = Vec::with_capacity(rows.rows as usize * target.commands.len());
     for row in 0..rows.rows as usize {
-        for c in &target.commands {
-            let render = |t: &Template| render(t, &columns, row, &target.config.name);
-            let key = render(&c.key)?;
+        for (c, (key, arguments, fields)) in target.commands.iter().zip(&resolved) {
+            let render = |parts: &[Part<'_>], template: &Template| {
+                render(parts, &columns, row).map_err(|column| {
+                    SinkError::Config(format!(
+                        "target `{name}`: column `{}` is null in a row, so template {:?} \
+                         cannot be built",
+                        names[column], template.source
+                    ))
+                })
+            };
+            let key = render(key, &c.key)?;
             if key.is_empty() {
                 return Err(SinkError::Config(format!(
-                    "target `{}`: key {:?} renders empty for a row",
-                    target.config.name, c.key.source
+                    "target `{name}`: key {:?} renders empty for a row",
+                    c.key.source
                 )));
             }
-            let mut arguments = c
-                .arguments
-                .iter()
-                .map(render)
-                .collect::<Result<Vec<_>, _>>()?;
-            check_numbers(c, &arguments, &target.config.name)?;
+            let mut rendered = Vec::with_capacity(arguments.len());
+            for (parts, template) in arguments.iter().zip(&c.arguments) {
+                rendered.push(render(parts, template)?);
+            }
+            check_numbers(c, &rendered, name)?;
             if c.command == RedisCommand::Xadd {
-                arguments = entry_fields(&c.fields, &columns, row);
-                if arguments.is_empty() {
+                rendered = entry_fields(fields, &names, &columns, row);
+                if rendered.is_empty() {
                     return Err(SinkError::Config(format!(
-                        "target `{}`: every field of a stream entry is null",
-                        target.config.name
+                        "target `{name}`: every field of a stream entry is null"
                     )));
                 }
             }
             ops.push(Op {
                 command: c.command,
                 key,
-                arguments,
+                arguments: rendered,
                 ttl_s: c.ttl_s,
             });
         }
@@ -255,14 +401,16 @@ pub fn ops_of(target: &CompiledTarget, rows: &TargetRows) -> Result<Vec<Op>, Sin
 
 /// `xadd`'s field/value pairs; null columns are left out of the entry.
 fn entry_fields(
-    fields: &[String],
-    columns: &HashMap<&str, Vec<Value<'_>>>,
+    fields: &[usize],
+    names: &[&str],
+    columns: &[Vec<Value<'_>>],
     row: usize,
 ) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for f in fields {
-        if let Some(bytes) = value_bytes(columns[f.as_str()][row]) {
-            out.push(f.as_bytes().to_vec());
+    let mut out = Vec::with_capacity(2 * fields.len());
+    for &f in fields {
+        let mut bytes = Vec::new();
+        if write_value(columns[f][row], &mut bytes) {
+            out.push(names[f].as_bytes().to_vec());
             out.push(bytes);
         }
     }
@@ -276,7 +424,10 @@ fn check_numbers(
     target: &str,
 ) -> Result<(), SinkError> {
     for (name, value) in c.command.arguments().iter().zip(arguments) {
-        let text = String::from_utf8_lossy(value);
+        if *name != "by" && *name != "score" {
+            continue;
+        }
+        let text = std::str::from_utf8(value).unwrap_or("");
         let ok = match (*name, c.command) {
             ("by", RedisCommand::Zincrby) | ("score", _) => {
                 text.parse::<f64>().is_ok_and(|f| !f.is_nan())
@@ -294,40 +445,106 @@ fn check_numbers(
     Ok(())
 }
 
-fn render(
-    template: &Template,
-    columns: &HashMap<&str, Vec<Value<'_>>>,
-    row: usize,
-    target: &str,
-) -> Result<Vec<u8>, SinkError> {
-    let mut out = Vec::new();
-    for piece in &template.pieces {
-        match piece {
-            Piece::Literal(text) => out.extend_from_slice(text.as_bytes()),
-            Piece::Column(name) => {
-                let value = columns[name.as_str()][row];
-                let bytes = value_bytes(value).ok_or_else(|| {
-                    SinkError::Config(format!(
-                        "target `{target}`: column `{name}` is null in a row, so template {:?} \
-                         cannot be built",
-                        template.source
-                    ))
-                })?;
-                out.extend_from_slice(&bytes);
+/// The template's bytes for `row`; `Err(column)` if a placeholder's
+/// column is null there.
+fn render(parts: &[Part<'_>], columns: &[Vec<Value<'_>>], row: usize) -> Result<Vec<u8>, usize> {
+    let mut out = Vec::with_capacity(32);
+    for part in parts {
+        match *part {
+            Part::Literal(text) => out.extend_from_slice(text),
+            Part::Column(c) => {
+                if !write_value(columns[c][row], &mut out) {
+                    return Err(c);
+                }
             }
         }
     }
     Ok(out)
 }
 
-/// A cell as Redis stores it; `None` for null.
-fn value_bytes(value: Value<'_>) -> Option<Vec<u8>> {
+/// Appends a cell as Redis stores it; false for null.
+fn write_value(value: Value<'_>, out: &mut Vec<u8>) -> bool {
+    use std::io::Write;
     match value {
-        Value::Null => None,
-        Value::Int(i) => Some(i.to_string().into_bytes()),
-        Value::Float(f) => Some(f.to_string().into_bytes()),
-        Value::Text(t) => Some(t.as_bytes().to_vec()),
-        Value::Bytes(b) => Some(b.to_vec()),
-        Value::Bool(b) => Some(if b { b"1".to_vec() } else { b"0".to_vec() }),
+        Value::Null => return false,
+        Value::Int(i) => {
+            let _ = write!(out, "{i}");
+        }
+        Value::Float(f) => {
+            let _ = write!(out, "{f}");
+        }
+        Value::Text(t) => out.extend_from_slice(t.as_bytes()),
+        Value::Bytes(b) => out.extend_from_slice(b),
+        Value::Bool(b) => out.push(if b { b'1' } else { b'0' }),
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::config::PipelineConfig;
+    use sluice_core::testing::words_output;
+
+    fn target(commands: &str) -> CompiledTarget {
+        let text = format!(
+            "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
+             [sink]\nurl = \"redis://127.0.0.1/0\"\n[[sink.targets]]\nname = \"counts\"\n\
+             columns = {{ word = \"text\", n = \"integer\" }}\n{commands}"
+        );
+        let config = PipelineConfig::parse(&text).unwrap();
+        CompiledTarget::new(&config.sink.targets[0]).unwrap()
+    }
+
+    fn calls(commands: &str, words: &[(&str, i64)]) -> Vec<String> {
+        let mut r = Rendered::default();
+        let out = words_output("counts", words);
+        r.add(&target(commands), &out.targets[0]).unwrap();
+        r.into_calls()
+            .iter()
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn commands_to_one_key_group_and_increments_sum() {
+        let got = calls(
+            "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"k\"\nmember = \"{word}\"\n\
+             [[sink.targets.redis]]\ncommand = \"hincrby\"\nkey = \"h\"\nfield = \"{word}\"\nby = \"{n}\"\n",
+            &[("a", 1), ("b", 2), ("a", 3)],
+        );
+        assert_eq!(
+            got,
+            [
+                "sadd", "4", "3", "a", "b", "a", "hincrby", "5", "4", "a", "4", "b", "2"
+            ]
+        );
+    }
+
+    #[test]
+    fn another_command_to_the_same_key_keeps_the_order() {
+        let got = calls(
+            "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"s:{word}\"\nmember = \"{n}\"\n\
+             [[sink.targets.redis]]\ncommand = \"del\"\nkey = \"s:{word}\"\n",
+            &[("a", 1), ("a", 2)],
+        );
+        assert_eq!(
+            got,
+            [
+                "sadd", "4", "1", "1", "del", "4", "0", "sadd", "4", "1", "2", "del", "4", "0"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_key_written_as_two_types_is_refused_before_the_script() {
+        let mut r = Rendered::default();
+        let out = words_output("counts", &[("a", 1)]);
+        let t = target(
+            "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"k\"\nmember = \"{word}\"\n\
+             [[sink.targets.redis]]\ncommand = \"incrby\"\nkey = \"k\"\n",
+        );
+        let err = r.add(&t, &out.targets[0]).unwrap_err().to_string();
+        assert!(err.contains("written as a set and as a string"), "{err}");
     }
 }

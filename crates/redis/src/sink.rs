@@ -126,12 +126,12 @@ impl RedisSink {
         for a in &checks {
             call.arg(a.as_slice());
         }
-        call.arg(rendered.op_count);
-        for a in &rendered.ops {
+        call.arg(rendered.call_count());
+        let calls = rendered.into_calls();
+        for a in &calls {
             call.arg(a.as_slice());
         }
-        let arguments =
-            6 + 3 * c.plan.ranges.len() + dead.len() + checks.len() + rendered.ops.len();
+        let arguments = 6 + 3 * c.plan.ranges.len() + dead.len() + checks.len() + calls.len();
         if arguments > MAX_SCRIPT_ARGUMENTS {
             return Err(SinkError::Config(format!(
                 "batch {} needs {arguments} script arguments, over the {MAX_SCRIPT_ARGUMENTS} one \
