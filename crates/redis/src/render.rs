@@ -337,12 +337,15 @@ fn resolve<'t>(t: &'t Template, names: &[&str]) -> Vec<Part<'t>> {
         .collect()
 }
 
+/// A command's key, arguments and (`xadd`) field columns, resolved.
+type ResolvedCommand<'t> = (Vec<Part<'t>>, Vec<Vec<Part<'t>>>, Vec<usize>);
+
 /// Every command of every row of `rows`, rendered, in row order.
 pub fn ops_of(target: &CompiledTarget, rows: &TargetRows) -> Result<Vec<Op>, SinkError> {
     let declared = declared_columns(&target.config, rows)?;
     let names: Vec<&str> = declared.iter().map(|(c, _)| c.name.as_str()).collect();
     let columns: Vec<Vec<Value<'_>>> = declared.iter().map(|(c, _)| c.values().collect()).collect();
-    let resolved: Vec<(Vec<Part<'_>>, Vec<Vec<Part<'_>>>, Vec<usize>)> = target
+    let resolved: Vec<ResolvedCommand<'_>> = target
         .commands
         .iter()
         .map(|c| {
