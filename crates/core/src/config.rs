@@ -299,8 +299,8 @@ impl Default for LimitsConfig {
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
     /// The sink kind: `sqlite`, `postgres`, `mysql` (`mariadb` is the
-    /// same) or `redis`. Default: the kind the URL's scheme names; if both
-    /// are given they must agree.
+    /// same), `redis` or `stdout`. Default: the kind the URL's scheme
+    /// names; if both are given they must agree.
     #[serde(default)]
     pub kind: Option<SinkKind>,
     /// Database URL: `sqlite://PATH` (relative to the config file; created
