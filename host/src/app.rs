@@ -194,7 +194,7 @@ async fn run_with<S: Sink>(
             return Ok(RunStats::default());
         };
         let group = config.group_id();
-        let source_config = config.source.clone();
+        let source_config = config.effective_source();
         let source =
             tokio::task::spawn_blocking(move || KafkaSource::connect(&source_config, &group))
                 .await

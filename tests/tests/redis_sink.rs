@@ -94,6 +94,49 @@ async fn two_owners_of_one_partition_commit_each_range_once() {
     println!("{fenced} commits fenced; {n} records exactly once");
 }
 
+/// A batch is bounded across its partitions when it is planned, not split
+/// mid-commit: every lineage entry holds at most `max_records_per_batch`
+/// offsets, and the result is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn batches_are_capped_up_front_across_partitions() {
+    let brokers = shared_broker();
+    let topic = "redis-cap";
+    create_topic(brokers, topic, PARTITIONS);
+    produce(brokers, topic, &numbered(topic, 8_000, PARTITIONS));
+    let redis = RedisServer::start("cap");
+    let dir = TempDir::new("redis-cap");
+    let config = write_config(
+        dir.path(),
+        &identity_redis_config(
+            "rcap",
+            brokers,
+            topic,
+            &redis.url(),
+            1000,
+            "max_records_per_batch = 300",
+        ),
+    );
+    run_ok(&config);
+    let entries: Vec<String> = redis.conn().lrange("sluice_lineage:rcap", 0, -1).unwrap();
+    let mut multi = 0;
+    for e in &entries {
+        let v: serde_json::Value = serde_json::from_str(e).unwrap();
+        let ranges = v["ranges"].as_array().unwrap();
+        let offsets: i64 = ranges
+            .iter()
+            .map(|r| r["until"].as_i64().unwrap() - r["from"].as_i64().unwrap())
+            .sum();
+        assert!(offsets <= 300, "a batch of {offsets} offsets: {e}");
+        multi += (ranges.len() > 1) as usize;
+    }
+    assert!(multi > 0, "no batch spanned several partitions");
+    redis.assert_identity_exactly_once("rcap", &read_committed(brokers, topic, PARTITIONS));
+    println!(
+        "{} batches of at most 300 offsets, {multi} over several partitions",
+        entries.len()
+    );
+}
+
 /// Redis SIGKILLed mid-run and started again from its append-only file:
 /// the pipeline waits, resumes, and the result is exact.
 #[tokio::test(flavor = "multi_thread")]
@@ -451,11 +494,23 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
             "expected {expected:?}, got: {err}"
         );
     }
-    let (ok, err) = check(&base(
+    let good = base(
         "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"k:{partition}\"\nmember = \"{key}\"\n",
         "",
-    ));
+    );
+    let (ok, err) = check(&good);
     assert!(ok, "{err}");
+    // `reset` moves SQL checkpoints only, and says so before connecting.
+    let out = Command::new(sluice_bin())
+        .args(["reset", "--to-earliest"])
+        .arg(write_config(dir.path(), &good))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("moves checkpoints of SQL sinks only"),
+        "{err}"
+    );
 
     // A key already holding another type: the script refuses before writing.
     let brokers = shared_broker();

@@ -73,6 +73,8 @@ pub struct KafkaSource {
     brokers: String,
     start: StartPosition,
     max_per_partition: i64,
+    /// Upper bound of a batch across its partitions, in offsets.
+    max_per_batch: Option<i64>,
     partitions: BTreeMap<TopicPartition, PartitionState>,
     /// True once the group gave us an assignment (possibly empty).
     assigned_once: bool,
@@ -116,6 +118,7 @@ impl KafkaSource {
             brokers: config.brokers.clone(),
             start: config.start,
             max_per_partition: config.max_records_per_partition as i64,
+            max_per_batch: config.max_records_per_batch.map(i64::from),
             partitions: BTreeMap::new(),
             assigned_once: false,
             held_error: None,
@@ -216,10 +219,13 @@ impl KafkaSource {
     }
 
     fn some_batch_full(&self) -> bool {
-        self.partitions.values().any(|s| {
-            s.next
-                .is_some_and(|n| s.position >= n + self.max_per_partition)
-        })
+        let waiting = |s: &PartitionState| s.next.map_or(0, |n| (s.position - n).max(0));
+        self.partitions
+            .values()
+            .any(|s| waiting(s) >= self.max_per_partition)
+            || self
+                .max_per_batch
+                .is_some_and(|cap| self.partitions.values().map(waiting).sum::<i64>() >= cap)
     }
 
     /// Folds in the consumer's position, which also moves past transaction
@@ -458,10 +464,12 @@ impl Source for KafkaSource {
     }
 
     /// Cuts the next ranges: per started partition, from its checkpoint up to
-    /// what has been read, at most `max_records_per_partition` offsets.
-    /// Partitions with nothing new are left out.
+    /// what has been read, at most `max_records_per_partition` offsets, and
+    /// at most `max_records_per_batch` in all (shared fairly). Partitions
+    /// with nothing new are left out.
     fn plan_ranges(&self) -> Vec<OffsetRange> {
-        self.partitions
+        let mut ranges: Vec<OffsetRange> = self
+            .partitions
             .iter()
             .filter_map(|(tp, s)| {
                 let from = s.next?;
@@ -473,7 +481,11 @@ impl Source for KafkaSource {
                     until,
                 })
             })
-            .collect()
+            .collect();
+        if let Some(cap) = self.max_per_batch {
+            share_cap(&mut ranges, cap);
+        }
+        ranges
     }
 
     /// The buffered records of `ranges`, in the module's layout. They stay
@@ -623,4 +635,44 @@ fn cached_watermarks<C: rdkafka::consumer::ConsumerContext>(
         && low >= 0
         && high >= 0)
         .then_some((low, high))
+}
+
+/// Shortens `ranges` so they hold at most `cap` offsets together: each
+/// gets an equal share, and what a short range leaves is handed on in
+/// order. Every range keeps at least one offset, so none starves.
+fn share_cap(ranges: &mut [OffsetRange], cap: i64) {
+    let mut left = cap.max(ranges.len() as i64);
+    let mut sorted: Vec<usize> = (0..ranges.len()).collect();
+    sorted.sort_by_key(|&i| ranges[i].until - ranges[i].from);
+    for (done, &i) in sorted.iter().enumerate() {
+        let share = (left / (ranges.len() - done) as i64).max(1);
+        let r = &mut ranges[i];
+        r.until = r.until.min(r.from + share);
+        left -= r.until - r.from;
+    }
+}
+
+#[cfg(test)]
+mod cap_tests {
+    use super::*;
+
+    fn range(p: i32, len: i64) -> OffsetRange {
+        OffsetRange {
+            topic: "t".into(),
+            partition: p,
+            from: 100,
+            until: 100 + len,
+        }
+    }
+
+    #[test]
+    fn a_batch_cap_is_shared_fairly_and_short_ranges_hand_on_their_rest() {
+        let mut ranges = vec![range(0, 1000), range(1, 10), range(2, 1000)];
+        share_cap(&mut ranges, 300);
+        let lens: Vec<i64> = ranges.iter().map(|r| r.until - r.from).collect();
+        assert_eq!(lens, [145, 10, 145]);
+        let mut tiny = vec![range(0, 5), range(1, 5), range(2, 5)];
+        share_cap(&mut tiny, 2);
+        assert!(tiny.iter().all(|r| r.until - r.from == 1), "none starves");
+    }
 }

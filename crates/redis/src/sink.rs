@@ -43,9 +43,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// Most arguments one commit script is given. Redis runs a script alone,
-/// blocking every other client: a batch that would need more fails with a
-/// clear error instead of stalling the server, and the user makes batches
-/// smaller (`source.max_records_per_partition`).
+/// blocking every other client. Batches are bounded when planned
+/// (`source.max_records_per_batch`); one that would still need more (a
+/// module writing many rows per record) fails with a clear error instead
+/// of stalling the server.
 pub const MAX_SCRIPT_ARGUMENTS: usize = 2_000_000;
 
 /// Lineage entries kept per pipeline when `sink.lineage_keep` is unset.
@@ -136,7 +137,7 @@ impl RedisSink {
             return Err(SinkError::Config(format!(
                 "batch {} needs {arguments} script arguments, over the {MAX_SCRIPT_ARGUMENTS} one \
                  Redis script may take without stalling the server: lower \
-                 `source.max_records_per_partition`",
+                 `source.max_records_per_batch`",
                 c.plan.batch_id
             )));
         }
