@@ -73,6 +73,13 @@ impl RedisServer {
         }
     }
 
+    /// Sends `signal` to the server (SIGSTOP freezes it, SIGCONT thaws).
+    pub fn signal(&self, signal: i32) {
+        let pid = self.child.as_ref().expect("running").id() as i32;
+        // SAFETY: plain kill(2) on our own child's pid.
+        unsafe { libc::kill(pid, signal) };
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }

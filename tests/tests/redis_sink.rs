@@ -175,6 +175,48 @@ async fn redis_killed_and_restarted_mid_run_resumes_exactly() {
     println!("Redis killed and restarted mid-run; {n} records exactly once");
 }
 
+/// Redis frozen (SIGSTOP) for several reply timeouts mid-run, then thawed:
+/// the commit in flight times out (outcome unknown), reads time out and are
+/// retried, the queued script runs on thaw and is resolved from the
+/// checkpoints; the result is exact.
+#[tokio::test(flavor = "multi_thread")]
+async fn frozen_redis_is_waited_out_and_the_result_is_exact() {
+    let brokers = shared_broker();
+    let topic = "redis-frozen";
+    create_topic(brokers, topic, PARTITIONS);
+    produce(brokers, topic, &numbered(topic, 40_000, PARTITIONS));
+    let redis = RedisServer::start("frozen");
+    let dir = TempDir::new("redis-frozen");
+    let text = identity_redis_config("rfrozen", brokers, topic, &redis.url(), 100, "")
+        .replace("lock_timeout_ms = 3000", "lock_timeout_ms = 500");
+    let config = write_config(dir.path(), &text);
+    let child = spawn_until_caught_up(&config, "info", Stdio::piped());
+    let started = Instant::now();
+    while redis.committed_batches("rfrozen") < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no batch committed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.signal(libc::SIGSTOP);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis.signal(libc::SIGCONT);
+    let out = child.wait_with_output().expect("run");
+    let logs = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{logs}");
+    assert!(
+        logs.contains("commit outcome unknown") || logs.contains("sink unavailable"),
+        "the freeze went unnoticed: {logs}"
+    );
+    let n =
+        redis.assert_identity_exactly_once("rfrozen", &read_committed(brokers, topic, PARTITIONS));
+    let unknown = logs.matches("commit outcome unknown").count();
+    println!(
+        "Redis frozen 4 s mid-run; {unknown} commits of unknown outcome; {n} records exactly once"
+    );
+}
+
 /// A fault proxy swallows the reply to some commit scripts after Redis ran
 /// them: the pipeline reads the checkpoints back and writes nothing twice.
 #[tokio::test(flavor = "multi_thread")]
