@@ -112,6 +112,22 @@ async fn hot_swap_under_load_then_rollback_on_mariadb() {
     hot_swap_under_load_then_rollback(db, "modules-hot-swap-my").await;
 }
 
+/// Waits until `pipeline` committed a batch with module `digest`.
+async fn wait_for_batches_of(db: &SinkDb, pipeline: &str, digest: &str) {
+    let started = std::time::Instant::now();
+    while !lineage(db, pipeline)
+        .await
+        .iter()
+        .any(|b| b.module_digest == digest)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no batch of module {digest} committed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// v1 -> v2 -> rollback through the CLI under a continuous producer: nothing
 /// lost or duplicated, every row made by the version its batch names; then
 /// `verify` (all match, then a tampered digest is named) and `shadow`.
@@ -126,7 +142,10 @@ async fn hot_swap_under_load_then_rollback(db: SinkDb, topic: &str) {
     let deployed = deploy_stamp_v2(&url);
     assert!(deployed.contains("activated version 2"), "{deployed}");
     host.wait_for_log("switching to module version", 1, Duration::from_secs(10));
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // v2 must commit batches before the rollback, however loaded the
+    // machine is (a fixed sleep was once too short on a busy CI run).
+    wait_for_batches_of(&db, pipeline, &digest_of("stamp")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let rolled = cli_ok(&url, &["rollback"]);
     assert!(rolled.contains("activated version 3"), "{rolled}");
     host.wait_for_log("switching to module version", 2, Duration::from_secs(10));
