@@ -222,7 +222,9 @@ impl Drop for RedisServer {
 /// A pipeline that writes every record of `topic` into Redis with the
 /// identity plugin: XADD to `rec:{partition}` (offset, key, value), HINCRBY
 /// `counts` by partition, SADD the key to `keys:{partition}`; exactly-once.
-/// `extra_sink` adds lines to `[sink]`, `extra_source` to `[source]`.
+/// The SQL tests' [`crate::identity_config_into`] with a Redis `[sink]`
+/// (`lock_timeout_ms = 3000`) and these commands; `extra_source` adds
+/// lines to `[source]`.
 pub fn identity_redis_config(
     pipeline: &str,
     brokers: &str,
@@ -231,44 +233,24 @@ pub fn identity_redis_config(
     max_records: u32,
     extra_source: &str,
 ) -> String {
-    format!(
-        r#"
-pipeline = "{pipeline}"
-
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = {max_records}
-batch_interval_ms = 100
-properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
-{extra_source}
-
-[module]
-path = "{module}"
-
-[sink]
-url = "{url}"
-lock_timeout_ms = 3000
-
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-
+    let sink = format!("url = \"{url}\"\nlock_timeout_ms = 3000");
+    let config = crate::identity_config_into(pipeline, brokers, topic, &sink, max_records)
+        .replace("\n[module]\n", &format!("{extra_source}\n\n[module]\n"));
+    config
+        + r#"
 [[sink.targets.redis]]
 command = "xadd"
-key = "rec:{{partition}}"
+key = "rec:{partition}"
 fields = ["offset", "key", "value"]
 
 [[sink.targets.redis]]
 command = "hincrby"
 key = "counts"
-field = "{{partition}}"
+field = "{partition}"
 
 [[sink.targets.redis]]
 command = "sadd"
-key = "keys:{{partition}}"
-member = "{{key}}"
-"#,
-        module = crate::plugin("identity").display(),
-    )
+key = "keys:{partition}"
+member = "{key}"
+"#
 }
