@@ -15,6 +15,8 @@
 //! - [`state`]: opening the state store the sink kind keeps its state in.
 //! - [`replay`]: `verify` and `shadow`, re-running committed batches
 //!   (lineage, Kafka and the runtime), read-only.
+//! - [`plugin_test`]: `sluice test`, a module run on sample records with
+//!   no broker and no sink.
 //! - [`reset`]: reprocessing on purpose: moving checkpoints to an offset,
 //!   time, log start or end.
 //!
@@ -26,6 +28,7 @@
 //! [`control`] (`sluice-control`).
 
 pub mod app;
+pub mod plugin_test;
 pub mod replay;
 pub mod reset;
 pub mod state;

@@ -100,6 +100,32 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         last: usize,
     },
+    /// Run a module on sample records (JSON lines) locally, with no broker
+    /// and no database, under a pipeline's limits, and print its rows,
+    /// rejections, dead letters, logs and output digest. Exits 1 if a row
+    /// breaks a target of --target-schema.
+    Test {
+        /// The component (.wasm).
+        module: PathBuf,
+        /// Sample records, one JSON object per line: `value`, `key` (or
+        /// `value_hex`, `key_hex`), optional `topic`, `partition`, `offset`,
+        /// `timestamp`, `headers`.
+        #[arg(long)]
+        input: PathBuf,
+        /// Params for the module's init, JSON.
+        #[arg(long, default_value = "{}")]
+        params: String,
+        /// A pipeline config: rows are checked against its targets, and its
+        /// limits, poison policy and name are used.
+        #[arg(long, value_name = "PIPELINE.toml")]
+        target_schema: Option<PathBuf>,
+        /// The batch time the module sees as its clock (ms since the epoch).
+        #[arg(long, default_value_t = 0)]
+        batch_time_ms: i64,
+        /// JSON lines (rows, dead letters, logs, a summary) instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
     /// Move the pipeline's checkpoints to reprocess (or skip) records: to
     /// an offset, a time, the log start or the log end. Running instances
     /// are fenced at their next commit and continue from there. The old
@@ -251,15 +277,20 @@ fn main() -> std::process::ExitCode {
             }
         }
     }
+    let cli = Cli::parse();
+    // `sluice test` prints the module's log itself: only warnings besides.
+    let default_level = match cli.command {
+        Command::Test { .. } => "warn",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     // Transforms run on the runtime's threads (workers and blocking ones):
     // their stacks must hold the largest Wasm stack a config may allow.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -308,6 +339,32 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 _ => println!("{summary}"),
             }
             Ok(())
+        }
+        Command::Test {
+            module,
+            input,
+            params,
+            target_schema,
+            batch_time_ms,
+            json,
+        } => {
+            let sample = sluice::plugin_test::SampleRun {
+                module,
+                input,
+                params,
+                pipeline: target_schema,
+                batch_time_ms,
+            };
+            // Transforms block: run off the async workers.
+            let report = tokio::task::block_in_place(|| sluice::plugin_test::run(&sample))?;
+            match json {
+                true => print!("{}", report.json_lines()),
+                false => print!("{}", report.table()),
+            }
+            match report.contract_errors.is_empty() {
+                true => Ok(()),
+                false => anyhow::bail!("rows break the pipeline's targets"),
+            }
         }
         Command::Check { config } => {
             let config = sluice::config::PipelineConfig::load(&config)?;

@@ -6,6 +6,7 @@
 
 use super::RunError;
 use super::memory_cap::MemoryCap;
+use super::wasi::{BatchInputs, BatchWasi, HasBatchWasi};
 use crate::batch::Records;
 use crate::output as host;
 
@@ -32,7 +33,7 @@ pub struct ModuleLog {
     pub message: String,
 }
 
-/// The level a module logged at.
+/// The level a module logged at (stdout lines are `Info`, stderr `Warn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
     Debug,
@@ -45,19 +46,39 @@ pub enum LogLevel {
 pub struct BatchState {
     pub limiter: MemoryCap,
     pub logs: Vec<ModuleLog>,
+    pub wasi: BatchWasi,
 }
 
 impl BatchState {
-    pub fn new(max_memory_bytes: usize) -> Self {
+    pub fn new(max_memory_bytes: usize, inputs: BatchInputs) -> Self {
         BatchState {
             limiter: MemoryCap::new(max_memory_bytes),
             logs: Vec::new(),
+            wasi: BatchWasi::new(inputs),
         }
     }
-}
 
-impl self::sluice::plugin::log::Host for BatchState {
-    fn write(&mut self, level: self::sluice::plugin::log::Level, mut message: String) {
+    /// Appends what the module printed to stdout (as info) and stderr (as
+    /// warnings) to its log, after the lines it logged itself.
+    pub fn collect_stdio(&mut self) {
+        let [stdout, stderr] = self.wasi.take_output();
+        for ((text, dropped), level, name) in [
+            (stdout, LogLevel::Info, "stdout"),
+            (stderr, LogLevel::Warn, "stderr"),
+        ] {
+            for line in text.lines().filter(|l| !l.is_empty()) {
+                self.push_log(level, line.to_string());
+            }
+            if dropped > 0 {
+                self.push_log(
+                    LogLevel::Warn,
+                    format!("{dropped} more bytes of {name} dropped (limit per batch)"),
+                );
+            }
+        }
+    }
+
+    fn push_log(&mut self, level: LogLevel, mut message: String) {
         if self.logs.len() >= MAX_LOG_LINES {
             return;
         }
@@ -68,6 +89,24 @@ impl self::sluice::plugin::log::Host for BatchState {
             }
             message.truncate(cut);
         }
+        self.logs.push(ModuleLog { level, message });
+    }
+}
+
+impl HasBatchWasi for BatchState {
+    fn batch_wasi(&mut self) -> &mut BatchWasi {
+        &mut self.wasi
+    }
+}
+
+impl wasmtime_wasi::WasiView for BatchState {
+    fn ctx(&mut self) -> wasmtime_wasi::WasiCtxView<'_> {
+        self.wasi.view()
+    }
+}
+
+impl self::sluice::plugin::log::Host for BatchState {
+    fn write(&mut self, level: self::sluice::plugin::log::Level, message: String) {
         use self::sluice::plugin::log::Level;
         let level = match level {
             Level::Debug => LogLevel::Debug,
@@ -75,15 +114,17 @@ impl self::sluice::plugin::log::Host for BatchState {
             Level::Warn => LogLevel::Warn,
             Level::Error => LogLevel::Error,
         };
-        self.logs.push(ModuleLog { level, message });
+        self.push_log(level, message);
     }
 }
 
 impl self::sluice::plugin::types::Host for BatchState {}
 
-/// Adds the world's imports (and nothing else) to the linker.
+/// Adds the world's imports and deterministic WASI to the linker (which
+/// WASI interfaces a module may import is checked when it is loaded).
 pub fn add_to_linker(linker: &mut wasmtime::component::Linker<BatchState>) -> wasmtime::Result<()> {
-    Transform::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)
+    Transform::add_to_linker::<_, wasmtime::component::HasSelf<_>>(linker, |s| s)?;
+    super::wasi::add_to_linker(linker)
 }
 
 /// The batch in WIT form, borrowing the host's columns (the canonical ABI
@@ -172,4 +213,15 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, R
     }
     output.normalize_zeros();
     Ok(output)
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
 }

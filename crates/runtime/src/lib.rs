@@ -16,7 +16,9 @@ mod follow;
 mod memory_cap;
 mod module;
 mod validate;
+mod wasi;
 
+pub use bindings::LogLevel;
 pub use compile::{WORKER_SUBCOMMAND, compile_in_child_processes, worker_main};
 pub use follow::StoreVersions;
 pub use module::{LoadedModule, ModuleError};
@@ -29,14 +31,18 @@ use sluice_core::{batch, output};
 use crate::batch::{Plan, Records};
 use crate::output::Output;
 use bindings::{BatchState, sluice::plugin::types as wit};
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
 
 /// Linear memory kept resident between instances (zeroed, not unmapped).
 const KEEP_RESIDENT: usize = 64 << 20;
+
+/// Module log lines kept for `recent_logs` (the newest; older ones go).
+const KEPT_LOG_LINES: usize = 10_000;
 
 /// How often the epoch ticks; the batch deadline is counted in ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -47,6 +53,16 @@ pub struct Runtime {
     linker: Linker<BatchState>,
     limits: Limits,
     stop_ticker: Arc<AtomicBool>,
+    recent_logs: Mutex<VecDeque<LogLine>>,
+}
+
+/// A line a module logged (through the `log` import, or printed to stdout
+/// or stderr), with the batch it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    pub batch_id: String,
+    pub level: LogLevel,
+    pub message: String,
 }
 
 impl Drop for Runtime {
@@ -69,6 +85,7 @@ impl Runtime {
             linker,
             limits,
             stop_ticker,
+            recent_logs: Mutex::new(VecDeque::new()),
         })
     }
 
@@ -89,7 +106,9 @@ impl Runtime {
 
     /// Runs `init(params)` alone, to check a module accepts its parameters.
     pub fn check_params(&self, module: &LoadedModule, params: &str) -> Result<(), RunError> {
-        let mut store = self.new_store();
+        // No batch yet: WASI reads the epoch and a zero seed, the same on
+        // every check.
+        let mut store = self.new_store(wasi::BatchInputs::default());
         let instance = self.instantiate(module, &mut store)?;
         self.init(&mut store, &instance, params)
     }
@@ -117,7 +136,10 @@ impl Runtime {
         plan: &Plan,
         records: &Records,
     ) -> Result<Output, RunError> {
-        let mut store = self.new_store();
+        let mut store = self.new_store(wasi::BatchInputs {
+            batch_time_ms: plan.batch_time_ms,
+            seed: plan.seed(),
+        });
         let instance = self.instantiate(module, &mut store)?;
         self.init(&mut store, &instance, params)?;
         let ctx = wit::BatchContext {
@@ -129,10 +151,9 @@ impl Runtime {
         let slices = bindings::slices(records);
         let batch = bindings::record_batch(records, &slices);
         let result = instance.call_process(&mut store, ctx, batch);
+        store.data_mut().collect_stdio();
         let logs = std::mem::take(&mut store.data_mut().logs);
-        for line in &logs {
-            emit(&plan.batch_id, line);
-        }
+        self.keep_logs(&plan.batch_id, &logs);
         match result {
             Ok(Ok(out)) => {
                 let output = bindings::into_output(out, records.len())?;
@@ -144,6 +165,31 @@ impl Runtime {
                 retryable: e.retryable,
             }),
             Err(e) => Err(with_panic_message(self.classify(&store, e), &logs)),
+        }
+    }
+
+    /// The newest module log lines (up to 10,000), oldest first.
+    pub fn recent_logs(&self) -> Vec<LogLine> {
+        let kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().cloned().collect()
+    }
+
+    /// Emits a batch's log lines and keeps them for `recent_logs`.
+    fn keep_logs(&self, batch_id: &str, logs: &[bindings::ModuleLog]) {
+        if logs.is_empty() {
+            return;
+        }
+        let mut kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
+        for line in logs {
+            emit(batch_id, line);
+            if kept.len() == KEPT_LOG_LINES {
+                kept.pop_front();
+            }
+            kept.push_back(LogLine {
+                batch_id: batch_id.to_string(),
+                level: line.level,
+                message: line.message.clone(),
+            });
         }
     }
 
@@ -160,10 +206,10 @@ impl Runtime {
         }
     }
 
-    fn new_store(&self) -> Store<BatchState> {
+    fn new_store(&self, inputs: wasi::BatchInputs) -> Store<BatchState> {
         let mut store = Store::new(
             &self.engine,
-            BatchState::new(self.limits.max_memory_bytes()),
+            BatchState::new(self.limits.max_memory_bytes(), inputs),
         );
         store.limiter(|s| &mut s.limiter);
         store
@@ -179,6 +225,9 @@ impl Runtime {
     fn classify(&self, store: &Store<BatchState>, e: wasmtime::Error) -> RunError {
         if store.data().limiter.hit_cap() {
             return RunError::MemoryExceeded(self.limits.max_memory_mib());
+        }
+        if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
+            return RunError::Trap(format!("module called exit({})", exit.0));
         }
         match e.downcast_ref::<Trap>() {
             Some(Trap::OutOfFuel) => RunError::OutOfFuel(self.limits.fuel_per_batch),
@@ -299,6 +348,13 @@ impl WasmTransform {
             module,
             params,
         })
+    }
+}
+
+impl WasmTransform {
+    /// The runtime it runs in (its recent module logs, its limits).
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.runtime
     }
 }
 

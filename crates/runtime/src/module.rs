@@ -20,6 +20,55 @@ use wasmtime::{Engine, Store};
 /// Interfaces a module may import: the world's own.
 const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/log@0.1.0"];
 
+/// The WASI 0.2 interfaces a module may import (any 0.2.x; the host links
+/// 0.2.12, which serves every older 0.2 import). All are deterministic per
+/// batch (`wasi.rs`): the filesystem has no directory to open and every
+/// socket use is denied, so importing them gives no access; they are here
+/// because Python's and Go's runtimes import them whether used or not.
+/// Anything else (wasi:http, wasi:keyvalue, ...) is refused at load.
+const ALLOWED_WASI: &[&str] = &[
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:clocks/wall-clock",
+    "wasi:clocks/monotonic-clock",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:filesystem/types",
+    "wasi:filesystem/preopens",
+    "wasi:sockets/network",
+    "wasi:sockets/instance-network",
+    "wasi:sockets/tcp",
+    "wasi:sockets/tcp-create-socket",
+    "wasi:sockets/udp",
+    "wasi:sockets/udp-create-socket",
+    "wasi:sockets/ip-name-lookup",
+];
+
+/// Whether a module may import the interface `name` (`ns:pkg/iface@version`).
+fn is_allowed_import(name: &str) -> bool {
+    if ALLOWED_IMPORTS.contains(&name) {
+        return true;
+    }
+    match name.split_once('@') {
+        Some((interface, version)) => {
+            version.starts_with("0.2.") && ALLOWED_WASI.contains(&interface)
+        }
+        None => false,
+    }
+}
+
 /// The functions the world's transform exports.
 const WORLD_EXPORTS: &[&str] = &["init", "process"];
 
@@ -131,7 +180,7 @@ fn check_before_compiling(bytes: &[u8]) -> Result<(), ModuleError> {
     }
     let forbidden: Vec<String> = imports
         .into_iter()
-        .filter(|name| !ALLOWED_IMPORTS.contains(&name.as_str()))
+        .filter(|name| !is_allowed_import(name))
         .collect();
     if !forbidden.is_empty() {
         return Err(ModuleError::ForbiddenImport(forbidden));
@@ -206,8 +255,7 @@ fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleErr
         .component_type()
         .imports(engine)
         .filter(|(name, item)| {
-            !(ALLOWED_IMPORTS.contains(name)
-                && matches!(item.ty, ComponentItem::ComponentInstance(_)))
+            !(is_allowed_import(name) && matches!(item.ty, ComponentItem::ComponentInstance(_)))
         })
         .map(|(name, _)| name.to_string())
         .collect();
@@ -217,9 +265,8 @@ fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleErr
     }
 }
 
-/// Names every forbidden import (the first ten), and says what to do when
-/// they are WASI's: a `wasm32-wasip2` build imports WASI even when the code
-/// never uses it.
+/// Names every forbidden import (the first ten), and, when some are WASI's,
+/// which part of WASI a module may use.
 fn forbidden_imports(names: &[String]) -> String {
     const SHOWN: usize = 10;
     let mut listed: Vec<String> = names.iter().take(SHOWN).map(|n| format!("`{n}`")).collect();
@@ -227,40 +274,51 @@ fn forbidden_imports(names: &[String]) -> String {
         listed.push(format!("and {} more", names.len() - SHOWN));
     }
     let mut message = format!(
-        "module imports {}, outside the sluice:plugin world (allowed: {})",
+        "module imports {}, outside the sluice:plugin world (allowed: {} and deterministic WASI 0.2)",
         listed.join(", "),
         ALLOWED_IMPORTS.join(", ")
     );
     if names.iter().any(|n| n.starts_with("wasi:")) {
-        message.push_str(
-            "; WASI imports come from a wasm32-wasi* build: build the plugin for \
-             wasm32-unknown-unknown and wrap it with `wasm-tools component new` \
-             (scripts/build-plugins.sh does both)",
-        );
+        message.push_str(&format!(
+            "; of WASI 0.2, a module may import only {} (docs/languages.md)",
+            ALLOWED_WASI.join(", ")
+        ));
     }
     message
 }
 
 #[cfg(test)]
 mod tests {
-    use super::forbidden_imports;
+    use super::{forbidden_imports, is_allowed_import};
 
     #[test]
-    fn every_forbidden_import_is_named_and_wasi_gets_the_build_hint() {
+    fn every_forbidden_import_is_named_and_wasi_gets_the_allowed_list() {
         let names: Vec<String> = (0..12)
-            .map(|i| format!("wasi:io/streams{i}@0.2.0"))
+            .map(|i| format!("wasi:http/handler{i}@0.2.0"))
             .collect();
         let message = forbidden_imports(&names);
-        assert!(message.contains("`wasi:io/streams0@0.2.0`"), "{message}");
-        assert!(message.contains("`wasi:io/streams9@0.2.0`"), "{message}");
+        assert!(message.contains("`wasi:http/handler0@0.2.0`"), "{message}");
+        assert!(message.contains("`wasi:http/handler9@0.2.0`"), "{message}");
         assert!(message.contains("and 2 more"), "{message}");
-        assert!(message.contains("wasm32-unknown-unknown"), "{message}");
+        assert!(message.contains("wasi:clocks/wall-clock"), "{message}");
 
         let message = forbidden_imports(&["test:evil/net".to_string()]);
         assert!(
             message.starts_with("module imports `test:evil/net`, outside"),
             "{message}"
         );
-        assert!(!message.contains("wasm32"), "{message}");
+        assert!(!message.contains("wasi:clocks"), "{message}");
+    }
+
+    #[test]
+    fn only_the_deterministic_wasi_0_2_subset_is_allowed() {
+        assert!(is_allowed_import("sluice:plugin/log@0.1.0"));
+        assert!(is_allowed_import("wasi:clocks/wall-clock@0.2.0"));
+        assert!(is_allowed_import("wasi:sockets/tcp@0.2.9"));
+        assert!(!is_allowed_import("wasi:clocks/wall-clock"));
+        assert!(!is_allowed_import("wasi:clocks/wall-clock@0.3.0"));
+        assert!(!is_allowed_import("wasi:clocks/timezone@0.2.0"));
+        assert!(!is_allowed_import("wasi:http/outgoing-handler@0.2.0"));
+        assert!(!is_allowed_import("sluice:plugin/log@0.2.0"));
     }
 }

@@ -64,10 +64,7 @@ impl<S: Sink> StdoutSink<S> {
 
     /// Writes and flushes the batch's rows and dead letters.
     fn print(&self, c: &Commit<'_>) -> Result<(), SinkError> {
-        let text = match self.format {
-            StdoutFormat::Json => json_lines(c),
-            StdoutFormat::Table => table(c),
-        };
+        let text = render_rows(c, self.format);
         let broken = |e| SinkError::database("writing to stdout", e);
         let mut out = self.out.lock().expect("stdout lock");
         out.write_all(text.as_bytes()).map_err(broken)?;
@@ -76,7 +73,7 @@ impl<S: Sink> StdoutSink<S> {
         if !c.dead_letters.is_empty() {
             let mut errors = self.errors.lock().expect("stderr lock");
             errors
-                .write_all(dead_letter_lines(c).as_bytes())
+                .write_all(render_dead_letters(c).as_bytes())
                 .and_then(|_| errors.flush())
                 .map_err(|e| SinkError::database("writing dead letters to stderr", e))?;
         }
@@ -109,6 +106,14 @@ impl<S: Sink> Sink for StdoutSink<S> {
             output_digest: c.output_digest,
         };
         self.state.commit(&state).await
+    }
+}
+
+/// A batch's rows as this sink prints them (also `sluice test`'s output).
+pub fn render_rows(c: &Commit<'_>, format: StdoutFormat) -> String {
+    match format {
+        StdoutFormat::Json => json_lines(c),
+        StdoutFormat::Table => table(c),
     }
 }
 
@@ -222,7 +227,7 @@ fn cell_text(v: Value<'_>) -> String {
 }
 
 /// The batch's dead letters, one JSON line each, marked `dead_letter`.
-fn dead_letter_lines(c: &Commit<'_>) -> String {
+pub fn render_dead_letters(c: &Commit<'_>) -> String {
     let records: Vec<_> = Records::iter(c.records).collect();
     let mut text = String::new();
     for d in c.dead_letters {
