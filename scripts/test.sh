@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh machine: installs the wasm target, wasm-tools,
-# the Tansu broker, schemathesis (the API fuzzer, from PyPI) and
-# redis-server (Debian) when missing, builds the plugins from source, builds the `sluice` binary and
+# the Tansu broker, schemathesis (the API fuzzer, from PyPI), redis-server
+# (Debian) and the guest toolchains (componentize-py, componentize-js) when
+# missing, builds the Rust plugins from source (the tests build the Python
+# and JavaScript ones with `sluice build`), builds the `sluice` binary and
 # runs all tests (unit, integration, fault injection, API fuzzing).
 # Postgres, MariaDB and Redis are expected on their standard local ports.
 set -euo pipefail
@@ -9,6 +11,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 scripts/build-plugins.sh >/dev/null
 scripts/tansu.sh install >/dev/null
+scripts/toolchains.sh >/dev/null
 command -v st >/dev/null || python3 -m pip install --quiet "schemathesis==4.32.5"
 # The Redis tests start their own redis-server (the machine's keeps nothing on disk).
 command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }

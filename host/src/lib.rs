@@ -15,6 +15,8 @@
 //! - [`state`]: opening the state store the sink kind keeps its state in.
 //! - [`replay`]: `verify` and `shadow`, re-running committed batches
 //!   (lineage, Kafka and the runtime), read-only.
+//! - [`plugin_build`]: `sluice new` and `sluice build`, plugin projects
+//!   in each guest language.
 //! - [`plugin_test`]: `sluice test`, a module run on sample records with
 //!   no broker and no sink.
 //! - [`reset`]: reprocessing on purpose: moving checkpoints to an offset,
@@ -28,6 +30,7 @@
 //! [`control`] (`sluice-control`).
 
 pub mod app;
+pub mod plugin_build;
 pub mod plugin_test;
 pub mod replay;
 pub mod reset;

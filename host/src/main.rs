@@ -100,6 +100,25 @@ enum Command {
         #[arg(long, default_value_t = 10)]
         last: usize,
     },
+    /// Make a plugin project in a new directory NAME: a transform that
+    /// builds as it is, a sample input and a README.
+    New {
+        /// The guest language.
+        #[arg(long)]
+        lang: sluice::plugin_build::Language,
+        /// The new project's directory; its last part is the plugin's name.
+        name: PathBuf,
+    },
+    /// Build the plugin project in DIR (default: here) into a component,
+    /// with the language's toolchain: dist/NAME.wasm unless --out says.
+    Build {
+        /// The project (holds sluice-plugin.toml).
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Where to write the component.
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
     /// Run a module on sample records (JSON lines) locally, with no broker
     /// and no database, under a pipeline's limits, and print its rows,
     /// rejections, dead letters, logs and output digest. Exits 1 if a row
@@ -278,9 +297,10 @@ fn main() -> std::process::ExitCode {
         }
     }
     let cli = Cli::parse();
-    // `sluice test` prints the module's log itself: only warnings besides.
+    // `sluice test` reports the module's log itself: only the host's
+    // warnings besides.
     let default_level = match cli.command {
-        Command::Test { .. } => "warn",
+        Command::Test { .. } => "warn,sluice_runtime=off",
         _ => "info",
     };
     tracing_subscriber::fmt()
@@ -338,6 +358,28 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
                 sluice::sink::SinkKind::Stdout => eprintln!("{summary}"),
                 _ => println!("{summary}"),
             }
+            Ok(())
+        }
+        Command::New { lang, name } => {
+            sluice::plugin_build::new_project(&name, lang)?;
+            println!(
+                "made {} ({}); next: cd {} && sluice build && sluice test dist/{}.wasm --input sample.jsonl",
+                name.display(),
+                lang.name(),
+                name.display(),
+                name.file_name().unwrap_or_default().to_string_lossy()
+            );
+            Ok(())
+        }
+        Command::Build { dir, out } => {
+            let started = std::time::Instant::now();
+            let built = sluice::plugin_build::build(&dir, out.as_deref())?;
+            let size = std::fs::metadata(&built).map(|m| m.len()).unwrap_or(0);
+            println!(
+                "built {} ({size} bytes) in {:.1} s",
+                built.display(),
+                started.elapsed().as_secs_f64()
+            );
             Ok(())
         }
         Command::Test {

@@ -266,9 +266,10 @@ fn bytes(fields: &serde_json::Map<String, Json>, name: &str) -> Result<Option<Ve
     }
 }
 
-fn headers(
-    fields: &serde_json::Map<String, Json>,
-) -> Result<Vec<(String, Option<Vec<u8>>)>, String> {
+/// A record's headers: (name, value or null).
+type Headers = Vec<(String, Option<Vec<u8>>)>;
+
+fn headers(fields: &serde_json::Map<String, Json>) -> Result<Headers, String> {
     match fields.get("headers") {
         None | Some(Json::Null) => Ok(Vec::new()),
         Some(Json::Object(h)) => h

@@ -197,7 +197,11 @@ export function exportTransform(TransformClass) {
         instance.process(new Batch(ctx, raw), out);
       } catch (e) {
         if (e instanceof BatchError) throw { message: e.message, retryable: e.retryable };
-        throw e;
+        // Anything else is a bug or a poison record: it must trap (the host
+        // retries, then isolates the record), not become a declared error.
+        // Say what it was, then throw what the bindings cannot lower.
+        write('error', `uncaught ${e && e.stack ? `${e}\n${e.stack}` : String(e)}`);
+        throw 0n;
       }
       return out.toWit();
     },

@@ -439,6 +439,7 @@ pub fn assert_rows_follow_lineage(
 /// What a sampled run of `sluice` left behind.
 pub struct SampledRun {
     pub success: bool,
+    pub stdout: String,
     pub stderr: String,
     /// The process's own peak resident memory (`VmHWM`), in MiB.
     pub peak_rss_mib: u64,
@@ -455,17 +456,20 @@ pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
     let mut child = Command::new(sluice_bin())
         .args(args)
         .env("SLUICE_LOG", "warn")
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn sluice");
     let pid = child.id() as i32;
-    let mut stderr = child.stderr.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
-        text
-    });
+    let read_all = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            text
+        })
+    };
+    let stdout = read_all(Box::new(child.stdout.take().expect("piped")));
+    let reader = read_all(Box::new(child.stderr.take().expect("piped")));
     let (mut own, mut children) = (0, 0);
     let status = loop {
         own = own.max(status_kib(pid, "VmHWM:").unwrap_or(0));
@@ -479,6 +483,7 @@ pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
     };
     SampledRun {
         success: status.success(),
+        stdout: stdout.join().expect("stdout reader"),
         stderr: reader.join().expect("stderr reader"),
         peak_rss_mib: own / 1024,
         children_peak_rss_mib: children / 1024,

@@ -263,14 +263,41 @@ fn emit(batch_id: &str, line: &bindings::ModuleLog) {
     }
 }
 
-/// A Rust guest's panic hook logs the panic before the trap; put that
-/// message into the trap's, where users look first.
+/// A guest's runtime says why it is about to trap in its log (a Rust
+/// panic hook, a Python traceback, the JS SDK's `uncaught` line): put
+/// that into the trap's message, where users look first.
 fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
-    let panic = logs.iter().rev().find(|l| l.message.contains("panic"));
-    match (e, panic) {
-        (RunError::Trap(trap), Some(line)) => RunError::Trap(format!("{}\n{trap}", line.message)),
+    match (e, trap_reason(logs)) {
+        (RunError::Trap(trap), Some(reason)) => RunError::Trap(format!("{reason}\n{trap}")),
         (e, _) => e,
     }
+}
+
+/// The newest line that says why a guest gave up: a JS SDK `uncaught`
+/// line or a Python exception line first (their runtimes then log a panic
+/// of their own, which says nothing), else a Rust panic.
+fn trap_reason(logs: &[bindings::ModuleLog]) -> Option<String> {
+    let first_lines = || {
+        logs.iter()
+            .rev()
+            .map(|l| l.message.lines().next().unwrap_or_default())
+    };
+    first_lines()
+        .find(|line| line.starts_with("uncaught ") || is_python_exception(line))
+        .or_else(|| first_lines().find(|line| line.contains("panic")))
+        .map(str::to_string)
+}
+
+/// `ValueError: ...`, `json.decoder.JSONDecodeError: ...`, `SystemExit`.
+fn is_python_exception(line: &str) -> bool {
+    let name = line.split(':').next().unwrap_or_default();
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+        && ["Error", "Exception", "Exit", "Interrupt"]
+            .iter()
+            .any(|suffix| name.ends_with(suffix))
 }
 
 /// How instances get their memory: serving engines pool it; a compile
@@ -373,5 +400,44 @@ impl sluice_core::transform::Transform for WasmTransform {
 
     fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
         self.runtime.run(&self.module, &self.params, plan, records)
+    }
+}
+
+#[cfg(test)]
+mod trap_tests {
+    use super::bindings::{LogLevel, ModuleLog};
+    use super::trap_reason;
+
+    fn logs(lines: &[&str]) -> Vec<ModuleLog> {
+        lines
+            .iter()
+            .map(|l| ModuleLog {
+                level: LogLevel::Warn,
+                message: l.to_string(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_trap_names_what_the_guest_said_before_it() {
+        let python = logs(&[
+            "Traceback (most recent call last):",
+            "  File \"/0/app.py\", line 77, in process",
+            "ValueError: bad record",
+            "thread '<unnamed>' (1) panicked at runtime/src/lib.rs:1293:29:",
+            "Python function threw an unexpected exception",
+        ]);
+        assert_eq!(
+            trap_reason(&python).as_deref(),
+            Some("ValueError: bad record")
+        );
+        let js = logs(&[
+            "uncaught Error: nope\nprocess@app.js:1:1",
+            "Redirecting call to abort()",
+        ]);
+        assert_eq!(trap_reason(&js).as_deref(), Some("uncaught Error: nope"));
+        let rust = logs(&["panicked at src/lib.rs:3:5: index out of bounds"]);
+        assert!(trap_reason(&rust).unwrap().contains("index out of bounds"));
+        assert_eq!(trap_reason(&logs(&["hello", "Error count: 3 of 4"])), None);
     }
 }

@@ -1,0 +1,369 @@
+//! `sluice new` and `sluice build`: plugin projects in each guest language,
+//! scaffolded from templates and built into components by calling the
+//! language's own toolchain.
+//!
+//! Owns the project manifest (`sluice-plugin.toml`), the templates, and
+//! where toolchains are looked for. The WIT and the language SDKs are
+//! compiled into this binary and staged into the project's
+//! `.sluice-build/` at every build, so a project needs only its own
+//! sources and always builds against the contract of the host that builds
+//! it. It must not run or validate modules: `sluice test` and the runtime
+//! do that.
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The plugin contract, as this host implements it.
+const WIT: &str = include_str!("../../wit/sluice.wit");
+/// The Python SDK (package `sluice_plugin`).
+const PYTHON_SDK: &str = include_str!("../../sdk/python/sluice_plugin/__init__.py");
+/// The JavaScript SDK (module `sluice.js`).
+const JS_SDK: &str = include_str!("../../sdk/js/sluice.js");
+
+/// The manifest's file name, at the project's root.
+pub const MANIFEST: &str = "sluice-plugin.toml";
+
+/// Pinned toolchain versions: the ones the conformance suite passes with.
+const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
+const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
+
+/// A guest language `sluice new` and `sluice build` know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    Python,
+    Js,
+}
+
+impl Language {
+    /// The language's name, for people.
+    pub fn name(self) -> &'static str {
+        match self {
+            Language::Python => "Python",
+            Language::Js => "JavaScript",
+        }
+    }
+
+    fn default_entry(self) -> &'static str {
+        match self {
+            Language::Python => "app.py",
+            Language::Js => "app.js",
+        }
+    }
+}
+
+/// `sluice-plugin.toml`: what a plugin project is.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// The plugin's name: the component is built as `dist/<name>.wasm`.
+    pub name: String,
+    /// Its language: `python` or `js`.
+    pub language: Language,
+    /// The source file that exports the transform (default `app.py` /
+    /// `app.js`), relative to the project.
+    #[serde(default)]
+    pub entry: Option<String>,
+}
+
+/// Why a project could not be made or built.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Manifest { path: PathBuf, message: String },
+    #[error("{0} exists already; choose another name or remove it")]
+    Exists(PathBuf),
+    #[error("`{0}` is not a plugin name: use letters, digits, `-` and `_`")]
+    BadName(String),
+    #[error(
+        "{tool} is not installed (looked on PATH and in {looked}); install it with:\n  {install}"
+    )]
+    ToolMissing {
+        tool: &'static str,
+        looked: String,
+        install: String,
+    },
+    #[error("{tool} failed ({status}):\n{output}")]
+    ToolFailed {
+        tool: &'static str,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> BuildError + '_ {
+    move |source| BuildError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Where `sluice build` looks for toolchains it did not find on PATH:
+/// `$SLUICE_TOOLCHAINS`, else `~/.cache/sluice/toolchains`.
+pub fn toolchains_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SLUICE_TOOLCHAINS") {
+        return PathBuf::from(dir);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
+    home.join(".cache/sluice/toolchains")
+}
+
+/// Scaffolds a project for `language` in a new directory `dir` (its last
+/// component is the plugin's name).
+pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
+    let name = dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default()
+        .to_string();
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(BuildError::BadName(name));
+    }
+    if dir.exists() {
+        return Err(BuildError::Exists(dir.to_path_buf()));
+    }
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let fill = |template: &str| {
+        template
+            .replace("{{name}}", &name)
+            .replace("{{language}}", language.name())
+    };
+    let entry = match language {
+        Language::Python => include_str!("../templates/python/app.py"),
+        Language::Js => include_str!("../templates/js/app.js"),
+    };
+    let lang = match language {
+        Language::Python => "python",
+        Language::Js => "js",
+    };
+    let files = [
+        (
+            MANIFEST.to_string(),
+            format!("name = \"{name}\"\nlanguage = \"{lang}\"\n"),
+        ),
+        (language.default_entry().to_string(), fill(entry)),
+        (
+            "sample.jsonl".to_string(),
+            include_str!("../templates/sample.jsonl").to_string(),
+        ),
+        (
+            "README.md".to_string(),
+            fill(include_str!("../templates/README.md")),
+        ),
+        (
+            ".gitignore".to_string(),
+            "/dist\n/.sluice-build\n/.sluice-cache\n".to_string(),
+        ),
+    ];
+    for (file, text) in files {
+        let path = dir.join(file);
+        std::fs::write(&path, text).map_err(io(&path))?;
+    }
+    Ok(())
+}
+
+/// Reads `dir`'s manifest.
+pub fn manifest(dir: &Path) -> Result<Manifest, BuildError> {
+    let path = dir.join(MANIFEST);
+    let text = std::fs::read_to_string(&path).map_err(|e| BuildError::Manifest {
+        path: path.clone(),
+        message: format!("{e} (is this a plugin project? `sluice new` makes one)"),
+    })?;
+    let manifest: Manifest = toml::from_str(&text).map_err(|e| BuildError::Manifest {
+        path: path.clone(),
+        message: e.message().to_string(),
+    })?;
+    if manifest.name.is_empty() {
+        return Err(BuildError::Manifest {
+            path,
+            message: "`name` is empty".into(),
+        });
+    }
+    Ok(manifest)
+}
+
+/// Builds the project in `dir` into a component; returns its path
+/// (`out`, or `dir/dist/<name>.wasm`).
+pub fn build(dir: &Path, out: Option<&Path>) -> Result<PathBuf, BuildError> {
+    let manifest = manifest(dir)?;
+    let dir = std::fs::canonicalize(dir).map_err(io(dir))?;
+    let out = match out {
+        Some(path) => std::path::absolute(path).map_err(io(path))?,
+        None => dir.join("dist").join(format!("{}.wasm", manifest.name)),
+    };
+    if let Some(parent) = out.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let stage = dir.join(".sluice-build");
+    if stage.exists() {
+        std::fs::remove_dir_all(&stage).map_err(io(&stage))?;
+    }
+    write(&stage.join("wit/sluice.wit"), WIT)?;
+    let entry = manifest
+        .entry
+        .clone()
+        .unwrap_or_else(|| manifest.language.default_entry().to_string());
+    if !dir.join(&entry).is_file() {
+        return Err(BuildError::Manifest {
+            path: dir.join(MANIFEST),
+            message: format!("entry `{entry}` is not a file in the project"),
+        });
+    }
+    match manifest.language {
+        Language::Python => build_python(&dir, &stage, &entry, &out)?,
+        Language::Js => build_js(&dir, &stage, &entry, &out)?,
+    }
+    Ok(out)
+}
+
+fn write(path: &Path, text: &str) -> Result<(), BuildError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    std::fs::write(path, text).map_err(io(path))
+}
+
+/// componentize-py: the entry module and the SDK on its path, the WIT from
+/// the stage.
+fn build_python(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), BuildError> {
+    let tool = find_tool("componentize-py", "python/bin/componentize-py").ok_or_else(|| {
+        let venv = toolchains_dir().join("python");
+        BuildError::ToolMissing {
+            tool: "componentize-py",
+            looked: toolchains_dir().join("python/bin").display().to_string(),
+            install: format!(
+                "python3 -m venv {0} && {0}/bin/pip install {COMPONENTIZE_PY}",
+                venv.display()
+            ),
+        }
+    })?;
+    write(&stage.join("python/sluice_plugin/__init__.py"), PYTHON_SDK)?;
+    let module = entry.trim_end_matches(".py").replace('/', ".");
+    let mut command = Command::new(tool);
+    command
+        .arg("-d")
+        .arg(stage.join("wit"))
+        .args(["-w", "transform", "componentize", &module, "-p"])
+        .arg(dir)
+        .arg("-p")
+        .arg(stage.join("python"))
+        .arg("-o")
+        .arg(out)
+        .current_dir(dir);
+    run("componentize-py", command)
+}
+
+/// componentize-js through Node: the project's `.js` files and the SDK
+/// staged side by side (so `import ... from './sluice.js'` resolves), the
+/// WASI features a transform must not have (HTTP) left out.
+fn build_js(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), BuildError> {
+    let node = find_tool("node", "node/bin/node").ok_or_else(|| BuildError::ToolMissing {
+        tool: "node",
+        looked: toolchains_dir().join("node/bin").display().to_string(),
+        install: "apt-get install nodejs npm   (Node 20 or newer)".into(),
+    })?;
+    let package = [
+        dir.join("node_modules/@bytecodealliance/componentize-js"),
+        toolchains_dir().join("js/node_modules/@bytecodealliance/componentize-js"),
+    ]
+    .into_iter()
+    .find(|p| p.join("src/componentize.js").is_file())
+    .ok_or_else(|| BuildError::ToolMissing {
+        tool: "componentize-js",
+        looked: format!(
+            "{} and the project's node_modules",
+            toolchains_dir().join("js/node_modules").display()
+        ),
+        install: format!(
+            "npm install --prefix {} {COMPONENTIZE_JS}",
+            toolchains_dir().join("js").display()
+        ),
+    })?;
+    let sources = stage.join("js");
+    copy_js_sources(dir, dir, &sources)?;
+    write(&sources.join("sluice.js"), JS_SDK)?;
+    let script = stage.join("build.mjs");
+    write(
+        &script,
+        &format!(
+            "import {{ componentize }} from {:?};\n\
+             import {{ writeFile }} from 'node:fs/promises';\n\
+             const [source, wit, out] = process.argv.slice(2);\n\
+             const {{ component }} = await componentize({{ sourcePath: source, witPath: wit, \
+             worldName: 'transform', disableFeatures: ['http', 'fetch-event'] }});\n\
+             await writeFile(out, component);\n",
+            package.join("src/componentize.js").display().to_string()
+        ),
+    )?;
+    let mut command = Command::new(node);
+    command
+        .arg(&script)
+        .arg(sources.join(entry))
+        .arg(stage.join("wit"))
+        .arg(out)
+        .current_dir(stage);
+    run("componentize-js", command)
+}
+
+/// Copies every `.js`/`.mjs` file under `from` (not `node_modules`, `dist`
+/// or the stage) to the same place under `to`.
+fn copy_js_sources(root: &Path, from: &Path, to: &Path) -> Result<(), BuildError> {
+    for entry in std::fs::read_dir(from).map_err(io(from))? {
+        let path = entry.map_err(io(from))?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if path.is_dir() {
+            if !matches!(name, "node_modules" | "dist" | ".sluice-build" | ".git") {
+                copy_js_sources(root, &path, to)?;
+            }
+        } else if name.ends_with(".js") || name.ends_with(".mjs") {
+            let relative = path.strip_prefix(root).expect("under the root");
+            let target = to.join(relative);
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(io(parent))?;
+            }
+            std::fs::copy(&path, &target).map_err(io(&path))?;
+        }
+    }
+    Ok(())
+}
+
+/// `name` on PATH, else `relative` under the toolchains directory.
+fn find_tool(name: &str, relative: &str) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| Some(toolchains_dir().join(relative)).filter(|p| p.is_file()))
+}
+
+/// Runs a toolchain command; its output is shown only when it fails.
+fn run(tool: &'static str, mut command: Command) -> Result<(), BuildError> {
+    let output = command.output().map_err(|source| BuildError::Io {
+        path: PathBuf::from(command.get_program()),
+        source,
+    })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&output.stderr));
+    Err(BuildError::ToolFailed {
+        tool,
+        status: output.status,
+        output: text.trim_end().to_string(),
+    })
+}

@@ -1,0 +1,209 @@
+// The JavaScript SDK for sluice transforms.
+//
+// Owns the guest side of the `sluice:plugin` world for JavaScript: it hides
+// the columnar batch layout behind an iterator of records and the columnar
+// output layout behind a row builder. A transform is a class:
+//
+//   import { exportTransform } from './sluice.js';
+//   class Upper {
+//     constructor(params) {}
+//     process(batch, out) {
+//       const t = out.target('upper', { value: 'text' });
+//       for (const r of batch) out.row(t, { value: r.text().toUpperCase() });
+//     }
+//   }
+//   export const { init, process } = exportTransform(Upper);
+//
+// Built with `sluice build` (componentize-js). It must not reach outside the
+// world: the host gives the module a fixed clock (Date.now() is the batch
+// time), seeded Math.random(), no files and no network.
+
+import { write } from 'sluice:plugin/log@0.1.0';
+
+const KINDS = ['int64', 'float64', 'text', 'bytes', 'bool'];
+const utf8 = new TextDecoder('utf-8');
+// ignoreBOM keeps a BOM in the text, so JSON.parse refuses it as every language does.
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+const encoder = new TextEncoder();
+
+/** Fails the whole batch (not a trap); `retryable` when a rerun may pass. */
+export class BatchError extends Error {
+  constructor(message, retryable = false) {
+    super(message);
+    this.retryable = retryable;
+  }
+}
+
+/** Deterministic logging, buffered by the host per batch. */
+export const log = {
+  debug: (m) => write('debug', String(m)),
+  info: (m) => write('info', String(m)),
+  warn: (m) => write('warn', String(m)),
+  error: (m) => write('error', String(m)),
+};
+
+/** One input record; `key` and `value` are Uint8Array or null. */
+export class Record {
+  constructor(index, topic, partition, offset, timestamp, key, value, headers) {
+    this.index = index;
+    this.topic = topic;
+    this.partition = partition;
+    this.offset = offset; // BigInt
+    this.timestamp = timestamp; // BigInt
+    this.key = key;
+    this.value = value;
+    this.headers = headers; // [name, Uint8Array | null][]
+  }
+  /** The value as UTF-8 text ('' when null; bad bytes replaced). */
+  text() {
+    return this.value === null ? '' : utf8.decode(this.value);
+  }
+  /** The value parsed as JSON from strict UTF-8 (throws when it is not). */
+  json() {
+    if (this.value === null) throw new Error('value is null');
+    return JSON.parse(strictUtf8.decode(this.value));
+  }
+}
+
+function take(data, length, at) {
+  if (length < 0) return [null, at];
+  return [data.subarray(at, at + length), at + length];
+}
+
+/** A batch of records, iterated in order. */
+export class Batch {
+  constructor(ctx, raw) {
+    this.context = ctx; // { pipeline, batchId, batchTimeMs (BigInt), seed (BigInt) }
+    this.raw = raw;
+  }
+  get length() {
+    return this.raw.offsets.length;
+  }
+  *[Symbol.iterator]() {
+    const raw = this.raw;
+    let keyAt = 0, valueAt = 0, nameAt = 0, headerValueAt = 0, headerAt = 0;
+    for (const s of raw.slices) {
+      for (let i = s.first; i < s.first + s.count; i++) {
+        let key, value;
+        [key, keyAt] = take(raw.keys, raw.keyLengths[i], keyAt);
+        [value, valueAt] = take(raw.values, raw.valueLengths[i], valueAt);
+        const headers = [];
+        for (let h = headerAt; h < headerAt + raw.headerCounts[i]; h++) {
+          const n = raw.headerNameLengths[h];
+          const name = utf8.decode(raw.headerNames.subarray(nameAt, nameAt + n));
+          nameAt += n;
+          let hv;
+          [hv, headerValueAt] = take(raw.headerValues, raw.headerValueLengths[h], headerValueAt);
+          headers.push([name, hv]);
+        }
+        headerAt += raw.headerCounts[i];
+        yield new Record(i, s.topic, s.partition, raw.offsets[i], raw.timestamps[i], key, value, headers);
+      }
+    }
+  }
+}
+
+/** The rows of a batch, by target, and its rejected records. */
+export class Output {
+  constructor() {
+    this.targets = [];
+    this.byName = new Map();
+    this.rejections = [];
+  }
+  /** Declares target `name` with `{column: kind}` (kinds: int64, float64,
+   * text, bytes, bool), in order; returns its handle. */
+  target(name, columns) {
+    if (this.byName.has(name)) return this.byName.get(name);
+    const names = Object.keys(columns);
+    for (const c of names) {
+      if (!KINDS.includes(columns[c])) throw new Error(`column ${c}: kind ${columns[c]} is not one of ${KINDS}`);
+    }
+    this.targets.push({ name, names, kinds: names.map((c) => columns[c]), values: names.map(() => []), rows: 0 });
+    this.byName.set(name, this.targets.length - 1);
+    return this.targets.length - 1;
+  }
+  /** Adds a row: an object by column name, or an array in declared order;
+   * null or undefined is null. */
+  row(target, values) {
+    const t = this.targets[target];
+    const row = Array.isArray(values) ? values : t.names.map((n) => values[n]);
+    if (!Array.isArray(values)) {
+      for (const n of Object.keys(values)) {
+        if (!t.names.includes(n)) throw new Error(`target ${t.name} has no column ${n}`);
+      }
+    }
+    if (row.length !== t.names.length) throw new Error(`target ${t.name} takes ${t.names.length} values, got ${row.length}`);
+    row.forEach((v, i) => t.values[i].push(v));
+    t.rows += 1;
+  }
+  /** Makes `record` a dead letter with `reason`. */
+  reject(record, reason) {
+    this.rejections.push({ index: record.index, reason: String(reason) });
+  }
+  toWit() {
+    return {
+      targets: this.targets.map((t) => ({
+        target: t.name,
+        rows: t.rows,
+        columns: t.names.map((n, i) => column(n, t.kinds[i], t.values[i])),
+      })),
+      rejections: this.rejections,
+    };
+  }
+}
+
+const isNull = (v) => v === null || v === undefined;
+
+function column(name, kind, values) {
+  let nulls = new Uint8Array(values.map((v) => (isNull(v) ? 1 : 0)));
+  if (!nulls.includes(1)) nulls = new Uint8Array();
+  let data;
+  if (kind === 'int64') {
+    data = { tag: 'int64', val: BigInt64Array.from(values, (v) => (isNull(v) ? 0n : BigInt(v))) };
+  } else if (kind === 'float64') {
+    data = { tag: 'float64', val: Float64Array.from(values, (v) => (isNull(v) ? 0 : Number(v))) };
+  } else if (kind === 'bool') {
+    data = { tag: 'boolean', val: Uint8Array.from(values, (v) => (v ? 1 : 0)) };
+  } else {
+    const parts = values.map((v) => (isNull(v) ? new Uint8Array() : typeof v === 'string' ? encoder.encode(v) : new Uint8Array(v)));
+    const lengths = Uint32Array.from(parts, (p) => p.length);
+    const bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    let at = 0;
+    for (const p of parts) {
+      bytes.set(p, at);
+      at += p.length;
+    }
+    data = { tag: kind === 'text' ? 'text' : 'bytes', val: { lengths, data: bytes } };
+  }
+  return { name, nulls, data };
+}
+
+/** The `init` and `process` exports around a transform class, whose
+ * constructor takes the params (parsed JSON) and whose `process(batch, out)`
+ * fills `out`. */
+export function exportTransform(TransformClass) {
+  let instance = null;
+  return {
+    init(params) {
+      try {
+        instance = new TransformClass(params ? JSON.parse(params) : {});
+      } catch (e) {
+        throw `${e && e.name ? e.name + ': ' : ''}${e && e.message !== undefined ? e.message : e}`;
+      }
+    },
+    process(ctx, raw) {
+      const out = new Output();
+      try {
+        instance.process(new Batch(ctx, raw), out);
+      } catch (e) {
+        if (e instanceof BatchError) throw { message: e.message, retryable: e.retryable };
+        // Anything else is a bug or a poison record: it must trap (the host
+        // retries, then isolates the record), not become a declared error.
+        // Say what it was, then throw what the bindings cannot lower.
+        write('error', `uncaught ${e && e.stack ? `${e}\n${e.stack}` : String(e)}`);
+        throw 0n;
+      }
+      return out.toWit();
+    },
+  };
+}

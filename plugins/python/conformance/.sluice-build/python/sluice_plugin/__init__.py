@@ -1,0 +1,269 @@
+"""The Python SDK for sluice transforms.
+
+Owns the guest side of the `sluice:plugin` world for Python: it hides the
+columnar batch layout behind an iterator of `Record`s and the columnar output
+layout behind a row builder, so a transform is a class with `process`:
+
+    from sluice_plugin import Transform, export
+
+    class Upper(Transform):
+        def process(self, batch, out):
+            t = out.target("upper", value="text")
+            for r in batch:
+                out.row(t, value=(r.value or b"").decode().upper())
+
+    WitWorld = export(Upper)
+
+Build it with `sluice build` (componentize-py). It must not reach outside
+the world: the host gives the module a fixed clock (the batch time), seeded
+random, no files and no network, so the same batch gives the same output on
+every run.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Iterator, List, Optional, Tuple
+
+import wit_world
+from componentize_py_types import Err
+from wit_world.imports import log as _log
+from wit_world.imports import types as _wit
+
+__all__ = [
+    "BatchError",
+    "Batch",
+    "Context",
+    "Output",
+    "Record",
+    "Transform",
+    "export",
+    "log",
+]
+
+# Column kinds, as declared in `out.target(...)`.
+KINDS = ("int64", "float64", "text", "bytes", "bool")
+
+
+class BatchError(Exception):
+    """Fails the whole batch (not a trap). `retryable=True` when running the
+    same batch again may succeed."""
+
+    def __init__(self, message: str, retryable: bool = False):
+        super().__init__(message)
+        self.message = message
+        self.retryable = retryable
+
+
+class log:
+    """Deterministic logging, buffered by the host per batch."""
+
+    @staticmethod
+    def debug(message: str) -> None:
+        _log.write(_log.Level.DEBUG, message)
+
+    @staticmethod
+    def info(message: str) -> None:
+        _log.write(_log.Level.INFO, message)
+
+    @staticmethod
+    def warn(message: str) -> None:
+        _log.write(_log.Level.WARN, message)
+
+    @staticmethod
+    def error(message: str) -> None:
+        _log.write(_log.Level.ERROR, message)
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where and when the batch runs; every field comes from the plan."""
+
+    pipeline: str
+    batch_id: str
+    batch_time_ms: int
+    seed: int
+
+
+@dataclass
+class Record:
+    """One input record. `key` and `value` are bytes or None."""
+
+    index: int
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    key: Optional[bytes]
+    value: Optional[bytes]
+    headers: List[Tuple[str, Optional[bytes]]]
+
+    def json(self):
+        """The value parsed as strict JSON, from strict UTF-8 (raises
+        ValueError when it is not: NaN and Infinity literals included)."""
+        if self.value is None:
+            raise ValueError("value is null")
+        return json.loads(self.value.decode("utf-8"), parse_constant=_no_constant)
+
+    def text(self) -> str:
+        """The value as UTF-8 text ('' when null; bad bytes replaced)."""
+        return "" if self.value is None else self.value.decode("utf-8", "replace")
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not JSON")
+
+
+class Batch:
+    """A batch of records, iterated in order."""
+
+    def __init__(self, ctx, raw):
+        self.context = Context(ctx.pipeline, ctx.batch_id, ctx.batch_time_ms, ctx.seed)
+        self._raw = raw
+
+    def __len__(self) -> int:
+        return len(self._raw.offsets)
+
+    def __iter__(self) -> Iterator[Record]:
+        raw = self._raw
+        key_at = value_at = name_at = header_value_at = header_at = 0
+        for s in raw.slices:
+            for i in range(s.first, s.first + s.count):
+                key, key_at = _take(raw.keys, raw.key_lengths[i], key_at)
+                value, value_at = _take(raw.values, raw.value_lengths[i], value_at)
+                headers = []
+                for h in range(header_at, header_at + raw.header_counts[i]):
+                    n = raw.header_name_lengths[h]
+                    name = raw.header_names[name_at : name_at + n].decode("utf-8", "replace")
+                    name_at += n
+                    hv, header_value_at = _take(
+                        raw.header_values, raw.header_value_lengths[h], header_value_at
+                    )
+                    headers.append((name, hv))
+                header_at += raw.header_counts[i]
+                yield Record(
+                    i, s.topic, s.partition, raw.offsets[i], raw.timestamps[i], key, value, headers
+                )
+
+
+def _take(data: bytes, length: int, at: int):
+    if length < 0:
+        return None, at
+    return bytes(data[at : at + length]), at + length
+
+
+class _Target:
+    def __init__(self, name: str, columns):
+        self.name = name
+        self.names = [c for c, _ in columns]
+        self.kinds = [k for _, k in columns]
+        self.values = [[] for _ in columns]
+        self.rows = 0
+
+
+class Output:
+    """The rows of a batch, by target, and its rejected records."""
+
+    def __init__(self):
+        self._targets = []
+        self._by_name = {}
+        self._rejections = []
+
+    def target(self, name: str, **columns: str) -> int:
+        """Declares target `name` with its columns and their kinds (one of
+        int64, float64, text, bytes, bool), in order; returns its handle.
+        Declaring the same target again returns the same handle."""
+        if name in self._by_name:
+            return self._by_name[name]
+        for column, kind in columns.items():
+            if kind not in KINDS:
+                raise ValueError(f"column {column!r}: kind {kind!r} is not one of {KINDS}")
+        self._targets.append(_Target(name, list(columns.items())))
+        self._by_name[name] = len(self._targets) - 1
+        return self._by_name[name]
+
+    def row(self, target: int, *values, **named) -> None:
+        """Adds a row: values in declared order, or by column name. None is
+        null."""
+        t = self._targets[target]
+        if named:
+            unknown = set(named) - set(t.names)
+            if unknown:
+                raise ValueError(f"target {t.name!r} has no column {sorted(unknown)[0]!r}")
+            values = tuple(named.get(n) for n in t.names)
+        if len(values) != len(t.names):
+            raise ValueError(f"target {t.name!r} takes {len(t.names)} values, got {len(values)}")
+        for column, value in zip(t.values, values):
+            column.append(value)
+        t.rows += 1
+
+    def reject(self, record: Record, reason: str) -> None:
+        """Makes `record` a dead letter with `reason`."""
+        self._rejections.append(_wit.Rejection(record.index, reason))
+
+    def _to_wit(self):
+        targets = [
+            _wit.TargetRows(
+                t.name,
+                t.rows,
+                [_column(n, k, v) for n, k, v in zip(t.names, t.kinds, t.values)],
+            )
+            for t in self._targets
+        ]
+        return _wit.Output(targets, self._rejections)
+
+
+def _column(name: str, kind: str, values: list):
+    nulls = bytes(1 if v is None else 0 for v in values)
+    if not any(nulls):
+        nulls = b""
+    if kind == "int64":
+        data = _wit.ColumnData_Int64([0 if v is None else int(v) for v in values])
+    elif kind == "float64":
+        data = _wit.ColumnData_Float64([0.0 if v is None else float(v) for v in values])
+    elif kind == "bool":
+        data = _wit.ColumnData_Boolean(bytes(1 if v else 0 for v in values))
+    else:
+        encoded = [
+            b"" if v is None else (v.encode() if isinstance(v, str) else bytes(v)) for v in values
+        ]
+        var = _wit.VarColumn([len(b) for b in encoded], b"".join(encoded))
+        data = _wit.ColumnData_Text(var) if kind == "text" else _wit.ColumnData_Bytes(var)
+    return _wit.Column(name, nulls, data)
+
+
+class Transform:
+    """What a transform implements. One instance is made per batch, from the
+    pipeline's params (a dict parsed from its JSON)."""
+
+    def __init__(self, params: dict):
+        self.params = params
+
+    def process(self, batch: Batch, out: Output) -> None:
+        raise NotImplementedError
+
+
+def export(transform_class):
+    """Makes the `WitWorld` class componentize-py exports, around
+    `transform_class`: `WitWorld = export(MyTransform)`."""
+
+    class World(wit_world.WitWorld):
+        _instance = None
+
+        def init(self, params: str) -> None:
+            try:
+                parsed = json.loads(params) if params else {}
+                World._instance = transform_class(parsed)
+            except BatchError as e:
+                raise Err(e.message)
+            except Exception as e:  # the user's message, not a trap
+                raise Err(f"{type(e).__name__}: {e}")
+
+        def process(self, ctx, batch):
+            out = Output()
+            try:
+                World._instance.process(Batch(ctx, batch), out)
+            except BatchError as e:
+                raise Err(_wit.BatchError(e.message, e.retryable))
+            return out._to_wit()
+
+    return World

@@ -1,0 +1,527 @@
+//! Plugins in other languages than Rust, through the CLI: `sluice new`,
+//! `sluice build` and `sluice test` from an empty directory; the
+//! conformance transform giving byte-identical output in every language;
+//! deterministic WASI (batch-time clock, virtual sleep, seeded random, no
+//! environment) in `sluice test` and in a pipeline's `verify`; no file and
+//! no socket; hostile Python and JavaScript modules contained like Rust
+//! ones, with the host's peak memory bounded.
+//!
+//! The Python and JavaScript plugins (plugins/python, plugins/js) are built
+//! from source here, with the toolchains `scripts/toolchains.sh` installs.
+
+use serde_json::Value as Json;
+use sluice_tests::control::sluice_sampled;
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// Runs `sluice ARGS`; returns (success, stdout, stderr).
+fn sluice(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(sluice_bin())
+        .args(args)
+        .output()
+        .expect("run sluice");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn sluice_ok(args: &[&str]) -> String {
+    let (ok, stdout, stderr) = sluice(args);
+    assert!(ok, "sluice {args:?} failed:\n{stdout}\n{stderr}");
+    stdout
+}
+
+/// Builds the plugin project `plugins/<project>` into `dir`.
+fn build(project: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{}.wasm", project.replace('/', "-")));
+    let source = repo_root().join("plugins").join(project);
+    sluice_ok(&[
+        "build",
+        source.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    out
+}
+
+/// `sluice test --json`: the JSON lines it printed, and its summary.
+struct Report {
+    rows: Vec<Json>,
+    dead_letters: Vec<Json>,
+    logs: Vec<Json>,
+    summary: Json,
+}
+
+impl Report {
+    /// The rows of `target`, as column → value maps.
+    fn rows_of(&self, target: &str) -> Vec<&Json> {
+        self.rows
+            .iter()
+            .filter(|r| r["target"] == target)
+            .map(|r| &r["row"])
+            .collect()
+    }
+
+    /// The `probe` row whose `what` is `what`.
+    fn probe(&self, what: &str) -> &Json {
+        self.rows_of("probe")
+            .into_iter()
+            .find(|r| r["what"] == what)
+            .unwrap_or_else(|| panic!("no probe row `{what}` in {:?}", self.rows))
+    }
+
+    /// (offset, kind) of every dead letter.
+    fn dead_letter_kinds(&self) -> Vec<(i64, String)> {
+        self.dead_letters
+            .iter()
+            .map(|d| {
+                let d = &d["dead_letter"];
+                (
+                    d["offset"].as_i64().unwrap(),
+                    d["kind"].as_str().unwrap().into(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn parse_report(stdout: &str) -> Report {
+    let mut report = Report {
+        rows: Vec::new(),
+        dead_letters: Vec::new(),
+        logs: Vec::new(),
+        summary: Json::Null,
+    };
+    for line in stdout.lines() {
+        let json: Json = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        if json.get("row").is_some() {
+            report.rows.push(json);
+        } else if json.get("dead_letter").is_some() {
+            report.dead_letters.push(json);
+        } else if json.get("log").is_some() {
+            report.logs.push(json);
+        } else {
+            report.summary = json["summary"].clone();
+        }
+    }
+    assert!(!report.summary.is_null(), "no summary in {stdout}");
+    report
+}
+
+fn run_sample(module: &Path, input: &Path, extra: &[&str]) -> Report {
+    let mut args = vec![
+        "test",
+        module.to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    parse_report(&sluice_ok(&args))
+}
+
+fn write_sample(dir: &Path, name: &str, values: &[&str]) -> PathBuf {
+    let path = dir.join(name);
+    let lines: Vec<String> = values
+        .iter()
+        .map(|v| serde_json::json!({ "value": v }).to_string())
+        .collect();
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    path
+}
+
+/// What the conformance transform makes of one record.
+enum Outcome {
+    Rejected,
+    Skipped,
+    Event(Vec<String>),
+}
+
+/// The conformance transform recomputed here from the sample, independent
+/// of every plugin, in batch order (partition, then offset): (events rows,
+/// words in order, rejected offsets).
+fn expected_conformance(sample: &str) -> (usize, Vec<String>, Vec<i64>) {
+    let mut next_offset: BTreeMap<i64, i64> = BTreeMap::new();
+    let mut outcomes: Vec<(i64, i64, Outcome)> = Vec::new();
+    for line in sample.lines().filter(|l| !l.trim().is_empty()) {
+        let record: Json = serde_json::from_str(line).unwrap();
+        let partition = record["partition"].as_i64().unwrap_or(0);
+        let next = next_offset.entry(partition).or_insert(0);
+        let offset = record["offset"].as_i64().unwrap_or(*next);
+        *next = offset + 1;
+        let value = match &record["value"] {
+            Json::String(s) => Some(s.clone()),
+            Json::Null => None,
+            other => Some(other.to_string()),
+        };
+        let parsed = value.and_then(|v| serde_json::from_str::<Json>(&v).ok());
+        let outcome = match parsed {
+            Some(Json::Object(obj)) if obj.get("keep") == Some(&Json::Bool(false)) => {
+                Outcome::Skipped
+            }
+            Some(Json::Object(obj)) => Outcome::Event(match obj.get("text") {
+                Some(Json::String(text)) => text
+                    .split(|c: char| !c.is_ascii_alphanumeric())
+                    .filter(|w| !w.is_empty())
+                    .map(str::to_ascii_lowercase)
+                    .collect(),
+                _ => Vec::new(),
+            }),
+            _ => Outcome::Rejected,
+        };
+        outcomes.push((partition, offset, outcome));
+    }
+    outcomes.sort_by_key(|(partition, offset, _)| (*partition, *offset));
+    let (mut events, mut words, mut rejected) = (0, Vec::new(), Vec::new());
+    for (_, offset, outcome) in outcomes {
+        match outcome {
+            Outcome::Rejected => rejected.push(offset),
+            Outcome::Skipped => {}
+            Outcome::Event(w) => {
+                events += 1;
+                words.extend(w);
+            }
+        }
+    }
+    (events, words, rejected)
+}
+
+/// The conformance transform in Rust, Python and JavaScript, run by the host
+/// on the same input: the same output digest and the same rows, and the
+/// rows the test recomputes on its own.
+#[test]
+fn conformance_output_is_byte_identical_in_every_language() {
+    let dir = TempDir::new("conformance");
+    let sample = repo_root().join("tests/data/conformance.jsonl");
+    let modules = [
+        ("rust", plugin("conformance")),
+        ("python", build("python/conformance", dir.path())),
+        ("js", build("js/conformance", dir.path())),
+    ];
+    let reports: Vec<(&str, Report)> = modules
+        .iter()
+        .map(|(lang, module)| (*lang, run_sample(module, &sample, &[])))
+        .collect();
+    let (events, words, rejected) =
+        expected_conformance(&std::fs::read_to_string(&sample).unwrap());
+    assert!(events >= 10 && words.len() >= 20 && rejected.len() >= 3);
+    let (_, reference) = &reports[0];
+    for (lang, report) in &reports {
+        assert_eq!(report.rows_of("events").len(), events, "{lang}");
+        let got: Vec<&str> = report
+            .rows_of("words")
+            .iter()
+            .map(|r| r["word"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, words, "{lang}");
+        let dead: Vec<i64> = report.dead_letter_kinds().iter().map(|d| d.0).collect();
+        assert_eq!(dead, rejected, "{lang}");
+        assert_eq!(
+            report.rows, reference.rows,
+            "{lang} rows differ from Rust's"
+        );
+        assert_eq!(
+            report.summary["output_digest"], reference.summary["output_digest"],
+            "{lang}"
+        );
+    }
+    println!(
+        "conformance: {} languages, digest {}",
+        reports.len(),
+        reference.summary["output_digest"]
+    );
+}
+
+/// `sluice new`, `sluice build`, `sluice test` in an empty directory
+/// outside the repository, for each language; and `sluice build` without
+/// the toolchain says how to install it.
+#[test]
+fn new_build_and_test_work_from_an_empty_directory() {
+    let dir = TempDir::new("new-build-test");
+    for lang in ["python", "js"] {
+        let project = dir.path().join(format!("demo-{lang}"));
+        let said = sluice_ok(&["new", "--lang", lang, project.to_str().unwrap()]);
+        assert!(said.contains("sluice build"), "{said}");
+        let built = sluice_ok(&["build", project.to_str().unwrap()]);
+        let module = project.join(format!("dist/demo-{lang}.wasm"));
+        assert!(module.is_file(), "{built}");
+        let report = run_sample(
+            &module,
+            &project.join("sample.jsonl"),
+            &["--params", r#"{"prefix": "> "}"#],
+        );
+        let values: Vec<&str> = report
+            .rows_of("out")
+            .iter()
+            .map(|r| r["value"].as_str().unwrap())
+            .collect();
+        assert_eq!(values, ["> HELLO", "> SLUICE"], "{lang}");
+        assert_eq!(report.dead_letter_kinds(), [(2, "rejected".to_string())]);
+        assert_eq!(report.logs[0]["log"]["message"], "3 records", "{lang}");
+
+        // A second `new` into the same place is refused; nothing changes.
+        let (ok, _, err) = sluice(&["new", "--lang", lang, project.to_str().unwrap()]);
+        assert!(!ok && err.contains("exists already"), "{err}");
+    }
+
+    // No toolchain anywhere: the error says what to install.
+    let project = dir.path().join("demo-python");
+    let out = Command::new(sluice_bin())
+        .args(["build", project.to_str().unwrap()])
+        .env("PATH", "/nonexistent")
+        .env("SLUICE_TOOLCHAINS", dir.path().join("none"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("componentize-py is not installed") && err.contains("pip install"),
+        "{err}"
+    );
+    let (ok, _, err) = sluice(&["build", dir.path().to_str().unwrap()]);
+    assert!(!ok && err.contains("sluice-plugin.toml"), "{err}");
+}
+
+/// Python and JavaScript see the batch time as their clock, a virtual
+/// monotonic clock (an hour's sleep passes at once), random numbers seeded
+/// from the plan (the same on every run, others for other offsets) and no
+/// environment; files and sockets give errors, never access.
+#[test]
+fn python_and_js_get_deterministic_wasi_and_no_files_or_sockets() {
+    let dir = TempDir::new("deterministic-wasi");
+    let python = build("python/hostile", dir.path());
+    let js = build("js/hostile", dir.path());
+    let batch_time = "1700000000123";
+    let values = [
+        "clock", "sleep", "random", "env", "file", "listdir", "socket",
+    ];
+    let sample = write_sample(dir.path(), "probe.jsonl", &values);
+    let time_args = ["--batch-time-ms", batch_time];
+
+    let first = run_sample(&python, &sample, &time_args);
+    assert_eq!(first.probe("clock")["n"], 1_700_000_000_123i64);
+    assert_eq!(first.probe("sleep")["n"], 3_600_000_000_000i64);
+    assert_eq!(first.probe("env")["n"], 0);
+    for what in ["file", "listdir", "socket"] {
+        let row = first.probe(what);
+        assert_eq!(row["n"], 0, "{what} got access: {row}");
+        assert!(row["text"].as_str().unwrap().contains("Error"), "{row}");
+    }
+    assert!(
+        first.probe("socket")["text"]
+            .as_str()
+            .unwrap()
+            .contains("PermissionError"),
+        "{}",
+        first.probe("socket")
+    );
+    let again = run_sample(&python, &sample, &time_args);
+    assert_eq!(first.rows, again.rows, "python: two runs differ");
+
+    let js_values = ["clock", "random"];
+    let js_sample = write_sample(dir.path(), "probe-js.jsonl", &js_values);
+    let js_first = run_sample(&js, &js_sample, &time_args);
+    assert_eq!(js_first.probe("clock")["n"], 1_700_000_000_123i64);
+    let js_again = run_sample(&js, &js_sample, &time_args);
+    assert_eq!(js_first.rows, js_again.rows, "js: two runs differ");
+
+    // Other offsets, another seed: other random numbers.
+    let shifted = dir.path().join("shifted.jsonl");
+    std::fs::write(&shifted, r#"{"value": "random", "offset": 100}"#).unwrap();
+    let other = run_sample(&python, &shifted, &time_args);
+    assert_ne!(other.probe("random"), first.probe("random"));
+    let js_other = run_sample(&js, &shifted, &time_args);
+    assert_ne!(js_other.probe("random"), js_first.probe("random"));
+}
+
+/// Minimal pipeline config whose `[limits]` `sluice test` takes.
+fn limits_config(dir: &Path, limits: &str) -> PathBuf {
+    write_config(
+        dir,
+        &format!(
+            r#"
+pipeline = "contained"
+[source]
+brokers = "127.0.0.1:1"
+topics = ["unused"]
+[module]
+path = "unused.wasm"
+[limits]
+{limits}
+[sink]
+url = "sqlite://unused.db"
+[[sink.targets]]
+name = "probe"
+columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
+"#
+        ),
+    )
+}
+
+/// A Python and a JavaScript module that loop, allocate without end,
+/// recurse without end, raise, exit and flood their output: each such
+/// record is a dead letter of its kind, the others' rows are kept, the
+/// flood is cut, and the host's peak memory stays within the module's cap
+/// plus a fixed allowance.
+#[test]
+fn hostile_python_and_js_modules_are_contained() {
+    let dir = TempDir::new("hostile-languages");
+    let cap_mib = 128;
+    let config = limits_config(
+        dir.path(),
+        &format!("fuel_per_batch = 2000000000\nmax_memory_mib = {cap_mib}"),
+    );
+    let cases = [
+        (
+            "python/hostile",
+            vec![
+                "ok", "spin", "bomb", "recurse", "raise", "exit", "print", "fine",
+            ],
+            // Python keeps its frames on the heap: endless recursion meets
+            // the memory cap.
+            vec![
+                (1, "fuel"),
+                (2, "memory"),
+                (3, "memory"),
+                (4, "trap"),
+                (5, "trap"),
+            ],
+        ),
+        (
+            "js/hostile",
+            vec!["ok", "spin", "bomb", "recurse", "throw", "print", "fine"],
+            vec![(1, "fuel"), (2, "memory"), (3, "trap"), (4, "trap")],
+        ),
+    ];
+    for (project, values, dead) in cases {
+        let module = build(project, dir.path());
+        let sample = write_sample(dir.path(), "hostile.jsonl", &values);
+        let run = sluice_sampled(&[
+            "test".as_ref(),
+            module.as_os_str(),
+            "--input".as_ref(),
+            sample.as_os_str(),
+            "--target-schema".as_ref(),
+            config.as_os_str(),
+            "--json".as_ref(),
+        ]);
+        assert!(run.success, "{project}: {}", run.stderr);
+        let report = parse_report(&run.stdout);
+        let kinds: Vec<(i64, String)> = dead.iter().map(|(o, k)| (*o, k.to_string())).collect();
+        assert_eq!(report.dead_letter_kinds(), kinds, "{project}");
+        let kept: Vec<&str> = report
+            .rows_of("probe")
+            .iter()
+            .map(|r| r["what"].as_str().unwrap())
+            .collect();
+        assert_eq!(kept, ["ok", "print", "fine"], "{project}");
+        let reasons: Vec<&str> = report
+            .dead_letters
+            .iter()
+            .map(|d| d["dead_letter"]["reason"].as_str().unwrap())
+            .collect();
+        let thrown = reasons[reasons.len() - 1];
+        assert!(
+            thrown.contains("on purpose") || thrown.contains("exit("),
+            "{project}: the trap should say why: {reasons:?}"
+        );
+        let printed = report
+            .logs
+            .iter()
+            .filter(|l| l["log"]["message"].as_str().unwrap().contains("of a flood"))
+            .count();
+        assert!(
+            (1..20_000).contains(&printed),
+            "{project}: {printed} flood lines kept"
+        );
+        let allowance = 384;
+        assert!(
+            run.peak_rss_mib <= cap_mib + allowance,
+            "{project}: host peak RSS {} MiB over {cap_mib} + {allowance} MiB",
+            run.peak_rss_mib
+        );
+        println!(
+            "{project}: {} dead letters {kinds:?}, host peak RSS {} MiB (cap {cap_mib} MiB)",
+            report.dead_letters.len(),
+            run.peak_rss_mib
+        );
+    }
+}
+
+/// A Python module that reads the clock and random numbers, in a pipeline
+/// over Kafka into SQLite: each row's clock is its batch's planned time,
+/// and `verify` reproduces every batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_python_pipeline_reads_the_batch_time_and_verifies() {
+    let dir = TempDir::new("python-pipeline");
+    let module = build("python/hostile", dir.path());
+    let brokers = shared_broker();
+    let topic = "python-probe";
+    create_topic(brokers, topic, 1);
+    let records: Vec<Produce> = (0..400)
+        .map(|i| Produce {
+            partition: 0,
+            key: None,
+            value: ["clock", "random", "sleep", "word"][i as usize % 4].into(),
+        })
+        .collect();
+    produce(brokers, topic, &records);
+    let db = dir.path().join("out.db");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            r#"
+pipeline = "python-probe"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+max_records_per_partition = 50
+batch_interval_ms = 100
+[module]
+path = "{module}"
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+name = "probe"
+columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
+"#,
+            module = module.display(),
+            db = db.display()
+        ),
+    );
+    run_ok(&config);
+    let pool = sqlite(&db).await;
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM probe")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 400);
+    // Each clock row holds its own batch's planned time.
+    let clocks: Vec<(i64, i64)> = sqlx::query_as(
+        "SELECT p.n, b.batch_time_ms FROM probe p \
+         JOIN sluice_batch_ranges r ON p.\"offset\" >= r.from_offset AND p.\"offset\" < r.until_offset \
+         JOIN sluice_batches b ON b.batch_id = r.batch_id \
+         WHERE p.what = 'clock'",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(!clocks.is_empty());
+    let mismatched: Vec<&(i64, i64)> = clocks.iter().filter(|(n, t)| n != t).collect();
+    assert!(
+        mismatched.is_empty(),
+        "clock rows off their batch time: {mismatched:?}"
+    );
+    let batch_times: i64 =
+        sqlx::query_scalar("SELECT count(DISTINCT n) FROM probe WHERE what = 'clock'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(batch_times > 1, "expected batches planned at several times");
+    let said = sluice_ok(&["verify", config.to_str().unwrap()]);
+    assert!(said.contains("0 differ"), "{said}");
+}
