@@ -9,7 +9,7 @@
 //! Run: `scripts/build-plugins.sh && cargo bench -p sluice --bench boundary`
 
 use serde::Deserialize;
-use sluice::batch::{OffsetRange, OwnedRecord, Plan, Records};
+use sluice::batch::{OwnedRecord, Plan, Records, single_partition_batch};
 use sluice::output::{Column, ColumnData, Output, TargetRows};
 use sluice::runtime::{Limits, Runtime};
 use std::borrow::Cow;
@@ -41,15 +41,7 @@ fn batch() -> (Plan, Records) {
             }
         })
         .collect();
-    let mut records = Records::default();
-    records.push_slice("bench", 0, &owned);
-    let range = OffsetRange {
-        topic: "bench".into(),
-        partition: 0,
-        from: 0,
-        until: BATCH as i64,
-    };
-    (Plan::new("bench", vec![range], "m", "p", 0), records)
+    single_partition_batch("bench", "bench", &owned, 0)
 }
 
 /// Best times of `ROUNDS` runs of `a` and `b`, interleaved so that both

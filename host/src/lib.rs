@@ -37,7 +37,7 @@ pub mod reset;
 pub mod state;
 
 pub use sluice_control as control;
-pub use sluice_core::{batch, config, limits, output, store};
+pub use sluice_core::{batch, config, limits, output, store, transform};
 pub use sluice_kafka as source;
 pub use sluice_pipeline as pipeline;
 pub use sluice_runtime as runtime;

@@ -2,7 +2,7 @@
 //! `sluice` binary: determinism, fuel, memory cap, deadline, bad modules and
 //! bad configs. No broker needed.
 
-use sluice::batch::{OffsetRange, OwnedRecord, Plan, Records};
+use sluice::batch::{OwnedRecord, Plan, Records, single_partition_batch};
 use sluice::config::LimitsConfig;
 use sluice::runtime::{Limits, RunError, Runtime};
 use sluice_tests::*;
@@ -19,18 +19,7 @@ fn records(n: usize) -> (Plan, Records) {
             headers: vec![("h".into(), Some(b"v".to_vec()))],
         })
         .collect();
-    let mut batch = Records::default();
-    batch.push_slice("t", 0, &owned);
-    let range = OffsetRange {
-        topic: "t".into(),
-        partition: 0,
-        from: 0,
-        until: n as i64,
-    };
-    (
-        Plan::new("p", vec![range], "m", "params", 1_700_000_000_000),
-        batch,
-    )
+    single_partition_batch("p", "t", &owned, 1_700_000_000_000)
 }
 
 fn runtime(limits: LimitsConfig) -> Runtime {
@@ -510,10 +499,13 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
 #[test]
 fn a_forbidden_import_is_refused_before_compiling() {
     let dir = TempDir::new("import-bomb");
-    let bomb = slow_to_compile(1500, 400, Some("wasi:sockets/tcp@0.2.0"));
+    let bomb = slow_to_compile(1500, 400, Some("wasi:http/outgoing-handler@0.2.0"));
     let (ok, err, _, _, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 600000");
     assert!(!ok);
-    assert!(err.contains("imports `wasi:sockets/tcp@0.2.0`"), "{err}");
+    assert!(
+        err.contains("imports `wasi:http/outgoing-handler@0.2.0`"),
+        "{err}"
+    );
     // Refused by reading its import section: the compile the bomb asks
     // for (the test above: over its 1 s budget) never starts.
     assert!(took < Duration::from_secs(3), "refused after {took:?}");

@@ -172,6 +172,28 @@ fn push_bytes(lengths: &mut Vec<i32>, buf: &mut Vec<u8>, bytes: Option<&[u8]>) {
     }
 }
 
+/// One batch of `records` (offsets increasing) from partition 0 of
+/// `topic`, planned for pipeline `pipeline` at `batch_time_ms` with
+/// placeholder module and params digests: for tests and benchmarks that
+/// run a transform without a source.
+pub fn single_partition_batch(
+    pipeline: &str,
+    topic: &str,
+    records: &[OwnedRecord],
+    batch_time_ms: i64,
+) -> (Plan, Records) {
+    let mut batch = Records::default();
+    batch.push_slice(topic, 0, records);
+    let range = OffsetRange {
+        topic: topic.to_string(),
+        partition: 0,
+        from: records.first().map_or(0, |r| r.offset),
+        until: records.last().map_or(0, |r| r.offset + 1),
+    };
+    let plan = Plan::new(pipeline, vec![range], "m", "params", batch_time_ms);
+    (plan, batch)
+}
+
 impl Records {
     pub fn len(&self) -> usize {
         self.offsets.len()

@@ -277,15 +277,23 @@ fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
 /// line or a Python exception line first (their runtimes then log a panic
 /// of their own, which says nothing), else a Rust panic.
 fn trap_reason(logs: &[bindings::ModuleLog]) -> Option<String> {
-    let first_lines = || {
+    let said = logs
+        .iter()
+        .rev()
+        .map(first_line)
+        .find(|line| line.starts_with("uncaught ") || is_python_exception(line));
+    let panicked = || {
         logs.iter()
             .rev()
-            .map(|l| l.message.lines().next().unwrap_or_default())
+            .find(|l| l.message.contains("panic"))
+            .map(|l| l.message.as_str())
     };
-    first_lines()
-        .find(|line| line.starts_with("uncaught ") || is_python_exception(line))
-        .or_else(|| first_lines().find(|line| line.contains("panic")))
-        .map(str::to_string)
+    said.or_else(panicked).map(str::to_string)
+}
+
+/// The first line of a log message.
+fn first_line(log: &bindings::ModuleLog) -> &str {
+    log.message.lines().next().unwrap_or_default()
 }
 
 /// `ValueError: ...`, `json.decoder.JSONDecodeError: ...`, `SystemExit`.
@@ -383,6 +391,11 @@ impl WasmTransform {
     pub fn runtime(&self) -> &Arc<Runtime> {
         &self.runtime
     }
+
+    /// The loaded module it runs.
+    pub fn module(&self) -> &LoadedModule {
+        &self.module
+    }
 }
 
 impl sluice_core::transform::Transform for WasmTransform {
@@ -436,8 +449,8 @@ mod trap_tests {
             "Redirecting call to abort()",
         ]);
         assert_eq!(trap_reason(&js).as_deref(), Some("uncaught Error: nope"));
-        let rust = logs(&["panicked at src/lib.rs:3:5: index out of bounds"]);
-        assert!(trap_reason(&rust).unwrap().contains("index out of bounds"));
+        let rust = logs(&["panicked at src/lib.rs:3:5:\nindex out of bounds"]);
+        assert!(trap_reason(&rust).unwrap().ends_with("index out of bounds"));
         assert_eq!(trap_reason(&logs(&["hello", "Error count: 3 of 4"])), None);
     }
 }

@@ -7,7 +7,7 @@
 //! scenario serves every dialect. It must not know any one backend.
 
 use super::{Dialect, Param, SqlBackend, SqlSink};
-use crate::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition};
+use crate::batch::{OwnedRecord, Plan, Records, TopicPartition, single_partition_batch};
 use crate::config::{PipelineConfig, SinkConfig};
 use crate::output::{Column, ColumnData, Output, TargetRows};
 use crate::sink::{Commit, CommitOutcome, DeadLetter, DeadLetterKind, SinkError};
@@ -91,15 +91,7 @@ pub fn batch(from: i64, until: i64) -> (Plan, Records) {
             headers: vec![],
         })
         .collect();
-    let mut records = Records::default();
-    records.push_slice("t", 0, &owned);
-    let range = OffsetRange {
-        topic: "t".into(),
-        partition: 0,
-        from,
-        until,
-    };
-    (Plan::new("p", vec![range], "m", "params", 0), records)
+    single_partition_batch("p", "t", &owned, 0)
 }
 
 pub async fn try_commit<B: SqlBackend>(
