@@ -20,6 +20,9 @@ const WIT: &str = include_str!("../../wit/sluice.wit");
 const PYTHON_SDK: &str = include_str!("../../sdk/python/sluice_plugin/__init__.py");
 /// The JavaScript SDK (module `sluice.js`).
 const JS_SDK: &str = include_str!("../../sdk/js/sluice.js");
+/// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own.
+const RUST_SDK: &str = include_str!("../../plugins/sdk/src/lib.rs");
+const RUST_SDK_VERSION: &str = "0.1.0";
 
 /// The manifest's file name, at the project's root.
 pub const MANIFEST: &str = "sluice-plugin.toml";
@@ -32,6 +35,7 @@ const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Language {
+    Rust,
     Python,
     Js,
 }
@@ -40,6 +44,7 @@ impl Language {
     /// The language's name, for people.
     pub fn name(self) -> &'static str {
         match self {
+            Language::Rust => "Rust",
             Language::Python => "Python",
             Language::Js => "JavaScript",
         }
@@ -47,6 +52,7 @@ impl Language {
 
     fn default_entry(self) -> &'static str {
         match self {
+            Language::Rust => "Cargo.toml",
             Language::Python => "app.py",
             Language::Js => "app.js",
         }
@@ -59,10 +65,11 @@ impl Language {
 pub struct Manifest {
     /// The plugin's name: the component is built as `dist/<name>.wasm`.
     pub name: String,
-    /// Its language: `python` or `js`.
+    /// Its language: `rust`, `python` or `js`.
     pub language: Language,
     /// The source file that exports the transform (default `app.py` /
-    /// `app.js`), relative to the project.
+    /// `app.js`; for Rust, the package's `Cargo.toml`), relative to the
+    /// project.
     #[serde(default)]
     pub entry: Option<String>,
 }
@@ -138,20 +145,28 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
             .replace("{{name}}", &name)
             .replace("{{language}}", language.name())
     };
-    let entry = match language {
-        Language::Python => include_str!("../templates/python/app.py"),
-        Language::Js => include_str!("../templates/js/app.js"),
-    };
     let lang = match language {
+        Language::Rust => "rust",
         Language::Python => "python",
         Language::Js => "js",
     };
-    let files = [
+    let sources: &[(&str, &str)] = match language {
+        Language::Rust => &[
+            ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
+            ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
+        ],
+        Language::Python => &[("app.py", include_str!("../templates/python/app.py"))],
+        Language::Js => &[("app.js", include_str!("../templates/js/app.js"))],
+    };
+    let mut files: Vec<(String, String)> = sources
+        .iter()
+        .map(|(file, text)| (file.to_string(), fill(text)))
+        .collect();
+    files.extend([
         (
             MANIFEST.to_string(),
             format!("name = \"{name}\"\nlanguage = \"{lang}\"\n"),
         ),
-        (language.default_entry().to_string(), fill(entry)),
         (
             "sample.jsonl".to_string(),
             include_str!("../templates/sample.jsonl").to_string(),
@@ -162,12 +177,11 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
         ),
         (
             ".gitignore".to_string(),
-            "/dist\n/.sluice-build\n/.sluice-cache\n".to_string(),
+            "/dist\n/target\n/.sluice-build\n/.sluice-cache\n".to_string(),
         ),
-    ];
+    ]);
     for (file, text) in files {
-        let path = dir.join(file);
-        std::fs::write(&path, text).map_err(io(&path))?;
+        write(&dir.join(file), &text)?;
     }
     Ok(())
 }
@@ -220,6 +234,7 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<PathBuf, BuildError> {
         });
     }
     match manifest.language {
+        Language::Rust => build_rust(&dir, &stage, &entry, &out)?,
         Language::Python => build_python(&dir, &stage, &entry, &out)?,
         Language::Js => build_js(&dir, &stage, &entry, &out)?,
     }
@@ -231,6 +246,90 @@ fn write(path: &Path, text: &str) -> Result<(), BuildError> {
         std::fs::create_dir_all(parent).map_err(io(parent))?;
     }
     std::fs::write(path, text).map_err(io(path))
+}
+
+/// cargo for `wasm32-unknown-unknown` (no WASI) with `sluice-plugin`
+/// patched to the SDK staged from this binary, then `wasm-tools component
+/// new` around the core module.
+fn build_rust(dir: &Path, stage: &Path, manifest: &str, out: &Path) -> Result<(), BuildError> {
+    let cargo = find_tool("cargo", "rust/bin/cargo").ok_or_else(|| BuildError::ToolMissing {
+        tool: "cargo",
+        looked: toolchains_dir().join("rust/bin").display().to_string(),
+        install: "rustup (https://rustup.rs), then: rustup target add wasm32-unknown-unknown"
+            .into(),
+    })?;
+    let wasm_tools = find_tool("wasm-tools", "rust/bin/wasm-tools")
+        .or_else(|| Some(cargo.with_file_name("wasm-tools")).filter(|p| p.is_file()))
+        .ok_or_else(|| BuildError::ToolMissing {
+            tool: "wasm-tools",
+            looked: cargo
+                .parent()
+                .unwrap_or(Path::new("."))
+                .display()
+                .to_string(),
+            install: "cargo install wasm-tools --locked".into(),
+        })?;
+    let sdk = stage.join("rust/sluice-plugin");
+    write(&sdk.join("src/lib.rs"), RUST_SDK)?;
+    write(&sdk.join("wit/sluice.wit"), WIT)?;
+    write(
+        &sdk.join("Cargo.toml"),
+        &format!(
+            "[package]\nname = \"sluice-plugin\"\nversion = \"{RUST_SDK_VERSION}\"\n\
+             edition = \"2024\"\n\n[dependencies]\nwit-bindgen = {{ version = \"0.61\", \
+             default-features = false, features = [\"macros\", \"realloc\"] }}\n"
+        ),
+    )?;
+    let patch = format!(
+        "patch.crates-io.sluice-plugin.path={:?}",
+        sdk.display().to_string()
+    );
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--release", "--target", "wasm32-unknown-unknown"])
+        .args([
+            "--message-format",
+            "json-render-diagnostics",
+            "--manifest-path",
+        ])
+        .arg(dir.join(manifest))
+        .args(["--config", &patch])
+        .current_dir(dir);
+    let messages = run_capturing("cargo", command)?;
+    let core = built_cdylib(&messages).ok_or_else(|| BuildError::Manifest {
+        path: dir.join(manifest),
+        message: "cargo built no `cdylib` .wasm: set `[lib] crate-type = [\"cdylib\"]`".into(),
+    })?;
+    let mut command = Command::new(wasm_tools);
+    command
+        .args(["component", "new"])
+        .arg(&core)
+        .arg("-o")
+        .arg(out);
+    run("wasm-tools", command)
+}
+
+/// The `.wasm` of the `cdylib` cargo reported building (its JSON messages).
+fn built_cdylib(messages: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .filter(|m| {
+            m["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"))
+        })
+        .flat_map(|m| {
+            m["filenames"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|f| f.as_str().map(PathBuf::from))
+                .collect::<Vec<_>>()
+        })
+        .rfind(|f| f.extension().is_some_and(|e| e == "wasm"))
 }
 
 /// componentize-py: the entry module and the SDK on its path, the WIT from
@@ -351,13 +450,18 @@ fn find_tool(name: &str, relative: &str) -> Option<PathBuf> {
 }
 
 /// Runs a toolchain command; its output is shown only when it fails.
-fn run(tool: &'static str, mut command: Command) -> Result<(), BuildError> {
+fn run(tool: &'static str, command: Command) -> Result<(), BuildError> {
+    run_capturing(tool, command).map(|_| ())
+}
+
+/// [`run`], returning what the command wrote to stdout.
+fn run_capturing(tool: &'static str, mut command: Command) -> Result<String, BuildError> {
     let output = command.output().map_err(|source| BuildError::Io {
         path: PathBuf::from(command.get_program()),
         source,
     })?;
     if output.status.success() {
-        return Ok(());
+        return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
     }
     let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
     text.push_str(&String::from_utf8_lossy(&output.stderr));

@@ -28,7 +28,9 @@ use std::cell::RefCell;
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        // The crate's own copy (a link to the repository's wit/ here), so it
+        // builds the same outside this repository and when published.
+        path: "wit",
         world: "transform",
         pub_export_macro: true,
         export_macro_name: "__export_transform",
