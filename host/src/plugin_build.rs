@@ -23,6 +23,9 @@ const JS_SDK: &str = include_str!("../../sdk/js/sluice.js");
 /// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own.
 const RUST_SDK: &str = include_str!("../../plugins/sdk/src/lib.rs");
 const RUST_SDK_VERSION: &str = "0.1.0";
+/// The C SDK (`sluice.h`, `sluice.c`), compiled with the project.
+const C_SDK_HEADER: &str = include_str!("../../sdk/c/sluice.h");
+const C_SDK: &str = include_str!("../../sdk/c/sluice.c");
 
 /// The manifest's file name, at the project's root.
 pub const MANIFEST: &str = "sluice-plugin.toml";
@@ -36,6 +39,7 @@ const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
 #[serde(rename_all = "lowercase")]
 pub enum Language {
     Rust,
+    C,
     Python,
     Js,
 }
@@ -45,6 +49,7 @@ impl Language {
     pub fn name(self) -> &'static str {
         match self {
             Language::Rust => "Rust",
+            Language::C => "C",
             Language::Python => "Python",
             Language::Js => "JavaScript",
         }
@@ -53,6 +58,7 @@ impl Language {
     fn default_entry(self) -> &'static str {
         match self {
             Language::Rust => "Cargo.toml",
+            Language::C => "app.c",
             Language::Python => "app.py",
             Language::Js => "app.js",
         }
@@ -65,10 +71,10 @@ impl Language {
 pub struct Manifest {
     /// The plugin's name: the component is built as `dist/<name>.wasm`.
     pub name: String,
-    /// Its language: `rust`, `python` or `js`.
+    /// Its language: `rust`, `c`, `python` or `js`.
     pub language: Language,
-    /// The source file that exports the transform (default `app.py` /
-    /// `app.js`; for Rust, the package's `Cargo.toml`), relative to the
+    /// The source file that exports the transform (default `app.c`,
+    /// `app.py`, `app.js`; for Rust, the package's `Cargo.toml`), relative to the
     /// project.
     #[serde(default)]
     pub entry: Option<String>,
@@ -147,6 +153,7 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
     };
     let lang = match language {
         Language::Rust => "rust",
+        Language::C => "c",
         Language::Python => "python",
         Language::Js => "js",
     };
@@ -155,6 +162,7 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
             ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
             ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
         ],
+        Language::C => &[("app.c", include_str!("../templates/c/app.c"))],
         Language::Python => &[("app.py", include_str!("../templates/python/app.py"))],
         Language::Js => &[("app.js", include_str!("../templates/js/app.js"))],
     };
@@ -235,6 +243,7 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<PathBuf, BuildError> {
     }
     match manifest.language {
         Language::Rust => build_rust(&dir, &stage, &entry, &out)?,
+        Language::C => build_c(&dir, &stage, &entry, &out)?,
         Language::Python => build_python(&dir, &stage, &entry, &out)?,
         Language::Js => build_js(&dir, &stage, &entry, &out)?,
     }
@@ -258,15 +267,11 @@ fn build_rust(dir: &Path, stage: &Path, manifest: &str, out: &Path) -> Result<()
         install: "rustup (https://rustup.rs), then: rustup target add wasm32-unknown-unknown"
             .into(),
     })?;
-    let wasm_tools = find_tool("wasm-tools", "rust/bin/wasm-tools")
+    let wasm_tools = cargo_tool("wasm-tools")
         .or_else(|| Some(cargo.with_file_name("wasm-tools")).filter(|p| p.is_file()))
         .ok_or_else(|| BuildError::ToolMissing {
             tool: "wasm-tools",
-            looked: cargo
-                .parent()
-                .unwrap_or(Path::new("."))
-                .display()
-                .to_string(),
+            looked: "PATH and ~/.cargo/bin".into(),
             install: "cargo install wasm-tools --locked".into(),
         })?;
     let sdk = stage.join("rust/sluice-plugin");
@@ -307,6 +312,118 @@ fn build_rust(dir: &Path, stage: &Path, manifest: &str, out: &Path) -> Result<()
         .arg("-o")
         .arg(out);
     run("wasm-tools", command)
+}
+
+/// clang for `wasm32-wasi` (wasi-libc) as a reactor, with the bindings
+/// `wit-bindgen c` makes from the staged WIT and the C SDK; then
+/// `wasm-tools component new`, adapting WASI preview 1 to the 0.2
+/// interfaces the host provides deterministically.
+fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), BuildError> {
+    const C_INSTALL: &str =
+        "apt-get install clang lld wasi-libc libclang-rt-14-dev-wasm32   (Debian 12)";
+    let clang = find_tool("clang", "c/bin/clang").ok_or_else(|| BuildError::ToolMissing {
+        tool: "clang",
+        looked: toolchains_dir().join("c/bin").display().to_string(),
+        install: C_INSTALL.into(),
+    })?;
+    let sysroot = wasi_sysroot().ok_or_else(|| BuildError::ToolMissing {
+        tool: "wasi-libc",
+        looked: "$WASI_SYSROOT, /usr (Debian's wasi-libc), /usr/share/wasi-sysroot".into(),
+        install: C_INSTALL.into(),
+    })?;
+    let bindgen = cargo_tool("wit-bindgen").ok_or_else(|| BuildError::ToolMissing {
+        tool: "wit-bindgen",
+        looked: "PATH and ~/.cargo/bin".into(),
+        install: "cargo install wit-bindgen-cli --version =0.61.0 --locked".into(),
+    })?;
+    let wasm_tools = cargo_tool("wasm-tools").ok_or_else(|| BuildError::ToolMissing {
+        tool: "wasm-tools",
+        looked: "PATH and ~/.cargo/bin".into(),
+        install: "cargo install wasm-tools --locked".into(),
+    })?;
+    let bindings = stage.join("c");
+    let mut command = Command::new(bindgen);
+    command
+        .arg("c")
+        .arg(stage.join("wit"))
+        .args(["--world", "transform", "--out-dir"])
+        .arg(&bindings);
+    run("wit-bindgen", command)?;
+    write(&bindings.join("sluice.h"), C_SDK_HEADER)?;
+    write(&bindings.join("sluice.c"), C_SDK)?;
+    let core = stage.join("core.wasm");
+    let mut command = Command::new(clang);
+    command
+        .args(["--target=wasm32-wasi", "-mexec-model=reactor", "-O2"])
+        .arg(format!("--sysroot={}", sysroot.display()))
+        .arg("-I")
+        .arg(&bindings)
+        .arg("-I")
+        .arg(dir)
+        .arg("-o")
+        .arg(&core)
+        .arg(dir.join(entry))
+        .args(other_c_sources(dir, entry)?)
+        .arg(bindings.join("sluice.c"))
+        .arg(bindings.join("transform.c"))
+        .arg(bindings.join("transform_component_type.o"))
+        .current_dir(dir);
+    run("clang", command)?;
+    let adapter = stage.join("wasi_snapshot_preview1.reactor.wasm");
+    std::fs::write(
+        &adapter,
+        wasi_preview1_component_adapter_provider::WASI_SNAPSHOT_PREVIEW1_REACTOR_ADAPTER,
+    )
+    .map_err(io(&adapter))?;
+    let mut command = Command::new(wasm_tools);
+    command
+        .args(["component", "new"])
+        .arg(&core)
+        .arg("--adapt")
+        .arg(format!("wasi_snapshot_preview1={}", adapter.display()))
+        .arg("-o")
+        .arg(out);
+    run("wasm-tools", command)
+}
+
+/// The project's other `.c` files at its top level, compiled with the entry.
+fn other_c_sources(dir: &Path, entry: &str) -> Result<Vec<PathBuf>, BuildError> {
+    let mut sources = Vec::new();
+    for item in std::fs::read_dir(dir).map_err(io(dir))? {
+        let path = item.map_err(io(dir))?.path();
+        let is_c = path.extension().is_some_and(|e| e == "c");
+        if is_c && path.file_name() != Some(std::ffi::OsStr::new(entry)) {
+            sources.push(path);
+        }
+    }
+    sources.sort();
+    Ok(sources)
+}
+
+/// A wasi-libc sysroot: `$WASI_SYSROOT`, Debian's (`/usr`, the libraries
+/// in `/usr/lib/wasm32-wasi`) or wasi-sdk's.
+fn wasi_sysroot() -> Option<PathBuf> {
+    let candidates = [
+        std::env::var_os("WASI_SYSROOT").map(PathBuf::from),
+        Some(PathBuf::from("/usr")),
+        Some(PathBuf::from("/usr/share/wasi-sysroot")),
+        Some(PathBuf::from("/opt/wasi-sdk/share/wasi-sysroot")),
+    ];
+    candidates.into_iter().flatten().find(|root| {
+        root.join("lib/wasm32-wasi/libc.a").is_file()
+            || root.join("lib/wasm32-wasip1/libc.a").is_file()
+    })
+}
+
+/// A tool cargo installs: on PATH, else in `$CARGO_HOME/bin` (default
+/// `~/.cargo/bin`).
+fn cargo_tool(name: &str) -> Option<PathBuf> {
+    find_tool(name, &format!("rust/bin/{name}")).or_else(|| {
+        let home = std::env::var_os("CARGO_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))?;
+        Some(home.join("bin").join(name)).filter(|p| p.is_file())
+    })
 }
 
 /// The `.wasm` of the `cdylib` cargo reported building (its JSON messages).

@@ -242,7 +242,7 @@ fn conformance_output_is_byte_identical_in_every_language() {
 #[test]
 fn new_build_and_test_work_from_an_empty_directory() {
     let dir = TempDir::new("new-build-test");
-    for lang in ["rust", "python", "js"] {
+    for lang in ["rust", "c", "python", "js"] {
         let project = dir.path().join(format!("demo-{lang}"));
         let said = sluice_ok(&["new", "--lang", lang, project.to_str().unwrap()]);
         assert!(said.contains("sluice build"), "{said}");
