@@ -355,6 +355,9 @@ fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), Buil
     let mut command = Command::new(clang);
     command
         .args(["--target=wasm32-wasi", "-mexec-model=reactor", "-O2"])
+        // The stack below the data (an overflow traps instead of
+        // overwriting the heap), 1 MiB of it.
+        .args(["-Wl,--stack-first", "-Wl,-z,stack-size=1048576"])
         .arg(format!("--sysroot={}", sysroot.display()))
         .arg("-I")
         .arg(&bindings)

@@ -190,7 +190,7 @@ fn expected_conformance(sample: &str) -> (usize, Vec<String>, Vec<i64>) {
     (events, words, rejected)
 }
 
-/// The conformance transform in Rust, Python and JavaScript, run by the host
+/// The conformance transform in Rust, C, Python and JavaScript, run by the host
 /// on the same input: the same output digest and the same rows, and the
 /// rows the test recomputes on its own.
 #[test]
@@ -199,6 +199,7 @@ fn conformance_output_is_byte_identical_in_every_language() {
     let sample = repo_root().join("tests/data/conformance.jsonl");
     let modules = [
         ("rust", plugin("conformance")),
+        ("c", build("c/conformance", dir.path())),
         ("python", build("python/conformance", dir.path())),
         ("js", build("js/conformance", dir.path())),
     ];
@@ -286,7 +287,7 @@ fn new_build_and_test_work_from_an_empty_directory() {
     assert!(!ok && err.contains("sluice-plugin.toml"), "{err}");
 }
 
-/// Python and JavaScript see the batch time as their clock, a virtual
+/// Python, JavaScript and C see the batch time as their clock, a virtual
 /// monotonic clock (an hour's sleep passes at once), random numbers seeded
 /// from the plan (the same on every run, others for other offsets) and no
 /// environment; files and sockets give errors, never access.
@@ -329,6 +330,17 @@ fn python_and_js_get_deterministic_wasi_and_no_files_or_sockets() {
     let js_again = run_sample(&js, &js_sample, &time_args);
     assert_eq!(js_first.rows, js_again.rows, "js: two runs differ");
 
+    // C through wasi-libc and the preview-1 adapter: the same answers.
+    let c = build("c/hostile", dir.path());
+    let c_values = ["clock", "sleep", "random", "env", "file"];
+    let c_sample = write_sample(dir.path(), "probe-c.jsonl", &c_values);
+    let c_first = run_sample(&c, &c_sample, &time_args);
+    assert_eq!(c_first.probe("clock")["n"], 1_700_000_000_123i64);
+    assert_eq!(c_first.probe("sleep")["n"], 3_600_000_000_000i64);
+    assert_eq!(c_first.probe("env")["n"], 0);
+    assert_eq!(c_first.probe("file")["n"], 0, "{}", c_first.probe("file"));
+    assert_eq!(c_first.rows, run_sample(&c, &c_sample, &time_args).rows);
+
     // Other offsets, another seed: other random numbers.
     let shifted = dir.path().join("shifted.jsonl");
     std::fs::write(&shifted, r#"{"value": "random", "offset": 100}"#).unwrap();
@@ -362,8 +374,8 @@ columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
     )
 }
 
-/// A Python and a JavaScript module that loop, allocate without end,
-/// recurse without end, raise, exit and flood their output: each such
+/// A C, a Python and a JavaScript module that loop, allocate without end,
+/// recurse without end, abort, raise, exit and flood their output: each such
 /// record is a dead letter of its kind, the others' rows are kept, the
 /// flood is cut, and the host's peak memory stays within the module's cap
 /// plus a fixed allowance.
@@ -375,7 +387,15 @@ fn hostile_python_and_js_modules_are_contained() {
         dir.path(),
         &format!("fuel_per_batch = 2000000000\nmax_memory_mib = {cap_mib}"),
     );
+    // (project, values, dead letters, what the last one's reason or the
+    // module's log says)
     let cases = [
+        (
+            "c/hostile",
+            vec!["ok", "spin", "bomb", "recurse", "abort", "print", "fine"],
+            vec![(1, "fuel"), (2, "memory"), (3, "trap"), (4, "trap")],
+            "aborts on purpose",
+        ),
         (
             "python/hostile",
             vec![
@@ -390,14 +410,16 @@ fn hostile_python_and_js_modules_are_contained() {
                 (4, "trap"),
                 (5, "trap"),
             ],
+            "exit(",
         ),
         (
             "js/hostile",
             vec!["ok", "spin", "bomb", "recurse", "throw", "print", "fine"],
             vec![(1, "fuel"), (2, "memory"), (3, "trap"), (4, "trap")],
+            "on purpose",
         ),
     ];
-    for (project, values, dead) in cases {
+    for (project, values, dead, why) in cases {
         let module = build(project, dir.path());
         let sample = write_sample(dir.path(), "hostile.jsonl", &values);
         let run = sluice_sampled(&[
@@ -424,10 +446,13 @@ fn hostile_python_and_js_modules_are_contained() {
             .iter()
             .map(|d| d["dead_letter"]["reason"].as_str().unwrap())
             .collect();
-        let thrown = reasons[reasons.len() - 1];
+        let said = report
+            .logs
+            .iter()
+            .any(|l| l["log"]["message"].as_str().unwrap().contains(why));
         assert!(
-            thrown.contains("on purpose") || thrown.contains("exit("),
-            "{project}: the trap should say why: {reasons:?}"
+            reasons[reasons.len() - 1].contains(why) || said,
+            "{project}: the trap should say why ({why}): {reasons:?}"
         );
         let printed = report
             .logs

@@ -38,6 +38,7 @@ fn main() {
     let dir = TempDir::new("bench-languages");
     let mut languages = vec![
         rust_plugin(),
+        built("C", "c/conformance", dir.path()),
         built("Python", "python/conformance", dir.path()),
         built("JavaScript", "js/conformance", dir.path()),
     ];

@@ -1,0 +1,122 @@
+/* The C SDK for sluice transforms.
+ *
+ * Owns the guest side of the `sluice:plugin` world for C: it hides the
+ * columnar batch behind `sluice_next` (one record at a time) and the
+ * columnar output behind a row builder. A transform defines two functions:
+ *
+ *   bool sluice_init(const char *params, size_t len, char **error);
+ *   bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error);
+ *
+ *   bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error) {
+ *     static const char *names[] = {"offset", "value"};
+ *     static const sluice_kind kinds[] = {SLUICE_INT64, SLUICE_TEXT};
+ *     int t = sluice_target(out, "out", names, kinds, 2);
+ *     sluice_record r;
+ *     while (sluice_next(batch, &r)) {
+ *       if (!r.value) { sluice_reject(out, &r, "no value"); continue; }
+ *       sluice_row(out, t);
+ *       sluice_int(out, r.offset);
+ *       sluice_text(out, (const char *)r.value, r.value_len);
+ *     }
+ *     return true;
+ *   }
+ *
+ * Built with `sluice build` (clang for wasm32-wasi with wasi-libc, the
+ * bindings from `wit-bindgen c`, the WASI preview-1 adapter). The host gives
+ * the module a fixed clock (the batch time), seeded random, no files and no
+ * network. Everything the SDK allocates for a batch is freed by the
+ * bindings after the host has copied the output.
+ */
+#ifndef SLUICE_H
+#define SLUICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One input record. `key` and `value` are NULL when null; they point into
+ * the batch and live as long as it. */
+typedef struct sluice_record {
+  uint32_t index;
+  const char *topic;
+  size_t topic_len;
+  int32_t partition;
+  int64_t offset;
+  int64_t timestamp;
+  const uint8_t *key;
+  size_t key_len;
+  const uint8_t *value;
+  size_t value_len;
+  /* Headers: `header_count` of them, read with `sluice_header`. */
+  uint32_t header_count;
+  /* Where its headers start (for `sluice_header`; not for the transform). */
+  uint32_t first_header;
+  size_t header_names_at, header_values_at;
+} sluice_record;
+
+typedef struct sluice_batch sluice_batch;
+typedef struct sluice_output sluice_output;
+
+/* A failure of the whole batch (not a trap): set `message` (it is copied)
+ * and `retryable`, and return false from `sluice_process`. */
+typedef struct sluice_error {
+  const char *message;
+  bool retryable;
+} sluice_error;
+
+typedef enum sluice_kind {
+  SLUICE_INT64,
+  SLUICE_FLOAT64,
+  SLUICE_TEXT,
+  SLUICE_BYTES,
+  SLUICE_BOOL,
+} sluice_kind;
+
+typedef enum sluice_level {
+  SLUICE_DEBUG,
+  SLUICE_INFO,
+  SLUICE_WARN,
+  SLUICE_ERROR,
+} sluice_level;
+
+/* What the transform implements. `params` is the pipeline's JSON; on a
+ * refusal, set `*error` to a malloc'd message and return false. */
+bool sluice_init(const char *params, size_t len, char **error);
+bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error);
+
+/* The batch: its records in order, its size, its plan. */
+bool sluice_next(sluice_batch *batch, sluice_record *record);
+size_t sluice_batch_len(const sluice_batch *batch);
+int64_t sluice_batch_time_ms(const sluice_batch *batch);
+uint64_t sluice_batch_seed(const sluice_batch *batch);
+/* Header `i` (0-based) of `record`: its name and value (NULL when null). */
+bool sluice_header(const sluice_batch *batch, const sluice_record *record, uint32_t i,
+                   const char **name, size_t *name_len, const uint8_t **value, size_t *value_len);
+
+/* Declares a target with its columns (in order); returns its handle.
+ * Declaring the same name again returns the same handle. */
+int sluice_target(sluice_output *out, const char *name, const char *const *columns,
+                  const sluice_kind *kinds, size_t count);
+/* Starts a row of `target`; then one call per column, in declared order. */
+void sluice_row(sluice_output *out, int target);
+void sluice_int(sluice_output *out, int64_t value);
+void sluice_float(sluice_output *out, double value);
+void sluice_text(sluice_output *out, const char *text, size_t len);
+void sluice_bytes(sluice_output *out, const uint8_t *bytes, size_t len);
+void sluice_bool(sluice_output *out, bool value);
+void sluice_null(sluice_output *out);
+/* Makes `record` a dead letter with `reason`. */
+void sluice_reject(sluice_output *out, const sluice_record *record, const char *reason);
+
+/* Deterministic logging, buffered by the host per batch. */
+void sluice_log(sluice_level level, const char *message);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
