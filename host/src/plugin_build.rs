@@ -4,10 +4,10 @@
 //!
 //! Owns the project manifest (`sluice-plugin.toml`), the templates, and
 //! where toolchains are looked for. The WIT and the language SDKs are
-//! compiled into this binary and staged into the project's
-//! `.sluice-build/` at every build, so a project needs only its own
-//! sources and always builds against the contract of the host that builds
-//! it. It must not run or validate modules: `sluice test` and the runtime
+//! compiled into this binary and staged into a fresh directory under the
+//! project's `.sluice-build/` for every build (removed after it), so a
+//! project needs only its own sources and always builds against the
+//! contract of the host that builds it. It must not run or validate modules: `sluice test` and the runtime
 //! do that.
 
 use serde::Deserialize;
@@ -226,7 +226,13 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<PathBuf, BuildError> {
     if let Some(parent) = out.parent() {
         std::fs::create_dir_all(parent).map_err(io(parent))?;
     }
-    let stage = dir.join(".sluice-build");
+    // A stage of its own per build: two builds of one project at once
+    // (an editor and a terminal, parallel tests) never share one.
+    static BUILDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let stage = dir
+        .join(".sluice-build")
+        .join(format!("{}-{n}", std::process::id()));
     if stage.exists() {
         std::fs::remove_dir_all(&stage).map_err(io(&stage))?;
     }
@@ -241,13 +247,15 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<PathBuf, BuildError> {
             message: format!("entry `{entry}` is not a file in the project"),
         });
     }
-    match manifest.language {
-        Language::Rust => build_rust(&dir, &stage, &entry, &out)?,
-        Language::C => build_c(&dir, &stage, &entry, &out)?,
-        Language::Python => build_python(&dir, &stage, &entry, &out)?,
-        Language::Js => build_js(&dir, &stage, &entry, &out)?,
-    }
-    Ok(out)
+    let built = match manifest.language {
+        Language::Rust => build_rust(&dir, &stage, &entry, &out),
+        Language::C => build_c(&dir, &stage, &entry, &out),
+        Language::Python => build_python(&dir, &stage, &entry, &out),
+        Language::Js => build_js(&dir, &stage, &entry, &out),
+    };
+    // The stage is only an input of this build; a leftover costs disk only.
+    let _ = std::fs::remove_dir_all(&stage);
+    built.map(|()| out)
 }
 
 fn write(path: &Path, text: &str) -> Result<(), BuildError> {
