@@ -50,31 +50,59 @@ struct ConfiguredModule {
 }
 
 fn load_configured(config: &PipelineConfig) -> Result<ConfiguredModule, AppError> {
-    let path = config.module.path.display().to_string();
+    load_module(
+        &config.module.path,
+        Limits::from_config(&config.limits),
+        config.params_json(),
+        config.module.cache_dir.as_deref(),
+    )
+}
+
+/// Reads, validates and compiles the module at `path` (or takes it from
+/// `cache_dir`) in a runtime of its own under `limits`, and checks `init`
+/// accepts `params`. No network: `run`, `check` and `sluice test` load
+/// modules here.
+fn load_module(
+    path: &std::path::Path,
+    limits: Limits,
+    params: String,
+    cache_dir: Option<&std::path::Path>,
+) -> Result<ConfiguredModule, AppError> {
+    let shown = path.display().to_string();
     let module_err = |source| AppError::Module {
-        path: path.clone(),
+        path: shown.clone(),
         source,
     };
-    let runtime = Arc::new(Runtime::new(Limits::from_config(&config.limits)).map_err(module_err)?);
-    let component = std::fs::read(&config.module.path).map_err(|source| {
+    let runtime = Arc::new(Runtime::new(limits).map_err(module_err)?);
+    let component = std::fs::read(path).map_err(|source| {
         module_err(ModuleError::Read {
-            path: config.module.path.clone(),
+            path: path.to_path_buf(),
             source,
         })
     })?;
-    let module = runtime
-        .load(&component, config.module.cache_dir.as_deref())
-        .map_err(module_err)?;
-    let transform = WasmTransform::new(Arc::clone(&runtime), module, config.params_json())
-        .map_err(|source| AppError::Params {
-            path: path.clone(),
+    let module = runtime.load(&component, cache_dir).map_err(module_err)?;
+    let transform = WasmTransform::new(Arc::clone(&runtime), module, params).map_err(|source| {
+        AppError::Params {
+            path: shown.clone(),
             source,
-        })?;
+        }
+    })?;
     Ok(ConfiguredModule {
         runtime,
         component,
         transform,
     })
+}
+
+/// Loads and validates the module at `path` under `limits` with `params`
+/// (no network): the transform a sample run (`sluice test`) uses.
+pub fn load_module_transform(
+    path: &std::path::Path,
+    limits: Limits,
+    params: String,
+    cache_dir: &std::path::Path,
+) -> Result<WasmTransform, AppError> {
+    Ok(load_module(path, limits, params, Some(cache_dir))?.transform)
 }
 
 /// Loads and validates the configured module (no network).

@@ -7,8 +7,8 @@
 //! compiled into this binary and staged into a fresh directory under the
 //! project's `.sluice-build/` for every build (removed after it), so a
 //! project needs only its own sources and always builds against the
-//! contract of the host that builds it. It must not run or validate modules: `sluice test` and the runtime
-//! do that.
+//! contract of the host that builds it. It must not run or validate
+//! modules: `sluice test` and the runtime do that.
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -151,12 +151,9 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
             .replace("{{name}}", &name)
             .replace("{{language}}", language.name())
     };
-    let lang = match language {
-        Language::Rust => "rust",
-        Language::C => "c",
-        Language::Python => "python",
-        Language::Js => "js",
-    };
+    // The manifest's spelling is the CLI's (`--lang`): one name each.
+    let value = clap::ValueEnum::to_possible_value(&language).expect("no skipped variant");
+    let lang = value.get_name();
     let sources: &[(&str, &str)] = match language {
         Language::Rust => &[
             ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),

@@ -10,7 +10,7 @@
 use crate::batch::{OffsetRange, OwnedRecord, Plan, Records};
 use crate::config::{OnPoison, PipelineConfig, StdoutFormat};
 use crate::pipeline::{PipelineError, Preparer};
-use crate::runtime::{Limits, LogLine, ModuleError, RunError, Runtime, WasmTransform};
+use crate::runtime::{Limits, LogLine};
 use crate::sink::{Commit, DeadLetter};
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
@@ -46,10 +46,11 @@ pub enum SampleError {
         line: usize,
         message: String,
     },
-    #[error("module {path}")]
-    Module { path: PathBuf, source: ModuleError },
-    #[error("module {path}")]
-    Params { path: PathBuf, source: RunError },
+    #[error("--params is not JSON: {0}")]
+    ParamsNotJson(#[source] serde_json::Error),
+    /// The module cannot be read, compiled or refuses the params.
+    #[error(transparent)]
+    Module(#[from] crate::app::AppError),
     #[error("pipeline config {path}: {message}")]
     Config { path: PathBuf, message: String },
     #[error(transparent)]
@@ -100,6 +101,8 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
             None,
         ),
     };
+    // As a pipeline's params are: JSON, or refused before the module runs.
+    serde_json::from_str::<Json>(&sample.params).map_err(SampleError::ParamsNotJson)?;
     let text = std::fs::read_to_string(&sample.input).map_err(|source| SampleError::Read {
         path: sample.input.clone(),
         source,
@@ -109,7 +112,12 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
         line,
         message,
     })?;
-    let transform = load(&sample.module, limits, &sample.params, &cache_dir)?;
+    let transform = crate::app::load_module_transform(
+        &sample.module,
+        limits,
+        sample.params.clone(),
+        &cache_dir,
+    )?;
     let runtime = Arc::clone(transform.runtime());
     let (ranges, records) = batch_of(&partitions);
     let params_digest = crate::batch::sha256_hex(sample.params.as_bytes());
@@ -127,30 +135,6 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
         logs: runtime.recent_logs(),
         batch,
         contract_errors,
-    })
-}
-
-fn load(
-    path: &Path,
-    limits: Limits,
-    params: &str,
-    cache_dir: &Path,
-) -> Result<WasmTransform, SampleError> {
-    let module_err = |source| SampleError::Module {
-        path: path.to_path_buf(),
-        source,
-    };
-    let runtime = Arc::new(Runtime::new(limits).map_err(module_err)?);
-    let bytes = std::fs::read(path).map_err(|source| {
-        module_err(ModuleError::Read {
-            path: path.to_path_buf(),
-            source,
-        })
-    })?;
-    let module = runtime.load(&bytes, Some(cache_dir)).map_err(module_err)?;
-    WasmTransform::new(runtime, module, params.to_string()).map_err(|source| SampleError::Params {
-        path: path.to_path_buf(),
-        source,
     })
 }
 

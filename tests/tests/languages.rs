@@ -264,6 +264,17 @@ fn new_build_and_test_work_from_an_empty_directory() {
         assert_eq!(report.dead_letter_kinds(), [(2, "rejected".to_string())]);
         assert_eq!(report.logs[0]["log"]["message"], "3 records", "{lang}");
 
+        // Params that are not JSON are refused, as a pipeline refuses them.
+        let (ok, _, err) = sluice(&[
+            "test",
+            module.to_str().unwrap(),
+            "--input",
+            project.join("sample.jsonl").to_str().unwrap(),
+            "--params",
+            "prefix=>",
+        ]);
+        assert!(!ok && err.contains("--params is not JSON"), "{err}");
+
         // A second `new` into the same place is refused; nothing changes.
         let (ok, _, err) = sluice(&["new", "--lang", lang, project.to_str().unwrap()]);
         assert!(!ok && err.contains("exists already"), "{err}");
