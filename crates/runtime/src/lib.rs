@@ -274,14 +274,16 @@ fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
 }
 
 /// The newest line that says why a guest gave up: a JS SDK `uncaught`
-/// line or a Python exception line first (their runtimes then log a panic
-/// of their own, which says nothing), else a Rust panic.
+/// line, a Python exception line or a Go `panic:` / `fatal error:` line
+/// first (their runtimes then log a panic or a stack of their own, which
+/// says nothing), else a Rust panic.
 fn trap_reason(logs: &[bindings::ModuleLog]) -> Option<String> {
-    let said = logs
-        .iter()
-        .rev()
-        .map(first_line)
-        .find(|line| line.starts_with("uncaught ") || is_python_exception(line));
+    let said = logs.iter().rev().map(first_line).find(|line| {
+        line.starts_with("uncaught ")
+            || line.starts_with("panic: ")
+            || line.starts_with("fatal error: ")
+            || is_python_exception(line)
+    });
     let panicked = || {
         logs.iter()
             .rev()
@@ -449,6 +451,17 @@ mod trap_tests {
             "Redirecting call to abort()",
         ]);
         assert_eq!(trap_reason(&js).as_deref(), Some("uncaught Error: nope"));
+        let go = logs(&[
+            "panic: hostile plugin panics on purpose",
+            "",
+            "goroutine 1 [running]:",
+            "main.hostile.Process(...)",
+            "\truntime/panic.go:115 +0x3",
+        ]);
+        assert_eq!(
+            trap_reason(&go).as_deref(),
+            Some("panic: hostile plugin panics on purpose")
+        );
         let rust = logs(&["panicked at src/lib.rs:3:5:\nindex out of bounds"]);
         assert!(trap_reason(&rust).unwrap().ends_with("index out of bounds"));
         assert_eq!(trap_reason(&logs(&["hello", "Error count: 3 of 4"])), None);

@@ -4,7 +4,7 @@
 //! same module behaves the same on every run, in `verify` and in `shadow`.
 //!
 //! - wall clock: the batch time from the plan, fixed for the whole batch;
-//! - monotonic clock: virtual, starts at 0 and moves only when the module
+//! - monotonic clock: virtual, starts at 1 s and moves only when the module
 //!   waits (a sleep returns at once, the clock jumps by its length), so a
 //!   module that sleeps for a year costs nothing and blocks no thread;
 //! - random (secure and insecure): a ChaCha generator seeded from the
@@ -153,11 +153,22 @@ impl HostWallClock for BatchClock {
     }
 }
 
-/// A monotonic clock that moves only when the module waits on it.
-#[derive(Clone, Default)]
+/// A monotonic clock that moves only when the module waits on it. It
+/// starts at [`VirtualClock::START`], not 0: Go's runtime refuses to start
+/// on a monotonic clock that reads 0 (`nanotime returning zero`).
+#[derive(Clone)]
 struct VirtualClock(Arc<AtomicU64>);
 
+impl Default for VirtualClock {
+    fn default() -> Self {
+        VirtualClock(Arc::new(AtomicU64::new(Self::START)))
+    }
+}
+
 impl VirtualClock {
+    /// Where every batch's monotonic clock starts: one second.
+    const START: u64 = 1_000_000_000;
+
     fn now(&self) -> u64 {
         self.0.load(Ordering::Relaxed)
     }
@@ -341,9 +352,10 @@ mod tests {
     #[test]
     fn the_virtual_clock_moves_only_forward_and_only_when_waited_on() {
         let clock = VirtualClock::default();
-        assert_eq!(clock.now(), 0);
-        clock.advance_to(5_000);
-        clock.advance_to(1_000);
-        assert_eq!(clock.now(), 5_000);
+        let start = VirtualClock::START;
+        assert_eq!(clock.now(), start);
+        clock.advance_to(start + 5_000);
+        clock.advance_to(start + 1_000);
+        assert_eq!(clock.now(), start + 5_000);
     }
 }

@@ -41,6 +41,7 @@ fn main() {
         built("C", "c/conformance", dir.path()),
         built("Python", "python/conformance", dir.path()),
         built("JavaScript", "js/conformance", dir.path()),
+        built("Go", "go/conformance", dir.path()),
     ];
     let (plan, records) = batch();
     // Interpreted guests spend far more fuel per record than compiled ones:

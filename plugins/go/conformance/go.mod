@@ -1,0 +1,5 @@
+module conformance
+
+go 1.24
+
+require sluice.dev/plugin v0.1.0

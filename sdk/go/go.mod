@@ -1,0 +1,3 @@
+module sluice.dev/plugin
+
+go 1.24
