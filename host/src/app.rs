@@ -191,7 +191,7 @@ async fn run_with<S: Sink>(
     let active = versions
         .active_or_seed(&module.component, &config.params_json())
         .await?;
-    let status = StatusBoard::default();
+    let status = StatusBoard::for_pipeline(&config.pipeline);
     // The control plane comes up before the active version is loaded, so
     // a version this host cannot run can always be rolled back through it.
     let control_stop = shutdown.child_token();

@@ -14,8 +14,24 @@
 package sluice
 
 import (
+	"runtime/debug"
 	"unsafe"
 )
+
+// While the host lowers a call's arguments (through cabi_realloc) the
+// instance may not call any import, and a garbage collection would (Go's
+// collector reads the clock): a trap, "cannot leave component instance".
+// So the collector is off until `process` starts, which is after the host
+// has lowered its batch, and on while the transform runs. Only `init`'s
+// small params and the batch are allocated with it off.
+func init() {
+	debug.SetGCPercent(-1)
+}
+
+// collectGarbageFromNowOn turns the collector on (Go's default pacing).
+func collectGarbageFromNowOn() {
+	debug.SetGCPercent(100)
+}
 
 //go:wasmimport sluice:plugin/log@0.1.0 write
 func logWrite(level uint32, message string)
@@ -92,6 +108,7 @@ func wasmProcess(args unsafe.Pointer) unsafe.Pointer {
 	if transform == nil {
 		panic("process before a successful init")
 	}
+	collectGarbageFromNowOn()
 	b := &Batch{
 		Context: Context{
 			Pipeline:    readString(args, 0),

@@ -1,6 +1,6 @@
 //! The control plane's HTTP API (axum), served by `sluice run`: deploy
 //! (upload + validate + optionally activate), versions, activate, rollback,
-//! status, and its OpenAPI description.
+//! status, Prometheus metrics, and its OpenAPI description.
 //!
 //! Every write needs `Authorization: Bearer <token>`; with no token
 //! configured, writes are refused. A rejected upload stores nothing. It must
@@ -93,6 +93,7 @@ pub fn router(state: Arc<ControlState>, request_timeout: Duration) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/status", get(status))
         .route("/v1/versions", get(versions))
+        .route("/metrics", get(metrics))
         .merge(writes)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(JSON_BODY_MAX_BYTES))
@@ -159,6 +160,17 @@ async fn not_found(uri: Uri) -> ApiError {
 
 async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+/// The pipeline's metrics in the Prometheus text format.
+async fn metrics(State(state): State<Arc<ControlState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.status.metrics().encode(),
+    )
 }
 
 async fn status(

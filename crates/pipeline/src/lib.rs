@@ -24,9 +24,11 @@
 //! `Sink`, `Source`, `Transform` and `Versions` traits, and the crate
 //! depends on none of sqlx, rdkafka or wasmtime (`sluice-pipeline`).
 
+mod metrics;
 mod prepare;
 mod status;
 
+pub use metrics::Metrics;
 pub use prepare::{Batch, Preparer};
 pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
 
@@ -162,6 +164,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             transform.module_digest().to_string(),
             batch::sha256_hex(transform.params().as_bytes()),
         );
+        self.status.metrics().active_module(&module, &params);
         let pipeline = self.options.pipeline.clone();
         self.status.update(|s| {
             s.pipeline = pipeline;
@@ -263,6 +266,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             swap.transform,
         );
         self.preparer = Arc::new(preparer);
+        self.status.metrics().swapped();
         self.publish_version();
         let Some(stale) = prepared else {
             return Ok(None);
@@ -415,6 +419,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             return Ok(());
         }
         self.stats.fenced += 1;
+        self.status.metrics().fenced();
         self.ahead = None;
         let partitions: Vec<TopicPartition> = batch
             .plan
@@ -484,6 +489,16 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             "batch committed"
         );
         let progress = self.source().progress();
+        let metrics = self.status.metrics();
+        metrics.committed(
+            records,
+            &batch.output,
+            &batch.dead_letters,
+            batch.read_ms,
+            batch.transform_ms,
+            commit_ms,
+        );
+        metrics.partitions(&progress);
         let stats = self.stats.clone();
         let last = LastBatch {
             batch_id: batch.plan.batch_id.clone(),
@@ -534,11 +549,16 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                     tracing::warn!(batch = %commit.plan.batch_id, "{}; reading the checkpoint back", Chain(&e));
                     match self.resolve_unknown(commit.plan).await? {
                         Some(done) => return Ok(done),
-                        None => continue, // nothing landed: commit again
+                        None => {
+                            // Nothing landed: commit again.
+                            self.status.metrics().commit_retried();
+                            continue;
+                        }
                     }
                 }
                 Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
                     tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {backoff:?}", Chain(&e));
+                    self.status.metrics().commit_retried();
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                 }

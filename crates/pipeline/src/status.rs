@@ -1,9 +1,11 @@
 //! What a running pipeline tells the control plane: the version it runs,
 //! its counters, its last committed batch and where each owned partition
-//! stands (lag). The pipeline publishes a fresh snapshot after every batch.
+//! stands (lag), and its Prometheus metrics. The pipeline publishes a fresh
+//! snapshot after every batch.
 //!
 //! It must not be read by the batch loop: it is an outward view only.
 
+use crate::Metrics;
 use crate::batch::OffsetRange;
 use serde::Serialize;
 use sluice_core::source::PartitionProgress;
@@ -61,14 +63,31 @@ impl PartitionStatus {
 
 /// Shared between the pipeline (writer) and the control plane (reader).
 #[derive(Debug, Clone, Default)]
-pub struct StatusBoard(Arc<Mutex<Status>>);
+pub struct StatusBoard {
+    status: Arc<Mutex<Status>>,
+    metrics: Metrics,
+}
 
 impl StatusBoard {
+    /// The board of pipeline `pipeline`, whose metrics carry its name.
+    pub fn for_pipeline(pipeline: &str) -> Self {
+        StatusBoard {
+            status: Arc::default(),
+            metrics: Metrics::new(pipeline),
+        }
+    }
+
     pub fn snapshot(&self) -> Status {
-        self.0.lock().expect("status lock").clone()
+        self.status.lock().expect("status lock").clone()
     }
 
     pub fn update(&self, f: impl FnOnce(&mut Status)) {
-        f(&mut self.0.lock().expect("status lock"))
+        f(&mut self.status.lock().expect("status lock"))
+    }
+
+    /// The pipeline's metrics (shared: every clone of the board records
+    /// into the same registry).
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 }

@@ -1,0 +1,260 @@
+//! The pipeline's Prometheus metrics: what the batch loop counts and times,
+//! in the conventional names and units (`_total` counters, `_seconds`
+//! histograms), labelled with the pipeline's name. The loop records into
+//! them; the control plane's `GET /metrics` encodes them.
+//!
+//! It must not be read by the batch loop, nor do any I/O: encoding is
+//! text in memory, serving it is the control plane's.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use sluice_core::output::Output;
+use sluice_core::sink::DeadLetter;
+use sluice_core::source::PartitionProgress;
+use std::collections::HashMap;
+
+/// Histogram buckets for batch phases, in seconds: 1 ms to 2 min.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
+];
+
+/// Every metric of one pipeline instance, in one registry.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Registry,
+    records_in: IntCounter,
+    rows_out: IntCounterVec,
+    dead_letters: IntCounterVec,
+    batches: IntCounter,
+    batch_seconds: Histogram,
+    read_seconds: Histogram,
+    transform_seconds: Histogram,
+    commit_seconds: Histogram,
+    fenced: IntCounter,
+    commit_retries: IntCounter,
+    swaps: IntCounter,
+    lag: IntGaugeVec,
+    checkpoint: IntGaugeVec,
+    log_end: IntGaugeVec,
+    assigned: IntGauge,
+    module: IntGaugeVec,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new("")
+    }
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+fn seconds(name: &str, help: &str) -> Histogram {
+    Histogram::with_opts(HistogramOpts::new(name, help).buckets(SECONDS_BUCKETS.to_vec()))
+        .expect("valid histogram")
+}
+
+impl Metrics {
+    /// The metrics of pipeline `pipeline` (its `pipeline` label).
+    pub fn new(pipeline: &str) -> Self {
+        let labels = HashMap::from([("pipeline".to_string(), pipeline.to_string())]);
+        let registry = Registry::new_custom(None, Some(labels)).expect("valid registry");
+        let counter = |name: &str, help: &str| IntCounter::new(name, help).expect("valid counter");
+        let partition_gauge = |name: &str, help: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &["topic", "partition"]).expect("valid gauge")
+        };
+        let metrics = Metrics {
+            records_in: counter(
+                "sluice_records_in_total",
+                "Input records in committed batches.",
+            ),
+            rows_out: IntCounterVec::new(
+                Opts::new(
+                    "sluice_rows_out_total",
+                    "Rows committed to the sink, per target.",
+                ),
+                &["target"],
+            )
+            .expect("valid counter"),
+            dead_letters: IntCounterVec::new(
+                Opts::new(
+                    "sluice_dead_letters_total",
+                    "Dead letters committed, per kind (rejected, trap, fuel, memory, deadline, non-finite, output).",
+                ),
+                &["kind"],
+            )
+            .expect("valid counter"),
+            batches: counter("sluice_batches_total", "Batches committed."),
+            batch_seconds: seconds(
+                "sluice_batch_duration_seconds",
+                "Time from reading a batch to its commit: read, transform and commit.",
+            ),
+            read_seconds: seconds(
+                "sluice_read_duration_seconds",
+                "Time taking a batch's records from the source's buffers.",
+            ),
+            transform_seconds: seconds(
+                "sluice_transform_duration_seconds",
+                "Time in the module per batch, retries and bisection included.",
+            ),
+            commit_seconds: seconds(
+                "sluice_commit_duration_seconds",
+                "Time committing a batch to the sink, retries included.",
+            ),
+            fenced: counter(
+                "sluice_fenced_commits_total",
+                "Commits refused because another owner moved the offsets first.",
+            ),
+            commit_retries: counter(
+                "sluice_commit_retries_total",
+                "Commit attempts retried after a retriable sink error or an unknown outcome.",
+            ),
+            swaps: counter(
+                "sluice_module_swaps_total",
+                "Switches to another module version at a batch boundary.",
+            ),
+            lag: partition_gauge(
+                "sluice_partition_lag",
+                "Offsets between the checkpoint and the log end, per owned partition.",
+            ),
+            checkpoint: partition_gauge(
+                "sluice_partition_checkpoint",
+                "The next offset to process (the committed checkpoint), per owned partition.",
+            ),
+            log_end: partition_gauge(
+                "sluice_partition_log_end",
+                "The log end offset last seen, per owned partition.",
+            ),
+            assigned: IntGauge::new(
+                "sluice_assigned_partitions",
+                "Partitions this instance owns.",
+            )
+            .expect("valid gauge"),
+            module: IntGaugeVec::new(
+                Opts::new(
+                    "sluice_active_module",
+                    "1 for the module version batches are prepared with now.",
+                ),
+                &["module_digest", "params_digest"],
+            )
+            .expect("valid gauge"),
+            registry,
+        };
+        metrics.register_all();
+        metrics
+    }
+
+    fn register_all(&self) {
+        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+            Box::new(self.records_in.clone()),
+            Box::new(self.rows_out.clone()),
+            Box::new(self.dead_letters.clone()),
+            Box::new(self.batches.clone()),
+            Box::new(self.batch_seconds.clone()),
+            Box::new(self.read_seconds.clone()),
+            Box::new(self.transform_seconds.clone()),
+            Box::new(self.commit_seconds.clone()),
+            Box::new(self.fenced.clone()),
+            Box::new(self.commit_retries.clone()),
+            Box::new(self.swaps.clone()),
+            Box::new(self.lag.clone()),
+            Box::new(self.checkpoint.clone()),
+            Box::new(self.log_end.clone()),
+            Box::new(self.assigned.clone()),
+            Box::new(self.module.clone()),
+        ];
+        for collector in collectors {
+            self.registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+    }
+
+    /// A committed batch: its records, rows per target, dead letters per
+    /// kind and how long its phases took.
+    pub(crate) fn committed(
+        &self,
+        records: usize,
+        output: &Output,
+        dead_letters: &[DeadLetter],
+        read_ms: u64,
+        transform_ms: u64,
+        commit_ms: u64,
+    ) {
+        self.batches.inc();
+        self.records_in.inc_by(records as u64);
+        for target in &output.targets {
+            self.rows_out
+                .with_label_values(&[target.target.as_str()])
+                .inc_by(u64::from(target.rows));
+        }
+        for dead in dead_letters {
+            self.dead_letters
+                .with_label_values(&[dead.kind.as_str()])
+                .inc();
+        }
+        let s = |ms: u64| ms as f64 / 1000.0;
+        self.read_seconds.observe(s(read_ms));
+        self.transform_seconds.observe(s(transform_ms));
+        self.commit_seconds.observe(s(commit_ms));
+        self.batch_seconds
+            .observe(s(read_ms + transform_ms + commit_ms));
+    }
+
+    pub(crate) fn fenced(&self) {
+        self.fenced.inc();
+    }
+
+    pub(crate) fn commit_retried(&self) {
+        self.commit_retries.inc();
+    }
+
+    pub(crate) fn swapped(&self) {
+        self.swaps.inc();
+    }
+
+    /// The version batches are prepared with now (the only series of
+    /// `sluice_active_module` at 1).
+    pub(crate) fn active_module(&self, module_digest: &str, params_digest: &str) {
+        self.module.reset();
+        self.module
+            .with_label_values(&[module_digest, params_digest])
+            .set(1);
+    }
+
+    /// Where each owned partition stands; partitions no longer owned
+    /// disappear.
+    pub(crate) fn partitions(&self, partitions: &[PartitionProgress]) {
+        self.lag.reset();
+        self.checkpoint.reset();
+        self.log_end.reset();
+        self.assigned.set(partitions.len() as i64);
+        for p in partitions {
+            let partition = p.partition.to_string();
+            let labels = [p.topic.as_str(), partition.as_str()];
+            if let Some(next) = p.next_offset {
+                self.checkpoint.with_label_values(&labels).set(next);
+            }
+            if let Some(end) = p.log_end {
+                self.log_end.with_label_values(&labels).set(end);
+            }
+            if let (Some(next), Some(end)) = (p.next_offset, p.log_end) {
+                self.lag.with_label_values(&labels).set((end - next).max(0));
+            }
+        }
+    }
+
+    /// Every metric in the Prometheus text format (version 0.0.4).
+    pub fn encode(&self) -> String {
+        let mut text = Vec::new();
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut text)
+            .expect("text encoding into memory");
+        String::from_utf8(text).expect("the text format is UTF-8")
+    }
+}
