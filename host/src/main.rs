@@ -76,6 +76,22 @@ enum Command {
         #[command(flatten)]
         api: Api,
     },
+    /// Print the module log lines a running host kept (its newest 10,000):
+    /// batch, level, message. Needs the control token (module logs may
+    /// carry record data).
+    Logs {
+        #[command(flatten)]
+        api: Api,
+        /// Only this batch's lines.
+        #[arg(long)]
+        batch: Option<String>,
+        /// Keep printing new lines as they come (until Ctrl-C).
+        #[arg(long, short)]
+        follow: bool,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Re-read committed batches' offset ranges, run them again with the
     /// version their lineage names, and compare output digests. Exits 1 if
     /// any batch differs (and names it). Reads Kafka and the sink; writes
@@ -303,14 +319,10 @@ fn main() -> std::process::ExitCode {
         Command::Test { .. } => "warn,sluice_runtime=off",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| default_level.into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    if let Err(message) = init_logging(default_level) {
+        eprintln!("error: {message}");
+        std::process::exit(2);
+    }
     // Transforms run on the runtime's threads (workers and blocking ones):
     // their stacks must hold the largest Wasm stack a config may allow.
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -482,6 +494,60 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             let status = api.client().status().await?;
             println!("{}", serde_json::to_string_pretty(&status)?);
             Ok(())
+        }
+        Command::Logs {
+            api,
+            batch,
+            follow,
+            json,
+        } => {
+            let shutdown = CancellationToken::new();
+            tokio::spawn(stop_on_signal(shutdown.clone()));
+            print_logs(&api.client(), batch.as_deref(), follow, json, shutdown).await
+        }
+    }
+}
+
+/// `sluice logs`: pages through the host's kept lines; with `follow`,
+/// asks again every half second for the lines after the last one printed.
+async fn print_logs(
+    client: &sluice::control::ControlClient,
+    batch: Option<&str>,
+    follow: bool,
+    json: bool,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut after = 0;
+    loop {
+        let page = client.logs(after, batch).await?;
+        if let Some(missed) = page["missed"].as_u64().filter(|m| *m > 0) {
+            eprintln!("({missed} older lines are gone from the host's buffer)");
+        }
+        let lines = page["lines"].as_array().cloned().unwrap_or_default();
+        for line in &lines {
+            if json {
+                println!("{line}");
+            } else {
+                println!(
+                    "{}  {:<5}  {}",
+                    line["batch_id"].as_str().unwrap_or_default(),
+                    line["level"].as_str().unwrap_or_default(),
+                    line["message"].as_str().unwrap_or_default()
+                );
+            }
+        }
+        after = match lines.last() {
+            Some(last) => last["seq"].as_u64().unwrap_or(after),
+            None => page["last_seq"].as_u64().unwrap_or(after).max(after),
+        };
+        if lines.is_empty() && !follow {
+            return Ok(());
+        }
+        if lines.is_empty() {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(std::time::Duration::from_millis(500)) => {}
+            }
         }
     }
 }
@@ -666,6 +732,33 @@ fn print_version(what: &str, v: &serde_json::Value) {
         text(&v["module_digest"]),
         text(&v["params"])
     );
+}
+
+/// Logs to stderr, filtered by `SLUICE_LOG` (default `default_level`), as
+/// text or, with `SLUICE_LOG_FORMAT=json`, one JSON object per line (the
+/// event's fields at the top level, for log shippers).
+fn init_logging(default_level: &str) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+        .unwrap_or_else(|_| default_level.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match std::env::var("SLUICE_LOG_FORMAT").as_deref() {
+        Err(_) | Ok("" | "text") => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        Ok("json") => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .init(),
+        Ok(other) => {
+            return Err(format!(
+                "SLUICE_LOG_FORMAT is `{other}`: it takes `text` (the default) or `json`"
+            ));
+        }
+    }
+    Ok(())
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

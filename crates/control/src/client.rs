@@ -80,6 +80,16 @@ impl ControlClient {
         self.send(self.http.get(self.url("/v1/status"))).await
     }
 
+    /// Module log lines after line `after` (of batch `batch` if given).
+    pub async fn logs(&self, after: u64, batch: Option<&str>) -> Result<Value, ClientError> {
+        let mut query = vec![("after", after.to_string())];
+        if let Some(batch) = batch {
+            query.push(("batch", batch.to_string()));
+        }
+        self.send(self.http.get(self.url("/v1/logs")).query(&query))
+            .await
+    }
+
     /// Activates a stored module with `params` (JSON text).
     pub async fn activate(&self, module_digest: &str, params: &str) -> Result<Value, ClientError> {
         let params: Value = serde_json::from_str(params).map_err(|e| ClientError::Refused {

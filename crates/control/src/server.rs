@@ -1,6 +1,6 @@
 //! The control plane's HTTP API (axum), served by `sluice run`: deploy
 //! (upload + validate + optionally activate), versions, activate, rollback,
-//! status, Prometheus metrics, and its OpenAPI description.
+//! status, module logs, Prometheus metrics, and its OpenAPI description.
 //!
 //! Every write needs `Authorization: Bearer <token>`; with no token
 //! configured, writes are refused. A rejected upload stores nothing. It must
@@ -94,6 +94,7 @@ pub fn router(state: Arc<ControlState>, request_timeout: Duration) -> Router {
         .route("/v1/status", get(status))
         .route("/v1/versions", get(versions))
         .route("/metrics", get(metrics))
+        .route("/v1/logs", get(logs))
         .merge(writes)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(JSON_BODY_MAX_BYTES))
@@ -160,6 +161,65 @@ async fn not_found(uri: Uri) -> ApiError {
 
 async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
+}
+
+/// `GET /v1/logs?after=SEQ&batch=ID&limit=N`: the module log lines this
+/// host kept (the newest 10,000), after line `after`, of one batch if
+/// asked.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogsQuery {
+    /// Lines after this one (0: from the oldest kept).
+    #[serde(default)]
+    after: u64,
+    /// Only this batch's lines.
+    #[serde(default)]
+    batch: Option<String>,
+    /// At most this many lines (default and maximum [`MAX_LOG_PAGE`]).
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+/// The most log lines one answer carries.
+pub const MAX_LOG_PAGE: usize = 1000;
+
+/// Module log lines are for token holders only: a module may log what its
+/// records hold, and those may be anyone's data.
+async fn logs(
+    State(state): State<Arc<ControlState>>,
+    headers: HeaderMap,
+    Query(query): Query<LogsQuery>,
+) -> Result<Response, ApiError> {
+    if !authorized(&state, &headers) {
+        return Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "module logs may carry record data: send the control token \
+             (Authorization: Bearer <token>)",
+        ));
+    }
+    let limit = query.limit.unwrap_or(MAX_LOG_PAGE).clamp(1, MAX_LOG_PAGE);
+    let page = state
+        .runtime
+        .logs_after(query.after, query.batch.as_deref(), limit);
+    let lines: Vec<Value> = page
+        .lines
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "seq": l.seq,
+                "batch_id": l.batch_id,
+                "level": l.level.as_str(),
+                "message": l.message,
+                "at_ms": l.at_ms,
+            })
+        })
+        .collect();
+    let answer = serde_json::json!({
+        "lines": lines,
+        "last_seq": page.last_seq,
+        "missed": page.missed,
+    });
+    Ok(Json(answer).into_response())
 }
 
 /// The pipeline's metrics in the Prometheus text format.

@@ -53,16 +53,40 @@ pub struct Runtime {
     linker: Linker<BatchState>,
     limits: Limits,
     stop_ticker: Arc<AtomicBool>,
-    recent_logs: Mutex<VecDeque<LogLine>>,
+    recent_logs: Mutex<KeptLogs>,
 }
 
 /// A line a module logged (through the `log` import, or printed to stdout
 /// or stderr), with the batch it ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LogLine {
+    /// Its place among every line this runtime kept, from 1: a reader
+    /// asks for the lines after the last one it saw.
+    pub seq: u64,
     pub batch_id: String,
     pub level: LogLevel,
     pub message: String,
+    /// When the host kept it (its wall clock: for people, not the module).
+    pub at_ms: i64,
+}
+
+/// The newest [`KEPT_LOG_LINES`] lines, and the number of the next one.
+#[derive(Default)]
+struct KeptLogs {
+    lines: VecDeque<LogLine>,
+    next_seq: u64,
+}
+
+/// Lines [`Runtime::logs_after`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogPage {
+    pub lines: Vec<LogLine>,
+    /// The newest line kept (0 before any): where a follower goes on from
+    /// when nothing matched.
+    pub last_seq: u64,
+    /// Lines after the asked-for one that are gone from the buffer (too
+    /// old), so a reader knows it missed some.
+    pub missed: u64,
 }
 
 impl Drop for Runtime {
@@ -85,7 +109,10 @@ impl Runtime {
             linker,
             limits,
             stop_ticker,
-            recent_logs: Mutex::new(VecDeque::new()),
+            recent_logs: Mutex::new(KeptLogs {
+                lines: VecDeque::new(),
+                next_seq: 1,
+            }),
         })
     }
 
@@ -171,7 +198,27 @@ impl Runtime {
     /// The newest module log lines (up to 10,000), oldest first.
     pub fn recent_logs(&self) -> Vec<LogLine> {
         let kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
-        kept.iter().cloned().collect()
+        kept.lines.iter().cloned().collect()
+    }
+
+    /// Up to `limit` kept lines after line `after` (0: from the oldest
+    /// kept), of batch `batch` if given, oldest first.
+    pub fn logs_after(&self, after: u64, batch: Option<&str>, limit: usize) -> LogPage {
+        let kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
+        let oldest = kept.lines.front().map_or(kept.next_seq, |l| l.seq);
+        let lines = kept
+            .lines
+            .iter()
+            .filter(|l| l.seq > after)
+            .filter(|l| batch.is_none_or(|b| l.batch_id == b))
+            .take(limit)
+            .cloned()
+            .collect();
+        LogPage {
+            lines,
+            last_seq: kept.next_seq - 1,
+            missed: oldest.saturating_sub(after + 1),
+        }
     }
 
     /// Emits a batch's log lines and keeps them for `recent_logs`.
@@ -179,16 +226,21 @@ impl Runtime {
         if logs.is_empty() {
             return;
         }
+        let at_ms = crate::batch::now_ms();
         let mut kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
         for line in logs {
             emit(batch_id, line);
-            if kept.len() == KEPT_LOG_LINES {
-                kept.pop_front();
+            if kept.lines.len() == KEPT_LOG_LINES {
+                kept.lines.pop_front();
             }
-            kept.push_back(LogLine {
+            let seq = kept.next_seq;
+            kept.next_seq += 1;
+            kept.lines.push_back(LogLine {
+                seq,
                 batch_id: batch_id.to_string(),
                 level: line.level,
                 message: line.message.clone(),
+                at_ms,
             });
         }
     }
@@ -280,7 +332,7 @@ fn with_panic_message(e: RunError, logs: &[bindings::ModuleLog]) -> RunError {
 fn trap_reason(logs: &[bindings::ModuleLog]) -> Option<String> {
     let said = logs.iter().rev().map(first_line).find(|line| {
         line.starts_with("uncaught ")
-            || line.starts_with("panic: ")
+            || is_go_panic(line)
             || line.starts_with("fatal error: ")
             || is_python_exception(line)
     });
@@ -291,6 +343,13 @@ fn trap_reason(logs: &[bindings::ModuleLog]) -> Option<String> {
             .map(|l| l.message.as_str())
     };
     said.or_else(panicked).map(str::to_string)
+}
+
+/// Go's `panic: MESSAGE` (its stack follows on lines of their own); not the
+/// Rust SDK's hook line, `panic: panicked at FILE:LINE:COL:` whose message
+/// is on the next line of the same log line.
+fn is_go_panic(line: &str) -> bool {
+    line.starts_with("panic: ") && !line.starts_with("panic: panicked at ")
 }
 
 /// The first line of a log message.
@@ -464,6 +523,49 @@ mod trap_tests {
         );
         let rust = logs(&["panicked at src/lib.rs:3:5:\nindex out of bounds"]);
         assert!(trap_reason(&rust).unwrap().ends_with("index out of bounds"));
+        // The Rust SDK's panic hook: the message is on the second line.
+        let sdk = logs(&["panic: panicked at src/lib.rs:3:5:\npoison record at 37"]);
+        assert!(trap_reason(&sdk).unwrap().ends_with("poison record at 37"));
         assert_eq!(trap_reason(&logs(&["hello", "Error count: 3 of 4"])), None);
+    }
+}
+
+#[cfg(test)]
+mod log_tests {
+    use super::bindings::{LogLevel, ModuleLog};
+    use super::{KEPT_LOG_LINES, Limits, Runtime};
+
+    fn line(message: String) -> ModuleLog {
+        ModuleLog {
+            level: LogLevel::Info,
+            message,
+        }
+    }
+
+    #[test]
+    fn kept_lines_are_numbered_filtered_by_batch_and_bounded() {
+        let runtime = Runtime::new(Limits::default()).unwrap();
+        let empty = runtime.logs_after(0, None, 10);
+        assert_eq!((empty.lines.len(), empty.last_seq, empty.missed), (0, 0, 0));
+        runtime.keep_logs("a", &[line("a1".into()), line("a2".into())]);
+        runtime.keep_logs("b", &[line("b1".into())]);
+        let all = runtime.logs_after(0, None, 10);
+        let seqs: Vec<u64> = all.lines.iter().map(|l| l.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        assert_eq!(all.last_seq, 3);
+        let b = runtime.logs_after(0, Some("b"), 10);
+        assert_eq!(b.lines.len(), 1);
+        assert_eq!(b.lines[0].message, "b1");
+        let after = runtime.logs_after(1, None, 1);
+        assert_eq!(after.lines[0].message, "a2");
+        // Past the buffer: the oldest go, and a reader behind learns how
+        // many it missed.
+        let flood: Vec<ModuleLog> = (0..KEPT_LOG_LINES).map(|i| line(format!("c{i}"))).collect();
+        runtime.keep_logs("c", &flood);
+        let behind = runtime.logs_after(0, None, 5);
+        assert_eq!(behind.missed, 3);
+        assert_eq!(behind.lines[0].seq, 4);
+        assert_eq!(behind.last_seq, 3 + KEPT_LOG_LINES as u64);
+        assert_eq!(runtime.logs_after(2, None, 1).missed, 1);
     }
 }

@@ -1,0 +1,450 @@
+//! What an operator sees of a running pipeline, through the CLI and the
+//! control API of a real `sluice run`: Prometheus metrics that agree with
+//! what the sink committed, module log lines kept with their level and
+//! batch (read, filtered and followed with `sluice logs`), and JSON log
+//! output for log shippers.
+//!
+//! Each test has its own topic, pipeline, SQLite file and control port.
+
+use serde_json::Value as Json;
+use sluice_tests::control::{Host, TOKEN, control_port, control_toml, raw_request};
+use sluice_tests::{
+    Produce, TempDir, create_topic, identity_config, plugin, produce, shared_broker, sluice_bin,
+};
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Sums the samples of metric `name` whose labels contain every one of
+/// `labels` (`key="value"`) in a Prometheus text scrape.
+fn sample(scrape: &str, name: &str, labels: &[&str]) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            metric == name && labels.iter().all(|label| rest.contains(label))
+        })
+        .map(|(_, value)| value.parse::<f64>().expect("a sample value"))
+        .sum()
+}
+
+fn scrape(port: u16) -> String {
+    let answer = raw_request(port, "GET /metrics HTTP/1.1", b"");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(
+        answer
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
+        "{:?}",
+        answer.headers
+    );
+    answer.body
+}
+
+/// A `sluice run` of pipeline `topic` on a new 2-partition topic of that
+/// name, running plugin `module` into SQLite with the one target given,
+/// serving its control API; returns it with the API's port and the
+/// database's path.
+fn start_host(
+    dir: &TempDir,
+    topic: &str,
+    module: &str,
+    target: &str,
+) -> (Host, u16, std::path::PathBuf) {
+    create_topic(shared_broker(), topic, 2);
+    let (port, _) = control_port();
+    let db = dir.path().join("out.db");
+    let config = format!(
+        r#"
+pipeline = "{topic}"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+max_records_per_partition = 300
+batch_interval_ms = 100
+[module]
+path = "{module}"
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+{target}
+{control}"#,
+        brokers = shared_broker(),
+        module = plugin(module).display(),
+        db = db.display(),
+        control = control_toml(port, 4 * 1024 * 1024),
+    );
+    let path = dir.path().join("pipeline.toml");
+    std::fs::write(&path, config).unwrap();
+    let host = Host::start(&path, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    (host, port, db)
+}
+
+/// Scrapes until `sluice_records_in_total` reaches `records`.
+fn scrape_when_caught_up(port: u16, records: usize) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let metrics = scrape(port);
+        if sample(&metrics, "sluice_records_in_total", &[]) >= records as f64 {
+            return metrics;
+        }
+        assert!(Instant::now() < deadline, "not caught up:\n{metrics}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `GET /metrics` scraped while a pipeline runs (no token: it is a read),
+/// after each of two waves of records: its counters equal what the sink
+/// committed (records in = the lineage's records, rows per target = the
+/// target's rows, dead letters by kind = the dead-letter table's, batches
+/// = lineage rows), each partition's checkpoint is the stored one and its
+/// lag is log end − checkpoint, and the active module is the one lineage
+/// names.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_agree_with_the_committed_lineage() {
+    let topic = "obs-metrics";
+    let dir = TempDir::new(topic);
+    let (host, port, db) = start_host(
+        &dir,
+        topic,
+        "json-filter",
+        r#"name = "purchases"
+columns = { id = "integer", user = "text", amount = "real" }"#,
+    );
+    let pool = sluice_tests::sqlite(&db).await;
+    let mut produced = 0;
+    for wave in 0..2 {
+        let records: Vec<Produce> = (produced..produced + 2000)
+            .map(|i| Produce {
+                partition: (i % 2) as i32,
+                key: None,
+                // Every tenth is not JSON: a dead letter.
+                value: if i % 10 == 3 {
+                    format!("not json {i}")
+                } else {
+                    format!(r#"{{"id":{i},"user":"u{i}","event":"purchase","amount":20.0}}"#)
+                },
+            })
+            .collect();
+        produce(shared_broker(), topic, &records);
+        produced += records.len();
+        let metrics = scrape_when_caught_up(port, produced);
+        let pipeline = format!(r#"pipeline="{topic}""#);
+        let of_pipeline = |name: &str, labels: &[&str]| {
+            let mut all = labels.to_vec();
+            all.push(&pipeline);
+            sample(&metrics, name, &all)
+        };
+        let lineage: (i64, i64, i64, i64) = sqlx::query_as(
+            "SELECT count(*), sum(records_in), sum(rows_out), sum(dead_letters) FROM sluice_batches",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM purchases")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let rejected: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sluice_dead_letters WHERE kind = 'rejected'")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(lineage.1, produced as i64, "wave {wave}");
+        assert_eq!(
+            of_pipeline("sluice_records_in_total", &[]),
+            lineage.1 as f64
+        );
+        assert_eq!(of_pipeline("sluice_batches_total", &[]), lineage.0 as f64);
+        assert_eq!(
+            of_pipeline("sluice_batch_duration_seconds_count", &[]),
+            lineage.0 as f64
+        );
+        assert_eq!(
+            of_pipeline("sluice_rows_out_total", &[r#"target="purchases""#]),
+            rows as f64
+        );
+        assert_eq!(rows, lineage.2);
+        assert_eq!(rejected, produced as i64 / 10, "wave {wave}");
+        assert_eq!(
+            of_pipeline("sluice_dead_letters_total", &[r#"kind="rejected""#]),
+            rejected as f64
+        );
+        assert_eq!(
+            of_pipeline("sluice_dead_letters_total", &[]),
+            lineage.3 as f64
+        );
+        assert_eq!(of_pipeline("sluice_assigned_partitions", &[]), 2.0);
+        assert_eq!(of_pipeline("sluice_fenced_commits_total", &[]), 0.0);
+        let checkpoints: Vec<(i64, i64)> = sqlx::query_as(
+            "SELECT partition, next_offset FROM sluice_checkpoints ORDER BY partition",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(checkpoints.len(), 2);
+        for (partition, next) in checkpoints {
+            let labels = [format!(r#"partition="{partition}""#)];
+            let labels = [labels[0].as_str()];
+            let checkpoint = of_pipeline("sluice_partition_checkpoint", &labels);
+            let log_end = of_pipeline("sluice_partition_log_end", &labels);
+            let lag = of_pipeline("sluice_partition_lag", &labels);
+            assert_eq!(checkpoint, next as f64, "partition {partition}");
+            assert_eq!(lag, log_end - checkpoint, "partition {partition}");
+            assert!(lag >= 0.0);
+        }
+        let module: String =
+            sqlx::query_scalar("SELECT DISTINCT module_digest FROM sluice_batches")
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        let active = format!(r#"module_digest="{module}""#);
+        assert_eq!(of_pipeline("sluice_active_module", &[&active]), 1.0);
+        assert_eq!(of_pipeline("sluice_active_module", &[]), 1.0);
+        println!(
+            "wave {wave}: {} batches, {} records, {rows} rows, {rejected} dead letters agree",
+            lineage.0, lineage.1
+        );
+    }
+    host.stop();
+}
+
+/// `sluice logs` with the control token (and `--json`, `--batch`,
+/// `--follow`) against a running pipeline whose module logs: every
+/// batch's info line is there once, with the batch's id and its record
+/// count from lineage; warnings and errors keep their level; `--batch`
+/// shows one batch's lines; a follower prints the lines of batches
+/// committed after it started, each line once; a reader without the token
+/// is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn module_logs_are_kept_with_their_level_and_batch_and_followed() {
+    let topic = "obs-logs";
+    let dir = TempDir::new(topic);
+    let (host, port, db) = start_host(
+        &dir,
+        topic,
+        "chatty",
+        r#"name = "records"
+columns = { offset = "integer", value = "text" }"#,
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let values = |from: usize, to: usize| -> Vec<Produce> {
+        (from..to)
+            .map(|i| Produce {
+                partition: (i % 2) as i32,
+                key: None,
+                value: match i % 50 {
+                    0 => "warn",
+                    1 => "error",
+                    _ => "quiet",
+                }
+                .into(),
+            })
+            .collect()
+    };
+    produce(shared_broker(), topic, &values(0, 1000));
+    scrape_when_caught_up(port, 1000);
+    let logs = |args: &[&str], token: Option<&str>| {
+        let mut command = Command::new(sluice_bin());
+        command
+            .arg("logs")
+            .args(args)
+            .env("SLUICE_CONTROL_URL", &url)
+            .env_remove("SLUICE_CONTROL_TOKEN");
+        if let Some(token) = token {
+            command.env("SLUICE_CONTROL_TOKEN", token);
+        }
+        command.output().expect("run sluice logs")
+    };
+    let out = logs(&["--json"], Some(TOKEN));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Json> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    let pool = sluice_tests::sqlite(&db).await;
+    let batches: Vec<(String, i64)> =
+        sqlx::query_as("SELECT batch_id, records_in FROM sluice_batches ORDER BY batch_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(batches.len() >= 2, "{batches:?}");
+    for (batch, records) in &batches {
+        let infos: Vec<&Json> = lines
+            .iter()
+            .filter(|l| l["batch_id"] == batch.as_str() && l["level"] == "info")
+            .collect();
+        assert_eq!(infos.len(), 1, "batch {batch}: {infos:?}");
+        let said = infos[0]["message"].as_str().unwrap();
+        assert!(
+            said.starts_with(&format!("{records} records from ")),
+            "{said}"
+        );
+    }
+    let count = |level: &str| lines.iter().filter(|l| l["level"] == level).count();
+    assert_eq!(count("warn"), 20);
+    assert_eq!(count("error"), 20);
+    assert_eq!(count("info"), batches.len());
+    let seqs: Vec<u64> = lines.iter().map(|l| l["seq"].as_u64().unwrap()).collect();
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "{seqs:?}");
+
+    // One batch's lines, as text.
+    let (one, records) = &batches[0];
+    let out = logs(&["--batch", one], Some(TOKEN));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(text.lines().all(|l| l.starts_with(one.as_str())), "{text}");
+    assert!(
+        text.contains(&format!("info   {records} records from ")),
+        "{text}"
+    );
+
+    // No token, or a wrong one: refused, and nothing printed.
+    for token in [None, Some("wrong")] {
+        let out = logs(&[], token);
+        assert!(!out.status.success());
+        assert!(out.stdout.is_empty());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("module logs may carry record data"), "{err}");
+    }
+
+    // A follower sees the lines of batches committed after it started.
+    let mut follower = Command::new(sluice_bin())
+        .args(["logs", "--follow", "--json"])
+        .env("SLUICE_CONTROL_URL", &url)
+        .env("SLUICE_CONTROL_TOKEN", TOKEN)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let (seen_tx, seen) = std::sync::mpsc::channel();
+    let stdout = follower.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if seen_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let initial = lines.len();
+    produce(shared_broker(), topic, &values(1000, 1500));
+    scrape_when_caught_up(port, 1500);
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_batches")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let expected = initial + (total as usize - batches.len()) + 20;
+    let mut followed: Vec<Json> = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while followed.len() < expected && Instant::now() < deadline {
+        if let Ok(line) = seen.recv_timeout(Duration::from_millis(500)) {
+            followed.push(serde_json::from_str(&line).unwrap());
+        }
+    }
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(follower.id() as i32, libc::SIGTERM) };
+    let stopped = follower.wait().unwrap();
+    assert!(stopped.success(), "the follower stops cleanly on SIGTERM");
+    assert_eq!(followed.len(), expected, "lines followed");
+    let followed_seqs: Vec<u64> = followed
+        .iter()
+        .map(|l| l["seq"].as_u64().unwrap())
+        .collect();
+    assert!(
+        followed_seqs.windows(2).all(|w| w[0] < w[1]),
+        "each line once"
+    );
+    let newest: Vec<String> = sqlx::query_scalar(
+        "SELECT batch_id FROM sluice_batches ORDER BY committed_at_ms DESC LIMIT 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        followed.iter().any(|l| l["batch_id"] == newest[0].as_str()),
+        "the newest batch's line was followed"
+    );
+    println!(
+        "{} lines over {total} batches, {} followed",
+        lines.len() + followed.len() - initial,
+        followed.len()
+    );
+    host.stop();
+}
+
+/// `SLUICE_LOG_FORMAT=json`: every line a pipeline run writes to stderr is
+/// one JSON object, its fields at the top level (a committed batch's id
+/// and record count among them); another value is refused before anything
+/// runs.
+#[test]
+fn json_log_format_gives_one_object_per_line() {
+    let topic = "obs-json-logs";
+    let dir = TempDir::new(topic);
+    create_topic(shared_broker(), topic, 1);
+    let records: Vec<Produce> = (0..200)
+        .map(|i| Produce {
+            partition: 0,
+            key: None,
+            value: format!("v{i}"),
+        })
+        .collect();
+    produce(shared_broker(), topic, &records);
+    let config = dir.path().join("pipeline.toml");
+    std::fs::write(
+        &config,
+        identity_config(
+            topic,
+            shared_broker(),
+            topic,
+            &dir.path().join("out.db"),
+            100,
+        ),
+    )
+    .unwrap();
+    let out = Command::new(sluice_bin())
+        .args(["run", "--until-caught-up"])
+        .arg(&config)
+        .env("SLUICE_LOG", "info")
+        .env("SLUICE_LOG_FORMAT", "json")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let events: Vec<Json> = stderr
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let committed: Vec<&Json> = events
+        .iter()
+        .filter(|e| e["message"] == "batch committed")
+        .collect();
+    assert!(!committed.is_empty(), "{stderr}");
+    let records: u64 = committed
+        .iter()
+        .map(|e| e["records"].as_u64().unwrap())
+        .sum();
+    assert_eq!(records, 200);
+    assert!(
+        committed
+            .iter()
+            .all(|e| e["level"] == "INFO" && e["batch"].is_string())
+    );
+
+    let out = Command::new(sluice_bin())
+        .arg("check")
+        .arg(&config)
+        .env("SLUICE_LOG_FORMAT", "xml")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("SLUICE_LOG_FORMAT is `xml`"), "{stderr}");
+}
