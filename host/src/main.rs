@@ -520,6 +520,12 @@ async fn print_logs(
     let mut after = 0;
     loop {
         let page = client.logs(after, batch).await?;
+        if page["last_seq"].as_u64().is_some_and(|last| last < after) {
+            // Numbers restart with the host: read the new one from its start.
+            eprintln!("(the host restarted: its lines from the start follow)");
+            after = 0;
+            continue;
+        }
         if let Some(missed) = page["missed"].as_u64().filter(|m| *m > 0) {
             eprintln!("({missed} older lines are gone from the host's buffer)");
         }
