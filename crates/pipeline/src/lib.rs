@@ -488,7 +488,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             commit_ms,
             "batch committed"
         );
-        let progress = self.source().progress();
+        let partitions: Vec<PartitionStatus> = self
+            .source()
+            .progress()
+            .into_iter()
+            .map(PartitionStatus::of)
+            .collect();
         let metrics = self.status.metrics();
         metrics.committed(
             records,
@@ -498,7 +503,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             batch.transform_ms,
             commit_ms,
         );
-        metrics.partitions(&progress);
+        metrics.partitions(&partitions);
         let stats = self.stats.clone();
         let last = LastBatch {
             batch_id: batch.plan.batch_id.clone(),
@@ -514,7 +519,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             s.dead_letters = stats.dead_letters;
             s.fenced = stats.fenced;
             s.last_batch = Some(last);
-            s.partitions = progress.into_iter().map(PartitionStatus::of).collect();
+            s.partitions = partitions;
         });
     }
 

@@ -6,13 +6,13 @@
 //! It must not be read by the batch loop, nor do any I/O: encoding is
 //! text in memory, serving it is the control plane's.
 
+use crate::PartitionStatus;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 use sluice_core::output::Output;
 use sluice_core::sink::DeadLetter;
-use sluice_core::source::PartitionProgress;
 use std::collections::HashMap;
 
 /// Histogram buckets for batch phases, in seconds: 1 ms to 2 min.
@@ -227,24 +227,24 @@ impl Metrics {
             .set(1);
     }
 
-    /// Where each owned partition stands; partitions no longer owned
-    /// disappear.
-    pub(crate) fn partitions(&self, partitions: &[PartitionProgress]) {
+    /// Where each owned partition stands (its lag as the status board
+    /// computes it); partitions no longer owned disappear.
+    pub(crate) fn partitions(&self, partitions: &[PartitionStatus]) {
         self.lag.reset();
         self.checkpoint.reset();
         self.log_end.reset();
         self.assigned.set(partitions.len() as i64);
         for p in partitions {
-            let partition = p.partition.to_string();
-            let labels = [p.topic.as_str(), partition.as_str()];
-            if let Some(next) = p.next_offset {
+            let partition = p.progress.partition.to_string();
+            let labels = [p.progress.topic.as_str(), partition.as_str()];
+            if let Some(next) = p.progress.next_offset {
                 self.checkpoint.with_label_values(&labels).set(next);
             }
-            if let Some(end) = p.log_end {
+            if let Some(end) = p.progress.log_end {
                 self.log_end.with_label_values(&labels).set(end);
             }
-            if let (Some(next), Some(end)) = (p.next_offset, p.log_end) {
-                self.lag.with_label_values(&labels).set((end - next).max(0));
+            if let Some(lag) = p.lag {
+                self.lag.with_label_values(&labels).set(lag);
             }
         }
     }
