@@ -19,6 +19,8 @@
 //!   in each guest language.
 //! - [`plugin_test`]: `sluice test`, a module run on sample records with
 //!   no broker and no sink.
+//! - [`redrive`]: listing dead letters and redriving them through the
+//!   active version, exactly once.
 //! - [`reset`]: reprocessing on purpose: moving checkpoints to an offset,
 //!   time, log start or end.
 //!
@@ -32,6 +34,7 @@
 pub mod app;
 pub mod plugin_build;
 pub mod plugin_test;
+pub mod redrive;
 pub mod replay;
 pub mod reset;
 pub mod state;

@@ -9,6 +9,9 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
+mod cli;
+use cli::progress::Progress;
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
@@ -160,6 +163,11 @@ enum Command {
         /// JSON lines (rows, dead letters, logs, a summary) instead of tables.
         #[arg(long)]
         json: bool,
+    },
+    /// List, show and redrive the dead letters a SQL sink stored.
+    DeadLetters {
+        #[command(subcommand)]
+        command: cli::dead_letters::DeadLetterCommand,
     },
     /// Move the pipeline's checkpoints to reprocess (or skip) records: to
     /// an offset, a time, the log start or the log end. Running instances
@@ -478,6 +486,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Verify { config, select } => verify(config, select).await,
+        Command::DeadLetters { command } => cli::dead_letters::execute(command).await,
         Command::Shadow {
             config,
             module,
@@ -558,30 +567,15 @@ async fn print_logs(
     }
 }
 
-/// A progress bar on a terminal, nothing otherwise.
-fn progress(len: usize, what: &str) -> indicatif::ProgressBar {
-    if !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(len as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} batches ({eta})")
-            .expect("template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(what.to_string());
-    bar
-}
-
 async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
     let config = sluice::config::PipelineConfig::load(&config)?;
     let mut replayer = sluice::replay::Replayer::open(&config).await?;
-    let batches = replayer.select(&select.selection()?).await?;
+    let (batches, redrives) = replayer.select(&select.selection()?).await?;
     anyhow::ensure!(
         !batches.is_empty(),
         "no committed batch matches the selection"
     );
-    let bar = progress(batches.len(), "verifying");
+    let mut bar = Progress::new("verifying", batches.len(), "batches");
     let mut differ = Vec::new();
     let mut caveats = std::collections::BTreeMap::new();
     for batch in &batches {
@@ -590,22 +584,25 @@ async fn verify(config: PathBuf, select: Select) -> anyhow::Result<()> {
             *caveats.entry(caveat).or_insert(0usize) += 1;
         }
         if !verdict.matches() {
-            bar.suspend(|| {
-                println!(
-                    "MISMATCH batch {} ({}): recorded output {}, replay gives {} (module {}, params {})",
-                    batch.batch_id,
-                    sluice::batch::describe(&batch.ranges),
-                    batch.output_digest,
-                    verdict.replayed_digest,
-                    batch.module_digest,
-                    batch.params_digest
-                )
-            });
+            bar.println(&format!(
+                "MISMATCH batch {} ({}): recorded output {}, replay gives {} (module {}, params {})",
+                batch.batch_id,
+                sluice::batch::describe(&batch.ranges),
+                batch.output_digest,
+                verdict.replayed_digest,
+                batch.module_digest,
+                batch.params_digest
+            ));
             differ.push(batch.batch_id.clone());
         }
-        bar.inc(1);
+        bar.step(verdict.records);
     }
-    bar.finish_and_clear();
+    bar.finish();
+    if redrives > 0 {
+        println!(
+            "note: {redrives} redrive batch(es) not replayed: their records were dead letters, which they removed"
+        );
+    }
     for (caveat, count) in caveats {
         println!("note: {count} batch(es): {caveat}");
     }
@@ -687,12 +684,12 @@ async fn shadow(
         last: Some(last),
         ..Default::default()
     };
-    let batches = replayer.select(&selection).await?;
+    let (batches, _redrives) = replayer.select(&selection).await?;
     anyhow::ensure!(
         !batches.is_empty(),
         "the pipeline has no committed batch yet"
     );
-    let bar = progress(batches.len(), "shadowing");
+    let mut bar = Progress::new("shadowing", batches.len(), "batches");
     let mut totals: std::collections::BTreeMap<String, sluice::replay::TargetDiff> =
         Default::default();
     let (mut dead_recorded, mut dead_candidate) = (0, 0);
@@ -704,9 +701,9 @@ async fn shadow(
         for d in sluice::replay::diff_outputs(&recorded.output, &candidate.output, &keys) {
             totals.entry(d.target.clone()).or_default().absorb(d);
         }
-        bar.inc(1);
+        bar.step(recorded.records.len());
     }
-    bar.finish_and_clear();
+    bar.finish();
     println!(
         "shadow of {} over the last {} committed batches:",
         module.display(),

@@ -865,7 +865,7 @@ async fn floats_follow_one_rule_on_sqlite_postgres_and_mariadb() {
 /// A `batches` table made by an older sluice (no `settings` column) gets
 /// the column at the next start, in every dialect: the old rows keep an
 /// empty value, new batches record their settings, and `verify` checks the
-/// new batches.
+/// new batches. So does a `dead_letters` table without `record_timestamp`.
 async fn older_lineage_table_is_migrated(db: SinkDb, name: &str) {
     create_topic(shared_broker(), name, 1);
     produce(shared_broker(), name, &numbered("old", 200, 1));
@@ -881,6 +881,13 @@ async fn older_lineage_table_is_migrated(db: SinkDb, name: &str) {
         .execute(&pool)
         .await
         .expect("drop the column, as an older sluice made the table");
+    let dead_letters = db.table("sluice_dead_letters");
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE {dead_letters} DROP COLUMN record_timestamp"
+    ))
+    .execute(&pool)
+    .await
+    .expect("drop the column, as an older sluice made the table");
     let old_batches = db.committed_batches().await;
     assert!(old_batches > 0);
 
@@ -894,6 +901,13 @@ async fn older_lineage_table_is_migrated(db: SinkDb, name: &str) {
     };
     assert_eq!(count("settings = ''").await, old_batches);
     assert!(count("settings LIKE '%max_memory_mib%'").await > 0);
+    let timestamps = format!("SELECT count(*) FROM {dead_letters} WHERE record_timestamp = -1");
+    assert_eq!(
+        db.scalar(&timestamps)
+            .await
+            .expect("the record_timestamp column exists"),
+        0
+    );
     let said = sluice_ok(&[
         "verify",
         config.to_str().unwrap(),

@@ -158,6 +158,8 @@ pub struct RecordRef<'a> {
     pub topic: &'a str,
     pub partition: i32,
     pub offset: i64,
+    /// Ms since the epoch.
+    pub timestamp: i64,
     pub key: Option<&'a [u8]>,
     pub value: Option<&'a [u8]>,
 }
@@ -266,6 +268,7 @@ impl Records {
                     topic: &s.topic,
                     partition: s.partition,
                     offset: self.offsets[i],
+                    timestamp: self.timestamps[i],
                     key,
                     value,
                 }

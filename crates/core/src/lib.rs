@@ -10,6 +10,7 @@
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
 //! - [`store`]: the state store traits (module store, lineage reader).
+//! - [`dead_letters`]: stored dead letters, listing and redriving them.
 //! - [`template`]: `{column}` templates for keys and values (Redis).
 //!
 //! It must not depend on wasmtime, rdkafka, sqlx or axum: the backends
@@ -18,6 +19,7 @@
 pub mod batch;
 pub mod config;
 pub mod contract;
+pub mod dead_letters;
 pub mod error;
 pub mod limits;
 pub mod output;

@@ -198,6 +198,17 @@ pub struct CommittedBatch {
     pub ranges: Vec<OffsetRange>,
 }
 
+impl CommittedBatch {
+    /// A redrive of dead letters: no ranges to read again (its records
+    /// were the dead letters it removed), so it cannot be replayed.
+    pub fn is_redrive(&self) -> bool {
+        self.ranges.is_empty()
+            && self
+                .batch_id
+                .starts_with(crate::dead_letters::REDRIVE_PREFIX)
+    }
+}
+
 /// Which committed batches to replay; empty fields select everything.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {

@@ -2,7 +2,8 @@
 //! and MySQL/MariaDB, one directory each (`sqlite/`, `postgres/`, `mysql/`:
 //! connections, error kinds, bulk row path), and the state store they keep
 //! in their own database (`store`: modules and activations; `lineage`:
-//! reading committed batches back). This file holds what they share: the batch
+//! reading committed batches back; `dead_letters`: reading stored dead
+//! letters back). This file holds what they share: the batch
 //! transaction, sluice's own tables (checkpoints, lineage, dead letters) and
 //! the checks of a module's rows against the configured targets.
 //!
@@ -35,6 +36,7 @@
 //! exactly-once costs.
 
 mod any;
+mod dead_letters;
 mod dialect;
 mod lineage;
 mod multirow;
@@ -50,6 +52,7 @@ mod store;
 mod store_tests;
 mod target;
 
+pub use dead_letters::SqlDeadLetters;
 pub use lineage::SqlLineage;
 pub use store::SqlModuleStore;
 
@@ -64,6 +67,7 @@ use crate::batch::TopicPartition;
 use crate::config::{Guarantee, SinkConfig};
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use own_tables::OwnTables;
+use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome};
 use std::collections::HashMap;
 
 /// A statement parameter for sluice's own tables.
@@ -153,9 +157,9 @@ impl<B: SqlBackend> SqlSink<B> {
         for ddl in own.ddl(dialect)? {
             create(&backend, &ddl).await?;
         }
-        let batches = format!("{}batches", config.table_prefix);
-        for (column, alter) in own.added_batch_columns(dialect) {
-            add_column(&backend, schema, &batches, column, &alter).await?;
+        for (table, column, alter) in own.added_columns(dialect) {
+            let table = format!("{}{table}", config.table_prefix);
+            add_column(&backend, schema, &table, column, &alter).await?;
         }
         let mut targets = HashMap::new();
         for t in &config.targets {
@@ -290,6 +294,100 @@ impl<B: SqlBackend> SqlSink<B> {
         let replayable = self.guarantee == Guarantee::AtLeastOnce;
         self.own.write_dead_letters(tx, c, replayable).await?;
         Ok(CommitOutcome::Committed)
+    }
+}
+
+impl<B: SqlBackend> SqlSink<B> {
+    /// Commits a redrive: deletes every dead letter of `taken` that batch
+    /// `stored_by` stored (all must be), writes the outputs and new dead
+    /// letters and the lineage row, in one transaction (see
+    /// `sluice_core::dead_letters`).
+    pub async fn redrive(
+        &self,
+        c: &Commit<'_>,
+        stored_by: &str,
+        taken: &[RecordKey],
+    ) -> Result<RedriveOutcome, SinkError> {
+        let mut tx = self.backend.begin().await?;
+        match self.write_redrive(&mut tx, c, stored_by, taken).await {
+            Ok(RedriveOutcome::Committed) => {
+                tx.commit().await?;
+                Ok(RedriveOutcome::Committed)
+            }
+            other => {
+                tx.rollback().await;
+                other
+            }
+        }
+    }
+
+    async fn write_redrive(
+        &self,
+        tx: &mut B::Tx,
+        c: &Commit<'_>,
+        stored_by: &str,
+        taken: &[RecordKey],
+    ) -> Result<RedriveOutcome, SinkError> {
+        // The deletes come first: a record failing again is stored again
+        // under the same key (by this redrive's batch id).
+        for key in taken {
+            if !self
+                .own
+                .delete_dead_letter(tx, &c.plan.pipeline, key, stored_by)
+                .await?
+            {
+                return Ok(RedriveOutcome::Gone(key.clone()));
+            }
+        }
+        self.write_outputs(tx, c).await?;
+        self.own.write_lineage(tx, c).await?;
+        Ok(RedriveOutcome::Committed)
+    }
+
+    /// How many of `taken` are stored as dead letters of `pipeline` by
+    /// batch `stored_by`.
+    pub async fn still_stored(
+        &self,
+        pipeline: &str,
+        stored_by: &str,
+        taken: &[RecordKey],
+    ) -> Result<usize, SinkError> {
+        let mut stored = 0;
+        for key in taken {
+            let params = [
+                Param::Text(pipeline),
+                Param::Text(&key.topic),
+                Param::Int(key.partition as i64),
+                Param::Int(key.offset),
+                Param::Text(stored_by),
+            ];
+            let count = self
+                .backend
+                .query_i64(&self.own.count_dead_letter, &params)
+                .await?;
+            stored += usize::from(count.unwrap_or(0) > 0);
+        }
+        Ok(stored)
+    }
+}
+
+impl<B: SqlBackend> Redrive for SqlSink<B> {
+    async fn redrive(
+        &self,
+        commit: &Commit<'_>,
+        stored_by: &str,
+        taken: &[RecordKey],
+    ) -> Result<RedriveOutcome, SinkError> {
+        SqlSink::redrive(self, commit, stored_by, taken).await
+    }
+
+    async fn still_stored(
+        &self,
+        pipeline: &str,
+        stored_by: &str,
+        taken: &[RecordKey],
+    ) -> Result<usize, SinkError> {
+        SqlSink::still_stored(self, pipeline, stored_by, taken).await
     }
 }
 

@@ -8,6 +8,7 @@ use super::dialect::{Dialect, InsertIgnore};
 use super::{Param, SqlTx};
 use crate::batch::{OffsetRange, now_ms};
 use crate::sink::{Commit, CommitOutcome, SinkError};
+use sluice_core::dead_letters::RecordKey;
 
 /// The statements on sluice's own tables, quoted once.
 pub(super) struct OwnTables {
@@ -24,6 +25,10 @@ pub(super) struct OwnTables {
     /// The same, ignoring a dead letter already stored (at-least-once
     /// replays write a batch's dead letters again).
     insert_dead_letter_again: String,
+    /// Removes one dead letter (a redrive takes it): by record and the
+    /// batch that stored it, as a redrive listed it.
+    delete_dead_letter: String,
+    pub(super) count_dead_letter: String,
 }
 
 impl OwnTables {
@@ -81,9 +86,22 @@ impl OwnTables {
                 "record_value",
                 "kind",
                 "reason",
+                "record_timestamp",
             ],
         );
+        let dead_letter_key = format!(
+            "{} AND {} = {} AND {} = {}",
+            key(1),
+            c("offset"),
+            d.param(4),
+            c("batch_id"),
+            d.param(5)
+        );
         Ok(OwnTables {
+            delete_dead_letter: format!("DELETE FROM {dead_letters} WHERE {dead_letter_key}"),
+            count_dead_letter: format!(
+                "SELECT COUNT(*) FROM {dead_letters} WHERE {dead_letter_key}"
+            ),
             cas_update: format!(
                 "UPDATE {checkpoints} SET {next} = {}, {} = {} WHERE {} AND {next} = {}",
                 d.param(1),
@@ -161,6 +179,7 @@ impl OwnTables {
                 ("record_value", t.blob),
                 ("kind", t.key_text),
                 ("reason", t.text),
+                ("record_timestamp", t.bigint),
             ],
             &["pipeline", "topic", "partition", "offset"],
         );
@@ -210,20 +229,29 @@ impl OwnTables {
         ])
     }
 
-    /// Columns added to the `batches` table since its first version, with
-    /// the `ALTER TABLE` that adds each to a table an older version created.
-    /// Rows written before get the column's default.
-    pub(super) fn added_batch_columns(&self, d: &Dialect) -> Vec<(&'static str, String)> {
+    /// Columns added to sluice's tables since their first version: (table
+    /// without prefix, column, the `ALTER TABLE` that adds it to a table an
+    /// older version created). Rows written before get the default.
+    pub(super) fn added_columns(&self, d: &Dialect) -> Vec<(&'static str, &'static str, String)> {
         let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
-        vec![(
-            "settings",
+        let add = |table: &str, column: &str, ty: &str, default: &str| {
             format!(
-                "ALTER TABLE {} ADD COLUMN {} {} NOT NULL DEFAULT ''",
-                self.batches,
-                c("settings"),
-                d.types.text
+                "ALTER TABLE {table} ADD COLUMN {} {ty} NOT NULL DEFAULT {default}",
+                c(column)
+            )
+        };
+        vec![
+            (
+                "batches",
+                "settings",
+                add(&self.batches, "settings", d.types.text, "''"),
             ),
-        )]
+            (
+                "dead_letters",
+                "record_timestamp",
+                add(&self.dead_letters, "record_timestamp", d.types.bigint, "-1"),
+            ),
+        ]
     }
 
     /// The compare-and-set: moves `from -> until` only if the stored offset
@@ -310,6 +338,7 @@ impl OwnTables {
                     Param::Bytes(r.value),
                     Param::Text(d.kind.as_str()),
                     Param::Text(&d.reason),
+                    Param::Int(r.timestamp),
                 ],
             )
             .await?;
@@ -317,6 +346,32 @@ impl OwnTables {
         Ok(())
     }
 
+    /// Removes the dead letter of `key` that batch `stored_by` stored;
+    /// false if it is not stored (or stored by another batch since).
+    pub(super) async fn delete_dead_letter<S>(
+        &self,
+        tx: &mut impl SqlTx<S>,
+        pipeline: &str,
+        key: &RecordKey,
+        stored_by: &str,
+    ) -> Result<bool, SinkError> {
+        let deleted = tx
+            .execute(
+                &self.delete_dead_letter,
+                &[
+                    Param::Text(pipeline),
+                    Param::Text(&key.topic),
+                    Param::Int(key.partition as i64),
+                    Param::Int(key.offset),
+                    Param::Text(stored_by),
+                ],
+            )
+            .await?;
+        Ok(deleted == 1)
+    }
+
+    /// The batch's lineage rows: the batch and one row per offset range
+    /// (a redrive has none).
     pub(super) async fn write_lineage<S>(
         &self,
         tx: &mut impl SqlTx<S>,

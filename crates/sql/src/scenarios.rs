@@ -466,3 +466,137 @@ pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<
     );
     assert_eq!(value(sink, &nulls, &[]).await, Some(1), "nulls stay null");
 }
+
+/// Dead letters are read back with their record, kind and batch, and a
+/// redrive takes them once: its rows, its new dead letters and its
+/// lineage row land with their removal; the same redrive again finds its
+/// first dead letter gone and writes nothing.
+pub async fn redrive<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkConfig) {
+    use sluice_core::dead_letters::{
+        DeadLetterFilter, DeadLetterReader, RecordKey, RedriveOutcome,
+    };
+    let n = Names::of(sink, config.schema.as_deref());
+    let dead = [
+        DeadLetter {
+            index: 1,
+            reason: "bad".into(),
+            kind: DeadLetterKind::Rejected,
+        },
+        DeadLetter {
+            index: 2,
+            reason: "trapped".into(),
+            kind: DeadLetterKind::Trap,
+        },
+    ];
+    let outcome = try_commit(sink, 0, 3, &words_output("counts", &[]), &dead)
+        .await
+        .unwrap();
+    assert_eq!(outcome, CommitOutcome::Committed);
+    let (stored_plan, _) = batch(0, 3);
+    let reader = crate::SqlDeadLetters::open(config).await.unwrap();
+    let all = reader
+        .list("p", &DeadLetterFilter::default())
+        .await
+        .unwrap();
+    let offsets: Vec<i64> = all.iter().map(|d| d.offset).collect();
+    assert_eq!(offsets, [1, 2]);
+    assert_eq!(all[0].value.as_deref(), Some(&b"x"[..]));
+    assert_eq!((all[0].key.as_deref(), all[0].timestamp), (None, 0));
+    assert_eq!(
+        (all[0].kind.as_str(), all[1].kind.as_str()),
+        ("rejected", "trap")
+    );
+    assert_eq!(all[1].batch_id, stored_plan.batch_id);
+    assert_eq!(all[1].batch_time_ms, Some(0));
+    assert!(all[1].committed_at_ms.is_some());
+    let traps = DeadLetterFilter {
+        kind: Some("trap".into()),
+        ..Default::default()
+    };
+    assert_eq!(reader.list("p", &traps).await.unwrap().len(), 1);
+
+    // The redrive: offset 1 gives a row now, offset 2 fails again.
+    let mut records = Records::default();
+    let owned: Vec<OwnedRecord> = all
+        .iter()
+        .map(|d| OwnedRecord {
+            offset: d.offset,
+            timestamp: d.timestamp,
+            key: d.key.clone(),
+            value: d.value.clone(),
+            headers: vec![],
+        })
+        .collect();
+    records.push_slice("t", 0, &owned);
+    let mut plan = Plan::new("p", vec![], "m", "pp", 0);
+    plan.batch_id = "redrive-1".into();
+    let output = words_output("counts", &[("a", 1)]);
+    let again = [DeadLetter {
+        index: 1,
+        reason: "trapped again".into(),
+        kind: DeadLetterKind::Trap,
+    }];
+    let digest = sluice_core::sink::digest(&output, &again);
+    let c = Commit {
+        plan: &plan,
+        records: &records,
+        output: &output,
+        dead_letters: &again,
+        output_digest: &digest,
+    };
+    let taken: Vec<RecordKey> = all.iter().map(|d| d.key()).collect();
+    let stored_by = stored_plan.batch_id.as_str();
+    assert_eq!(
+        sink.redrive(&c, stored_by, &taken).await.unwrap(),
+        RedriveOutcome::Committed
+    );
+    let a = n.lookup("counts", "n", "word");
+    assert_eq!(value(sink, &a, &[Param::Text("a")]).await, Some(1));
+    let left = reader
+        .list("p", &DeadLetterFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(
+        (left[0].offset, left[0].batch_id.as_str()),
+        (2, "redrive-1")
+    );
+    assert_eq!(left[0].reason, "trapped again");
+    let records_in = format!(
+        "SELECT {} FROM {} WHERE {} = {}",
+        n.col("records_in"),
+        n.table("sluice_batches"),
+        n.col("batch_id"),
+        n.d.param(1)
+    );
+    assert_eq!(
+        value(sink, &records_in, &[Param::Text("redrive-1")]).await,
+        Some(2)
+    );
+    let ranges = format!(
+        "SELECT COUNT(*) FROM {} WHERE {} = {}",
+        n.table("sluice_batch_ranges"),
+        n.col("batch_id"),
+        n.d.param(1)
+    );
+    assert_eq!(
+        value(sink, &ranges, &[Param::Text("redrive-1")]).await,
+        Some(0)
+    );
+
+    // Taken already (offset 2 is stored again, but by the redrive).
+    assert_eq!(
+        sink.redrive(&c, stored_by, &taken).await.unwrap(),
+        RedriveOutcome::Gone(taken[0].clone())
+    );
+    assert_eq!(
+        value(sink, &a, &[Param::Text("a")]).await,
+        Some(1),
+        "nothing written"
+    );
+    assert_eq!(sink.still_stored("p", stored_by, &taken).await.unwrap(), 0);
+    assert_eq!(
+        sink.still_stored("p", "redrive-1", &taken).await.unwrap(),
+        1
+    );
+}

@@ -59,6 +59,8 @@ pub enum ReplayError {
 pub struct Verdict {
     pub batch: CommittedBatch,
     pub replayed_digest: String,
+    /// How many records the replay read.
+    pub records: usize,
     /// Set when the replay could not run exactly as the batch did: no
     /// settings recorded, or another engine; says what was used instead.
     pub caveat: Option<String>,
@@ -105,12 +107,26 @@ impl Replayer {
         })
     }
 
-    /// The committed batches `selection` names, in commit order.
-    pub async fn select(&self, selection: &Selection) -> Result<Vec<CommittedBatch>, ReplayError> {
-        Ok(self
-            .lineage
-            .batches(&self.config.pipeline, selection)
-            .await?)
+    /// The committed batches `selection` names that can be replayed, in
+    /// commit order, and how many redrive batches it also named (their
+    /// records were dead letters, which they removed: nothing to re-read).
+    pub async fn select(
+        &self,
+        selection: &Selection,
+    ) -> Result<(Vec<CommittedBatch>, usize), ReplayError> {
+        let every = Selection {
+            last: None,
+            ..selection.clone()
+        };
+        let mut batches = self.lineage.batches(&self.config.pipeline, &every).await?;
+        let before = batches.len();
+        batches.retain(|b| !b.is_redrive());
+        let redrives = before - batches.len();
+        if let Some(last) = selection.last {
+            let skip = batches.len().saturating_sub(last);
+            batches.drain(..skip);
+        }
+        Ok((batches, redrives))
     }
 
     /// Runs `batch` again with the version its lineage row names and
@@ -125,6 +141,7 @@ impl Replayer {
         Ok(Verdict {
             batch: batch.clone(),
             replayed_digest,
+            records: replayed.records.len(),
             caveat: self.caveat(batch),
         })
     }

@@ -41,7 +41,9 @@ impl Transform for Conformance {
         );
         let words = out.target("words", &[("offset", Kind::Int64), ("word", Kind::Text)]);
         for r in batch.records() {
-            let parsed = r.value.and_then(|v| serde_json::from_slice::<Value>(v).ok());
+            let parsed = r
+                .value
+                .and_then(|v| serde_json::from_slice::<Value>(v).ok());
             let Some(Value::Object(obj)) = parsed else {
                 out.reject(&r, "not a JSON object");
                 continue;

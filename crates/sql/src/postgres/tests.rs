@@ -52,6 +52,13 @@ async fn output_that_does_not_fit_the_target_is_a_config_error() {
 }
 
 #[tokio::test]
+async fn dead_letters_are_read_back_and_redriven_once() {
+    let schema = "sluice_ut_redrive";
+    let sink = open(schema, "", s::COUNTS).await;
+    s::redrive(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
+}
+
+#[tokio::test]
 async fn dead_letters_keep_the_record() {
     let schema = "sluice_ut_dead";
     s::dead_letters(&open(schema, "", s::COUNTS).await, Some(schema)).await;

@@ -39,6 +39,13 @@ async fn output_that_does_not_fit_the_target_is_a_config_error() {
 }
 
 #[tokio::test]
+async fn dead_letters_are_read_back_and_redriven_once() {
+    let config = sink_config(&temp_db("redrive"), None, "", s::COUNTS);
+    let sink = super::open(&config).await.unwrap();
+    s::redrive(&sink, &config).await;
+}
+
+#[tokio::test]
 async fn dead_letters_keep_the_record() {
     s::dead_letters(&open("dead", "", s::COUNTS).await, None).await;
 }

@@ -62,7 +62,10 @@ impl Transform for Hostile {
                 let t = out.target("flood", &[("flag", Kind::Bool)]);
                 for r in batch.records() {
                     let value = std::str::from_utf8(r.value.unwrap_or_default()).unwrap_or("");
-                    let n: u64 = value.strip_prefix("flood:").and_then(|n| n.parse().ok()).unwrap_or(0);
+                    let n: u64 = value
+                        .strip_prefix("flood:")
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
                     for i in 0..n {
                         out.row(t).bool(i % 3 == 0);
                     }

@@ -1,0 +1,376 @@
+//! Redriving dead letters: `sluice dead-letters redrive` runs stored dead
+//! letters through the pipeline's active version (the one `deploy
+//! --activate` made current, typically a fixed module) and commits what
+//! they give now in the sink, together with their removal.
+//!
+//! Owns grouping the dead letters into redrive batches (one per batch that
+//! stored them), their plans and ids, and what to do when a commit fails.
+//! The commit itself is the sink's (`Redrive`); it must not write outside
+//! it, and it never moves an offset.
+//!
+//! # Delivery guarantee
+//!
+//! Exactly-once per dead letter: each redrive batch is one sink
+//! transaction that deletes the dead letters it ran (all must still be
+//! stored, or nothing is written) with the rows, the new dead letters of
+//! records that fail again and a lineage row. A crash before the commit
+//! leaves them stored for the next redrive; after it they are gone. A
+//! commit whose outcome is unknown is settled by reading the dead letters
+//! back (all gone: it landed; all there: run again), never by writing
+//! blindly. It depends on the sink's atomic commit and on the module being
+//! deterministic only as far as any batch does: a redrive is a new batch,
+//! run with the version active now.
+
+use crate::batch::{OffsetRange, OwnedRecord, Plan, Records, now_ms, sha256_hex};
+use crate::config::PipelineConfig;
+use crate::pipeline::{Batch, PipelineError, Preparer};
+use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
+use crate::sink::{Commit, SinkError, SinkKind, mysql, postgres, sqlite};
+use sluice_core::dead_letters::{
+    DeadLetterFilter, DeadLetterReader, REDRIVE_PREFIX, RecordKey, Redrive, RedriveOutcome,
+    StoredDeadLetter,
+};
+use sluice_core::store::{StoreError, Version};
+use sluice_core::transform::Transform;
+use sluice_sql::SqlDeadLetters;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Times a commit is tried while the sink is unreachable.
+const COMMIT_TRIES: u32 = 5;
+
+/// Why a redrive (or a listing) could not be done.
+#[derive(Debug, thiserror::Error)]
+pub enum RedriveError {
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("pipeline `{0}` has no active version: run it once, or deploy and activate one")]
+    NoActiveVersion(String),
+    #[error("active module {digest}")]
+    Module {
+        digest: String,
+        #[source]
+        source: ModuleError,
+    },
+    #[error("active module {digest}: init")]
+    Init {
+        digest: String,
+        #[source]
+        source: RunError,
+    },
+    /// The active version failed the whole batch (not one record): nothing
+    /// of it was committed.
+    #[error("redriving the dead letters of batch {batch_id}")]
+    Transform {
+        batch_id: String,
+        #[source]
+        source: PipelineError,
+    },
+    /// After a commit with an unknown outcome only some of its dead letters
+    /// are gone: another redrive ran at the same time.
+    #[error(
+        "redrive batch {batch_id}: after a lost commit reply {stored} of its {taken} dead letters \
+         are still stored; another redrive ran at the same time: run it again"
+    )]
+    Unsettled {
+        batch_id: String,
+        stored: usize,
+        taken: usize,
+    },
+}
+
+/// One redrive batch done, for progress output.
+#[derive(Debug, Clone)]
+pub struct Redriven {
+    /// The batch that stored the dead letters.
+    pub from_batch: String,
+    /// The redrive's batch id (its lineage row).
+    pub batch_id: String,
+    pub records: usize,
+    pub rows_out: usize,
+    /// Records that failed again (stored again as dead letters).
+    pub dead_again: usize,
+    /// False if another redrive took them first (nothing written).
+    pub committed: bool,
+}
+
+/// What a whole redrive did.
+#[derive(Debug, Clone, Default)]
+pub struct RedriveDone {
+    pub version: Option<Version>,
+    pub batches: usize,
+    pub records: usize,
+    pub rows_out: usize,
+    pub dead_again: usize,
+    /// Redrive batches whose dead letters another redrive took first.
+    pub skipped: usize,
+}
+
+/// The stored dead letters of `config`'s pipeline that `filter` keeps.
+pub async fn list(
+    config: &PipelineConfig,
+    filter: &DeadLetterFilter,
+) -> Result<Vec<StoredDeadLetter>, RedriveError> {
+    // Opening the sink brings its tables up to this version's columns.
+    match sql_kind(config)? {
+        SinkKind::Sqlite => drop(sqlite::open(&config.sink).await?),
+        SinkKind::Postgres => drop(postgres::open(&config.sink).await?),
+        _ => drop(mysql::open(&config.sink).await?),
+    }
+    let reader = SqlDeadLetters::open(&config.sink).await?;
+    Ok(reader.list(&config.pipeline, filter).await?)
+}
+
+/// Redrives the dead letters `filter` keeps through the active version;
+/// `on_batch` hears of each redrive batch with the number of dead letters
+/// selected in all.
+pub async fn redrive(
+    config: &PipelineConfig,
+    filter: &DeadLetterFilter,
+    on_batch: impl FnMut(&Redriven, usize),
+) -> Result<RedriveDone, RedriveError> {
+    match sql_kind(config)? {
+        SinkKind::Sqlite => {
+            let sink = sqlite::open(&config.sink).await?;
+            redrive_with(config, &sink, filter, on_batch).await
+        }
+        SinkKind::Postgres => {
+            let sink = postgres::open(&config.sink).await?;
+            redrive_with(config, &sink, filter, on_batch).await
+        }
+        _ => {
+            let sink = mysql::open(&config.sink).await?;
+            redrive_with(config, &sink, filter, on_batch).await
+        }
+    }
+}
+
+fn sql_kind(config: &PipelineConfig) -> Result<SinkKind, RedriveError> {
+    let kind = config.sink.kind()?;
+    if !kind.is_sql() {
+        return Err(SinkError::Config(format!(
+            "dead letters are listed and redriven in SQL sinks only; this pipeline's sink is {}",
+            kind.as_str()
+        ))
+        .into());
+    }
+    Ok(kind)
+}
+
+async fn redrive_with<S: Redrive>(
+    config: &PipelineConfig,
+    sink: &S,
+    filter: &DeadLetterFilter,
+    mut on_batch: impl FnMut(&Redriven, usize),
+) -> Result<RedriveDone, RedriveError> {
+    let reader = SqlDeadLetters::open(&config.sink).await?;
+    let selected = reader.list(&config.pipeline, filter).await?;
+    let mut done = RedriveDone::default();
+    if selected.is_empty() {
+        return Ok(done);
+    }
+    let (version, preparer) = active_preparer(config).await?;
+    done.version = Some(version);
+    let total = selected.len();
+    for (from_batch, letters) in by_batch(selected) {
+        let batch = transform(&preparer, &config.pipeline, &from_batch, &letters)?;
+        let taken: Vec<RecordKey> = letters.iter().map(StoredDeadLetter::key).collect();
+        let committed = commit(sink, &batch, &from_batch, &taken).await?;
+        let redriven = Redriven {
+            from_batch,
+            batch_id: batch.plan.batch_id.clone(),
+            records: letters.len(),
+            rows_out: batch.output.row_count() as usize,
+            dead_again: batch.dead_letters.len(),
+            committed,
+        };
+        match committed {
+            true => {
+                done.batches += 1;
+                done.records += redriven.records;
+                done.rows_out += redriven.rows_out;
+                done.dead_again += redriven.dead_again;
+            }
+            false => done.skipped += 1,
+        }
+        on_batch(&redriven, total);
+    }
+    Ok(done)
+}
+
+/// The active version of the pipeline, loaded under the config's limits
+/// and poison policy.
+async fn active_preparer(
+    config: &PipelineConfig,
+) -> Result<(Version, Preparer<WasmTransform>), RedriveError> {
+    let store = crate::state::module_store(config).await?;
+    let version = store
+        .active(&config.pipeline)
+        .await?
+        .ok_or_else(|| RedriveError::NoActiveVersion(config.pipeline.clone()))?;
+    let component = store.get(&version.module_digest).await?;
+    let digest = version.module_digest.clone();
+    let module_err = |source| RedriveError::Module {
+        digest: digest.clone(),
+        source,
+    };
+    let runtime = Arc::new(Runtime::new(Limits::from_config(&config.limits)).map_err(module_err)?);
+    let module = tokio::task::block_in_place(|| {
+        runtime.load(&component, config.module.cache_dir.as_deref())
+    })
+    .map_err(module_err)?;
+    let transform =
+        WasmTransform::new(runtime, module, version.params.clone()).map_err(|source| {
+            RedriveError::Init {
+                digest: digest.clone(),
+                source,
+            }
+        })?;
+    let preparer = Preparer::new(config.pipeline.clone(), config.limits.on_poison, transform);
+    Ok((version, preparer))
+}
+
+/// The dead letters by the batch that stored them, each group in
+/// (topic, partition, offset) order: one redrive batch each, so a redrive
+/// batch is never larger than a batch the pipeline ran.
+fn by_batch(letters: Vec<StoredDeadLetter>) -> BTreeMap<String, Vec<StoredDeadLetter>> {
+    let mut groups: BTreeMap<String, Vec<StoredDeadLetter>> = BTreeMap::new();
+    for d in letters {
+        groups.entry(d.batch_id.clone()).or_default().push(d);
+    }
+    for group in groups.values_mut() {
+        group.sort_by_key(StoredDeadLetter::key);
+    }
+    groups
+}
+
+/// Runs `letters` (sorted) as one batch under a plan of their own: the
+/// ranges they span (for the seed), the stored batch's planned time (now,
+/// if its lineage is gone) and a redrive id.
+fn transform(
+    preparer: &Preparer<WasmTransform>,
+    pipeline: &str,
+    from_batch: &str,
+    letters: &[StoredDeadLetter],
+) -> Result<Batch, RedriveError> {
+    let mut records = Records::default();
+    let mut ranges: Vec<OffsetRange> = Vec::new();
+    let mut start = 0;
+    while start < letters.len() {
+        let (topic, partition) = (&letters[start].topic, letters[start].partition);
+        let end = start
+            + letters[start..]
+                .iter()
+                .take_while(|d| d.topic == *topic && d.partition == partition)
+                .count();
+        let owned: Vec<OwnedRecord> = letters[start..end].iter().map(owned_record).collect();
+        records.push_slice(topic, partition, &owned);
+        ranges.push(OffsetRange {
+            topic: topic.clone(),
+            partition,
+            from: letters[start].offset,
+            until: letters[end - 1].offset + 1,
+        });
+        start = end;
+    }
+    let module_digest = preparer.transform().module_digest().to_string();
+    let batch_time_ms = letters[0].batch_time_ms.unwrap_or_else(now_ms);
+    let mut plan = Plan::new(
+        pipeline,
+        ranges,
+        &module_digest,
+        preparer.params_digest(),
+        batch_time_ms,
+    );
+    plan.batch_id = redrive_id(&plan, from_batch, letters);
+    let mut batch = tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0))
+        .map_err(|source| RedriveError::Transform {
+            batch_id: from_batch.to_string(),
+            source,
+        })?;
+    // The offsets were committed by the batch that stored the dead
+    // letters; a redrive's lineage row records none.
+    batch.plan.ranges.clear();
+    Ok(batch)
+}
+
+fn owned_record(d: &StoredDeadLetter) -> OwnedRecord {
+    OwnedRecord {
+        offset: d.offset,
+        timestamp: d.timestamp,
+        key: d.key.clone(),
+        value: d.value.clone(),
+        headers: Vec::new(),
+    }
+}
+
+/// A redrive's batch id: its records, the batch that stored them and the
+/// version that runs them, so redriving again what failed again (stored
+/// under this id) gets a new one.
+fn redrive_id(plan: &Plan, from_batch: &str, letters: &[StoredDeadLetter]) -> String {
+    let mut text = format!(
+        "{}\0{from_batch}\0{}\0{}",
+        plan.pipeline, plan.module_digest, plan.params_digest
+    );
+    for d in letters {
+        text.push_str(&format!("\0{}", d.key()));
+    }
+    format!("{REDRIVE_PREFIX}{}", &sha256_hex(text.as_bytes())[..24])
+}
+
+/// Commits one redrive batch; false if another redrive took its dead
+/// letters first.
+async fn commit<S: Redrive>(
+    sink: &S,
+    batch: &Batch,
+    stored_by: &str,
+    taken: &[RecordKey],
+) -> Result<bool, RedriveError> {
+    let commit = Commit {
+        plan: &batch.plan,
+        records: &batch.records,
+        output: &batch.output,
+        dead_letters: &batch.dead_letters,
+        output_digest: &batch.output_digest,
+    };
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let error = match sink.redrive(&commit, stored_by, taken).await {
+            Ok(RedriveOutcome::Committed) => return Ok(true),
+            Ok(RedriveOutcome::Gone(key)) => {
+                tracing::warn!(
+                    batch = %batch.plan.batch_id,
+                    "dead letter {key} is no longer stored (another redrive or a reset took it): \
+                     skipping the dead letters of its batch"
+                );
+                return Ok(false);
+            }
+            Err(e) => e,
+        };
+        if !error.is_retryable() || tries >= COMMIT_TRIES {
+            return Err(error.into());
+        }
+        tracing::warn!(batch = %batch.plan.batch_id, "{}; trying again", sluice_core::error::Chain(&error));
+        tokio::time::sleep(Duration::from_millis(500) * tries).await;
+        if matches!(error, SinkError::CommitUnknown { .. }) {
+            match sink
+                .still_stored(&batch.plan.pipeline, stored_by, taken)
+                .await?
+            {
+                0 => return Ok(true),
+                n if n == taken.len() => {}
+                stored => {
+                    return Err(RedriveError::Unsettled {
+                        batch_id: batch.plan.batch_id.clone(),
+                        stored,
+                        taken: taken.len(),
+                    });
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! Dead letters after the fact, through the CLI of a real pipeline: listed
+//! and shown from the sink, and redriven through a fixed version exactly
+//! once, also when the redrive is SIGKILLed half-way and when two redrives
+//! run at the same time.
+//!
+//! The module is `plugins/testing/picky`: its first version rejects every
+//! multiple of 5 (the bug), the fix is the same module with that param off.
+//! The target is append-only, so a record redriven twice would show as a
+//! second row.
+//!
+//! Each test has its own topic, pipeline, SQLite file and control port.
+
+use sluice_tests::control::{Host, cli_ok, control_port, control_toml, sluice_ok};
+use sluice_tests::{Produce, TempDir, create_topic, plugin, produce, shared_broker, sluice_bin};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const NUMBERS: i64 = 1200;
+/// Values no version can read: they stay dead letters after every redrive.
+const NOT_NUMBERS: usize = 3;
+
+fn pipeline_config(dir: &TempDir, topic: &str, port: u16) -> std::path::PathBuf {
+    let db = dir.path().join("out.db");
+    let config = format!(
+        r#"
+pipeline = "{topic}"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+max_records_per_partition = 20
+batch_interval_ms = 50
+[module]
+path = "{module}"
+params = {{ reject_multiples_of = 5 }}
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+name = "numbers"
+columns = {{ n = "integer", partition = "integer", offset = "integer", timestamp = "integer" }}
+{control}"#,
+        brokers = shared_broker(),
+        module = plugin("picky").display(),
+        db = db.display(),
+        control = control_toml(port, 4 * 1024 * 1024),
+    );
+    let path = dir.path().join("pipeline.toml");
+    std::fs::write(&path, config).unwrap();
+    path
+}
+
+async fn count(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// Dead letters still stored from the pipeline's own batches.
+async fn first_run_dead_letters(pool: &sqlx::SqlitePool) -> i64 {
+    count(
+        pool,
+        "SELECT count(*) FROM sluice_dead_letters WHERE batch_id NOT LIKE 'redrive-%'",
+    )
+    .await
+}
+
+fn redrive_command(config: &std::path::Path, args: &[&str]) -> Command {
+    let mut c = Command::new(sluice_bin());
+    c.args(["dead-letters", "redrive"])
+        .arg(config)
+        .args(args)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// The pipeline runs version 1 (rejects multiples of 5) over 1,200 numbers
+/// and 3 values that are no number; the dead letters are listed and shown
+/// (also as `sluice test` input); the fix is deployed and activated; one
+/// batch's dead letters are redriven alone, then the rest by redrives
+/// SIGKILLed as soon as they have committed part of their work, then by
+/// two redrives at once. In the end every number is a row exactly once
+/// (the redriven ones with their record's own time), only the 3 that no
+/// version can read are dead letters (stored again by a redrive), the
+/// redrives' lineage rows hold exactly the 240 redriven rows, and `verify`
+/// still passes over the pipeline's own batches.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill() {
+    let topic = "dl-redrive";
+    let dir = TempDir::new(topic);
+    create_topic(shared_broker(), topic, 2);
+    let (port, url) = control_port();
+    let config = pipeline_config(&dir, topic, port);
+    let config_arg = config.to_str().unwrap();
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+
+    let produced_from = sluice::batch::now_ms();
+    let mut records: Vec<Produce> = (0..NUMBERS)
+        .map(|n| Produce {
+            partition: (n % 2) as i32,
+            key: None,
+            value: n.to_string(),
+        })
+        .collect();
+    for k in 0..NOT_NUMBERS {
+        records.insert(
+            100 + 300 * k,
+            Produce {
+                partition: 0,
+                key: None,
+                value: format!("oops-{k}"),
+            },
+        );
+    }
+    produce(shared_broker(), topic, &records);
+    let produced_until = sluice::batch::now_ms();
+
+    let pool = sluice_tests::sqlite(&dir.path().join("out.db")).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while count(
+        &pool,
+        "SELECT coalesce(sum(records_in), 0) FROM sluice_batches",
+    )
+    .await
+        < records.len() as i64
+    {
+        assert!(Instant::now() < deadline, "not caught up:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let dead = NUMBERS / 5 + NOT_NUMBERS as i64;
+    assert_eq!(first_run_dead_letters(&pool).await, dead);
+    assert_eq!(
+        count(&pool, "SELECT count(*) FROM numbers").await,
+        NUMBERS - NUMBERS / 5
+    );
+
+    // Listing and showing.
+    let listed = sluice_ok(&["dead-letters", "list", config_arg, "--limit", "0"]);
+    assert!(
+        listed.ends_with(&format!("{dead} dead letters\n")),
+        "{listed}"
+    );
+    assert!(listed.contains("is a multiple of 5"), "{listed}");
+    let first_ten = sluice_ok(&["dead-letters", "list", config_arg]);
+    assert!(
+        first_ten.contains(&format!("{dead} dead letters (100 shown")),
+        "{first_ten}"
+    );
+    let json = sluice_ok(&[
+        "dead-letters",
+        "list",
+        config_arg,
+        "--json",
+        "--limit",
+        "0",
+        "--kind",
+        "rejected",
+    ]);
+    let lines: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len() as i64, dead);
+    let oops = lines
+        .iter()
+        .find(|l| l["value"] == "oops-1")
+        .expect("oops-1 listed");
+    assert_eq!(oops["reason"], "value is not a number");
+    let record = format!("{topic}:{}:{}", oops["partition"], oops["offset"]);
+    let shown = sluice_ok(&["dead-letters", "show", config_arg, &record]);
+    assert!(shown.starts_with(&format!("{record}\n")), "{shown}");
+    assert!(shown.contains("value      \"oops-1\""), "{shown}");
+    let sample = sluice_ok(&["dead-letters", "show", config_arg, &record, "--sample"]);
+    let sample_file = dir.path().join("dead.jsonl");
+    std::fs::write(&sample_file, &sample).unwrap();
+    let tested = sluice_ok(&[
+        "test",
+        plugin("picky").to_str().unwrap(),
+        "--input",
+        sample_file.to_str().unwrap(),
+    ]);
+    assert!(tested.contains("value is not a number"), "{tested}");
+    let since_future = (sluice::batch::now_ms() + 3_600_000).to_string();
+    let none = sluice_ok(&["dead-letters", "list", config_arg, "--since", &since_future]);
+    assert!(none.ends_with("0 dead letters\n"), "{none}");
+    let recent = sluice_ok(&[
+        "dead-letters",
+        "list",
+        config_arg,
+        "--since",
+        "1h",
+        "--limit",
+        "0",
+    ]);
+    assert!(
+        recent.ends_with(&format!("{dead} dead letters\n")),
+        "{recent}"
+    );
+
+    // The fix: the same module without the bug, and slower, so a redrive
+    // can be caught half-way.
+    let deployed = cli_ok(
+        &url,
+        &[
+            "deploy",
+            plugin("picky").to_str().unwrap(),
+            "--params",
+            r#"{"reject_multiples_of": 0, "spin": 400000}"#,
+            "--activate",
+        ],
+    );
+    assert!(deployed.contains("activated version 2"), "{deployed}");
+
+    // One batch alone.
+    let one_batch: String = sqlx::query_scalar(
+        "SELECT batch_id FROM sluice_dead_letters WHERE kind = 'rejected' AND reason LIKE '%multiple%' \
+         GROUP BY batch_id ORDER BY count(*) DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let in_batch: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM sluice_dead_letters WHERE batch_id = ?")
+            .bind(&one_batch)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let out = redrive_command(&config, &["--batch", &one_batch])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(&format!(
+            "redrove {in_batch} dead letters in 1 batches with version 2"
+        )),
+        "{stdout}"
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("records/s, ETA"),
+        "no progress line"
+    );
+    assert_eq!(first_run_dead_letters(&pool).await, dead - in_batch);
+
+    // SIGKILLed half-way, again and again.
+    let mut killed_half_way = 0;
+    for cycle in 0..5 {
+        let before = first_run_dead_letters(&pool).await;
+        if before <= NOT_NUMBERS as i64 {
+            break;
+        }
+        let mut child = redrive_command(&config, &["--all"]).spawn().unwrap();
+        // Wait until at least one of its transactions committed...
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while first_run_dead_letters(&pool).await == before {
+            assert!(
+                Instant::now() < deadline,
+                "cycle {cycle}: the redrive made no progress"
+            );
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Then at a random point of what follows (a transform, a commit).
+        let jitter = rand::Rng::gen_range(&mut rand::thread_rng(), 0..40);
+        tokio::time::sleep(Duration::from_millis(jitter)).await;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+        let after = first_run_dead_letters(&pool).await;
+        eprintln!("redrive {cycle} SIGKILLed: {before} -> {after} dead letters left");
+        assert!(after < before, "cycle {cycle}: {before} -> {after}");
+        if after > NOT_NUMBERS as i64 {
+            killed_half_way += 1;
+        }
+    }
+    assert!(
+        killed_half_way >= 2,
+        "only {killed_half_way} redrives were killed half-way"
+    );
+
+    // Two at once finish the rest.
+    let both: Vec<_> = (0..2)
+        .map(|_| redrive_command(&config, &["--all"]).spawn().unwrap())
+        .collect();
+    for child in both {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    // Every number exactly once, the redriven ones with their own time.
+    assert_eq!(count(&pool, "SELECT count(*) FROM numbers").await, NUMBERS);
+    assert_eq!(
+        count(&pool, "SELECT count(DISTINCT n) FROM numbers").await,
+        NUMBERS
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM numbers WHERE n >= 0 AND n < 1200"
+        )
+        .await,
+        NUMBERS
+    );
+    let (min_ts, max_ts): (i64, i64) =
+        sqlx::query_as("SELECT min(timestamp), max(timestamp) FROM numbers WHERE n % 5 = 0")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(
+        min_ts >= produced_from - 1000 && max_ts <= produced_until + 1000,
+        "redriven rows carry times {min_ts}..{max_ts}, produced {produced_from}..{produced_until}"
+    );
+    // Only what no version can read is left, stored again by a redrive.
+    let left: Vec<(String, String)> =
+        sqlx::query_as("SELECT batch_id, reason FROM sluice_dead_letters ORDER BY \"offset\"")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left.len(), NOT_NUMBERS, "{left:?}");
+    for (batch, reason) in &left {
+        assert!(batch.starts_with("redrive-"), "{batch}");
+        assert_eq!(reason, "value is not a number");
+    }
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT sum(rows_out) FROM sluice_batches WHERE batch_id LIKE 'redrive-%'"
+        )
+        .await,
+        NUMBERS / 5
+    );
+    assert_eq!(
+        count(&pool, "SELECT sum(rows_out) FROM sluice_batches").await,
+        NUMBERS
+    );
+    assert_eq!(
+        count(
+            &pool,
+            "SELECT count(*) FROM sluice_batch_ranges WHERE batch_id LIKE 'redrive-%'"
+        )
+        .await,
+        0
+    );
+
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+    assert!(
+        verified.contains("redrive batch(es) not replayed"),
+        "{verified}"
+    );
+    assert!(!host.log().contains(" ERROR "), "{}", host.log());
+    host.stop();
+}
+
+/// What the commands refuse, with a clear error: a sink that keeps no
+/// dead-letter table, an unknown kind, a redrive that names neither a
+/// batch nor `--all`, a record that is not TOPIC:PARTITION:OFFSET.
+#[test]
+fn dead_letter_commands_refuse_what_they_cannot_do() {
+    let dir = TempDir::new("dl-refusals");
+    let redis = dir.path().join("redis.toml");
+    std::fs::write(
+        &redis,
+        format!(
+            r#"
+pipeline = "dl-refusals"
+[source]
+brokers = "127.0.0.1:1"
+topics = ["t"]
+[module]
+path = "{}"
+[sink]
+url = "redis://127.0.0.1:6379/0"
+[[sink.targets]]
+name = "numbers"
+columns = {{ n = "integer" }}
+[[sink.targets.redis]]
+command = "set"
+key = "n:{{n}}"
+value = "{{n}}"
+"#,
+            plugin("picky").display()
+        ),
+    )
+    .unwrap();
+    let fails = |args: &[&str]| {
+        let out = Command::new(sluice_bin()).args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let redis_arg = redis.to_str().unwrap();
+    let e = fails(&["dead-letters", "list", redis_arg]);
+    assert!(
+        e.contains("SQL sinks only; this pipeline's sink is redis"),
+        "{e}"
+    );
+    let e = fails(&["dead-letters", "redrive", redis_arg, "--all"]);
+    assert!(e.contains("SQL sinks only"), "{e}");
+    let e = fails(&["dead-letters", "list", redis_arg, "--kind", "bogus"]);
+    assert!(e.contains("expected one of rejected, trap"), "{e}");
+    let e = fails(&["dead-letters", "redrive", redis_arg]);
+    assert!(e.contains("--batch") && e.contains("--all"), "{e}");
+    let e = fails(&["dead-letters", "show", redis_arg, "t:x:1"]);
+    assert!(e.contains("expected TOPIC:PARTITION:OFFSET"), "{e}");
+    let e = fails(&["dead-letters", "list", redis_arg, "--since", "yesterday"]);
+    assert!(e.contains("an age like 30m"), "{e}");
+}
