@@ -448,3 +448,164 @@ fn json_log_format_gives_one_object_per_line() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("SLUICE_LOG_FORMAT is `xml`"), "{stderr}");
 }
+
+/// A headless Chromium (Debian's `chromium`, or `$CHROMIUM`), run as the
+/// page's reader: the DOM after its script ran, and a screenshot.
+fn chromium(args: &[&str], url: &str) -> String {
+    let browser = std::env::var("CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let profile = TempDir::new("obs-chromium-profile");
+    let out = Command::new(&browser)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            // Lets the page's fetches and first refresh finish first.
+            "--virtual-time-budget=6000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap_or_else(|e| panic!("{browser} (scripts/test.sh installs it): {e}"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The text of the element with `id` in `dom` (a leaf: no tags inside).
+fn text_of(dom: &str, id: &str) -> Option<String> {
+    let at = dom.find(&format!("id=\"{id}\""))?;
+    let start = at + dom[at..].find('>')? + 1;
+    let end = start + dom[start..].find('<')?;
+    Some(dom[start..end].to_string())
+}
+
+/// `GET /` served to a real browser (headless Chromium) while a pipeline
+/// with dead letters is caught up: the page's script fills in the numbers
+/// and they are the API's (counters, each partition's checkpoint, log end
+/// and lag, the newest batches and dead letters, the version history and
+/// a chart with bars); a screenshot is kept under the test's target
+/// directory. The page carries a CSP that allows its own script only.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_status_page_shows_in_a_browser_what_the_api_says() {
+    let topic = "obs-page";
+    let dir = TempDir::new(topic);
+    let (host, port, _db) = start_host(
+        &dir,
+        topic,
+        "json-filter",
+        r#"name = "purchases"
+columns = { id = "integer", user = "text", amount = "real" }"#,
+    );
+    let records: Vec<Produce> = (0..1500)
+        .map(|i| Produce {
+            partition: (i % 2) as i32,
+            key: None,
+            value: if i % 10 == 3 {
+                format!("not json {i}")
+            } else {
+                format!(r#"{{"id":{i},"user":"u{i}","event":"purchase","amount":20.0}}"#)
+            },
+        })
+        .collect();
+    produce(shared_broker(), topic, &records);
+    scrape_when_caught_up(port, records.len());
+
+    let page = raw_request(port, "GET / HTTP/1.1", b"");
+    assert_eq!(page.status, 200);
+    assert!(
+        page.header("content-type")
+            .is_some_and(|t| t.starts_with("text/html"))
+    );
+    let csp = page.header("content-security-policy").expect("a CSP");
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("unsafe-eval"),
+        "{csp}"
+    );
+
+    let url = format!("http://127.0.0.1:{port}/");
+    let api = |path: &str| raw_request(port, &format!("GET {path} HTTP/1.1"), b"").json();
+    // The pipeline is idle: the API says the same before and after the
+    // browser read the page, or the reading is repeated.
+    let (status, versions, dom) = loop {
+        let before = api("/v1/status");
+        let dom = chromium(&["--dump-dom"], &url);
+        let after = api("/v1/status");
+        if before["running"] == after["running"] {
+            break (after, api("/v1/versions"), dom);
+        }
+    };
+    assert!(
+        dom.contains("data-loaded=\"true\""),
+        "the script did not run:\n{dom}"
+    );
+    let running = &status["running"];
+    assert_eq!(text_of(&dom, "pipeline").as_deref(), Some(topic));
+    for counter in ["batches", "records", "rows", "dead_letters", "fenced"] {
+        assert_eq!(
+            text_of(&dom, &format!("counter-{counter}")),
+            Some(running[counter].to_string()),
+            "{counter}"
+        );
+    }
+    assert_eq!(running["records"], 1500);
+    assert_eq!(running["dead_letters"], 150);
+    let partitions = running["partitions"].as_array().unwrap();
+    assert_eq!(partitions.len(), 2);
+    for p in partitions {
+        let key = format!("{}-{}", p["topic"].as_str().unwrap(), p["partition"]);
+        assert_eq!(
+            text_of(&dom, &format!("checkpoint-{key}")),
+            Some(p["next_offset"].to_string())
+        );
+        assert_eq!(
+            text_of(&dom, &format!("log-end-{key}")),
+            Some(p["log_end"].to_string())
+        );
+        assert_eq!(
+            text_of(&dom, &format!("lag-{key}")),
+            Some(p["lag"].to_string())
+        );
+    }
+    let recent = running["recent_batches"].as_array().unwrap();
+    assert!(!recent.is_empty());
+    for b in recent {
+        assert!(dom.contains(&format!("id=\"batch-{}\"", b["batch_id"].as_str().unwrap())));
+    }
+    let dead = running["recent_dead_letters"].as_array().unwrap();
+    assert_eq!(dead.len(), 20);
+    for d in dead {
+        assert!(
+            dom.contains(&format!("<td>{}</td>", d["record"].as_str().unwrap())),
+            "{d}"
+        );
+    }
+    for v in versions["history"].as_array().unwrap() {
+        assert!(dom.contains(&format!("id=\"version-{}\"", v["version"])));
+    }
+    assert!(dom.contains("class=\"bars\""), "no bars in the chart");
+    assert!(!dom.contains("cannot reach the host"));
+
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("status-page.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &[
+            "--window-size=1280,1700",
+            &format!("--screenshot={}", shot.display()),
+        ],
+        &url,
+    );
+    let png = std::fs::read(&shot).expect("a screenshot");
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!("status page screenshot: {}", shot.display());
+    host.stop();
+}

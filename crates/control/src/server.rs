@@ -1,6 +1,7 @@
 //! The control plane's HTTP API (axum), served by `sluice run`: deploy
 //! (upload + validate + optionally activate), versions, activate, rollback,
-//! status, module logs, Prometheus metrics, and its OpenAPI description.
+//! status, module logs, Prometheus metrics, its OpenAPI description, and
+//! the status page (`/`, `page/`: a static page that reads the API).
 //!
 //! Every write needs `Authorization: Bearer <token>`; with no token
 //! configured, writes are refused. A rejected upload stores nothing. It must
@@ -30,6 +31,15 @@ use tower_http::timeout::TimeoutLayer;
 
 /// The OpenAPI 3 description of this API, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// The status page and its script (no build step: checked in as they are).
+const PAGE_HTML: &str = include_str!("page/index.html");
+const PAGE_JS: &str = include_str!("page/page.js");
+
+/// The page loads its own script and talks to this host only; nothing
+/// inline runs, and it cannot be framed.
+const PAGE_CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; \
+     style-src 'unsafe-inline'; img-src 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// What the handlers share.
 pub struct ControlState {
@@ -90,6 +100,8 @@ pub fn router(state: Arc<ControlState>, request_timeout: Duration) -> Router {
             require_token,
         ));
     Router::new()
+        .route("/", get(page))
+        .route("/ui/page.js", get(page_script))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/status", get(status))
         .route("/v1/versions", get(versions))
@@ -223,6 +235,29 @@ async fn logs(
 }
 
 /// The pipeline's metrics in the Prometheus text format.
+async fn page() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (header::CONTENT_SECURITY_POLICY, PAGE_CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE_HTML,
+    )
+}
+
+async fn page_script() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        PAGE_JS,
+    )
+}
+
 async fn metrics(State(state): State<Arc<ControlState>>) -> impl IntoResponse {
     (
         [(

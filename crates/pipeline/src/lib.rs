@@ -30,7 +30,9 @@ mod status;
 
 pub use metrics::Metrics;
 pub use prepare::{Batch, Preparer};
-pub use status::{LastBatch, PartitionStatus, Status, StatusBoard};
+pub use status::{
+    Bucket, LastBatch, PartitionStatus, RecentBatch, RecentDeadLetter, Status, StatusBoard,
+};
 
 use sluice_core::{batch, config};
 
@@ -505,14 +507,26 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         );
         metrics.partitions(&partitions);
         let stats = self.stats.clone();
+        let committed_at_ms = now_ms();
         let last = LastBatch {
             batch_id: batch.plan.batch_id.clone(),
             ranges: batch.plan.ranges.clone(),
             records,
             module_digest: batch.plan.module_digest.clone(),
-            committed_at_ms: now_ms(),
+            committed_at_ms,
         };
+        let recent = RecentBatch {
+            batch_id: batch.plan.batch_id.clone(),
+            ranges: batch.plan.ranges.clone(),
+            records,
+            rows,
+            dead_letters,
+            commit_ms,
+            committed_at_ms,
+        };
+        let recent_dead = recent_dead_letters(batch);
         self.status.update(|s| {
+            s.remember(recent, recent_dead);
             s.batches = stats.batches;
             s.records = stats.records;
             s.rows = stats.rows;
@@ -618,4 +632,24 @@ fn read_ahead<T: Transform>(
         preparer.prepare(source, ranges).map(Some)
     });
     Ahead { poll_ms, batch }
+}
+
+/// The newest [`status::RECENT`] dead letters of `batch`, in batch order.
+fn recent_dead_letters(batch: &Batch) -> Vec<RecentDeadLetter> {
+    let newest = &batch.dead_letters[batch.dead_letters.len().saturating_sub(status::RECENT)..];
+    if newest.is_empty() {
+        return Vec::new();
+    }
+    let records: Vec<_> = batch.records.iter().collect();
+    newest
+        .iter()
+        .filter_map(|d| {
+            let r = records.get(d.index)?;
+            Some(RecentDeadLetter {
+                batch_id: batch.plan.batch_id.clone(),
+                record: format!("{}:{}:{}", r.topic, r.partition, r.offset),
+                kind: d.kind.as_str().to_string(),
+            })
+        })
+        .collect()
 }
