@@ -609,3 +609,82 @@ columns = { id = "integer", user = "text", amount = "real" }"#,
     eprintln!("status page screenshot: {}", shot.display());
     host.stop();
 }
+
+/// A batch that traps on one record runs many times (a retry, then
+/// bisection down to that record), yet `sluice logs` has each of its
+/// records' lines once: every `warn` line once, and the panic message of
+/// the record that became a dead letter once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bisected_batch_logs_each_records_lines_once() {
+    let topic = "obs-logs-bisect";
+    let dir = TempDir::new(topic);
+    let (host, port, db) = start_host(
+        &dir,
+        topic,
+        "chatty",
+        r#"name = "records"
+columns = { offset = "integer", value = "text" }"#,
+    );
+    // Partition 0: a warn every 7th record, one panic at its offset 100.
+    let records: Vec<Produce> = (0..400)
+        .map(|i| Produce {
+            partition: (i % 2) as i32,
+            key: None,
+            value: match (i % 2, i / 2) {
+                (0, 100) => "panic".to_string(),
+                (0, o) if o % 7 == 0 => "warn".to_string(),
+                _ => "quiet".to_string(),
+            },
+        })
+        .collect();
+    produce(shared_broker(), topic, &records);
+    scrape_when_caught_up(port, records.len());
+    let pool = sluice_tests::sqlite(&db).await;
+    let traps: Vec<(i64, String)> =
+        sqlx::query_as("SELECT \"offset\", reason FROM sluice_dead_letters WHERE kind = 'trap'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(traps.len(), 1, "{traps:?}");
+    assert_eq!(traps[0].0, 100);
+    assert!(
+        traps[0].1.contains("offset 100 says panic"),
+        "{}",
+        traps[0].1
+    );
+
+    let out = Command::new(sluice_bin())
+        .args([
+            "logs",
+            "--json",
+            "--url",
+            &format!("http://127.0.0.1:{port}"),
+        ])
+        .env("SLUICE_CONTROL_TOKEN", TOKEN)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Json> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let with = |text: &str| {
+        lines
+            .iter()
+            .filter(|l| l["message"].as_str().unwrap().contains(text))
+            .count()
+    };
+    for offset in (0..200).filter(|o| o % 7 == 0 && *o != 100) {
+        assert_eq!(
+            with(&format!("offset {offset} says warn")),
+            1,
+            "offset {offset}"
+        );
+    }
+    assert_eq!(with("offset 100 says panic"), 1, "{lines:#?}");
+    host.stop();
+}

@@ -20,6 +20,11 @@ pub trait Transform: Send + Sync + 'static {
     fn limits(&self) -> &Limits;
     /// Runs one whole batch in a fresh instance.
     fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError>;
+    /// Batch `batch_id` will not run again (its result is settled, or it
+    /// failed for good): a transform that holds something per batch (the
+    /// Wasm runtime holds a failed run's log lines until it knows whether
+    /// a retry repeats them) lets go of it now.
+    fn settle(&self, _batch_id: &str) {}
 }
 
 /// Why a batch did not produce output. Callers act on the variant.

@@ -97,7 +97,10 @@ impl<T: Transform> Preparer<T> {
     ) -> Result<Batch, PipelineError> {
         plan.settings = self.settings.clone();
         let transforming = Instant::now();
-        let (output, dead_letters) = self.transform_batch(&plan, &records)?;
+        let transformed = self.transform_batch(&plan, &records);
+        // Every run of the batch is done: each record's log lines once.
+        self.transform.settle(&plan.batch_id);
+        let (output, dead_letters) = transformed?;
         let output_digest = digest(&output, &dead_letters);
         Ok(Batch {
             plan,

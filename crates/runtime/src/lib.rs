@@ -13,6 +13,7 @@
 mod bindings;
 mod compile;
 mod follow;
+mod logs;
 mod memory_cap;
 mod module;
 mod validate;
@@ -21,6 +22,7 @@ mod wasi;
 pub use bindings::LogLevel;
 pub use compile::{WORKER_SUBCOMMAND, compile_in_child_processes, worker_main};
 pub use follow::StoreVersions;
+pub use logs::{KEPT_LOG_LINES, LogLine, LogPage};
 pub use module::{LoadedModule, ModuleError};
 pub use sluice_core::limits::{ENGINE, Limits, ReplaySettings};
 pub use sluice_core::transform::RunError;
@@ -31,18 +33,14 @@ use sluice_core::{batch, output};
 use crate::batch::{Plan, Records};
 use crate::output::Output;
 use bindings::{BatchState, sluice::plugin::types as wit};
-use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
 
 /// Linear memory kept resident between instances (zeroed, not unmapped).
 const KEEP_RESIDENT: usize = 64 << 20;
-
-/// Module log lines kept for `recent_logs` (the newest; older ones go).
-const KEPT_LOG_LINES: usize = 10_000;
 
 /// How often the epoch ticks; the batch deadline is counted in ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -53,40 +51,7 @@ pub struct Runtime {
     linker: Linker<BatchState>,
     limits: Limits,
     stop_ticker: Arc<AtomicBool>,
-    recent_logs: Mutex<KeptLogs>,
-}
-
-/// A line a module logged (through the `log` import, or printed to stdout
-/// or stderr), with the batch it ran.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogLine {
-    /// Its place among every line this runtime kept, from 1: a reader
-    /// asks for the lines after the last one it saw.
-    pub seq: u64,
-    pub batch_id: String,
-    pub level: LogLevel,
-    pub message: String,
-    /// When the host kept it (its wall clock: for people, not the module).
-    pub at_ms: i64,
-}
-
-/// The newest [`KEPT_LOG_LINES`] lines, and the number of the next one.
-#[derive(Default)]
-struct KeptLogs {
-    lines: VecDeque<LogLine>,
-    next_seq: u64,
-}
-
-/// Lines [`Runtime::logs_after`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogPage {
-    pub lines: Vec<LogLine>,
-    /// The newest line kept (0 before any): where a follower goes on from
-    /// when nothing matched.
-    pub last_seq: u64,
-    /// Lines after the asked-for one that are gone from the buffer (too
-    /// old), so a reader knows it missed some.
-    pub missed: u64,
+    logs: logs::ModuleLogs,
 }
 
 impl Drop for Runtime {
@@ -109,10 +74,7 @@ impl Runtime {
             linker,
             limits,
             stop_ticker,
-            recent_logs: Mutex::new(KeptLogs {
-                lines: VecDeque::new(),
-                next_seq: 1,
-            }),
+            logs: logs::ModuleLogs::default(),
         })
     }
 
@@ -180,69 +142,37 @@ impl Runtime {
         let result = instance.call_process(&mut store, ctx, batch);
         store.data_mut().collect_stdio();
         let logs = std::mem::take(&mut store.data_mut().logs);
-        self.keep_logs(&plan.batch_id, &logs);
-        match result {
-            Ok(Ok(out)) => {
-                let output = bindings::into_output(out, records.len())?;
+        let outcome = match result {
+            Ok(Ok(out)) => bindings::into_output(out, records.len()).and_then(|output| {
                 self.limits.check_output(&output)?;
                 Ok(output)
-            }
+            }),
             Ok(Err(e)) => Err(RunError::Declared {
                 message: e.message,
                 retryable: e.retryable,
             }),
             Err(e) => Err(with_panic_message(self.classify(&store, e), &logs)),
-        }
+        };
+        self.logs
+            .run(&plan.batch_id, records, logs, outcome.is_ok());
+        outcome
+    }
+
+    /// Batch `batch_id` will not run again (committed, dead-lettered or
+    /// failed for good): the lines of its last failed run are kept too.
+    pub fn settle_logs(&self, batch_id: &str) {
+        self.logs.settle(batch_id);
     }
 
     /// The newest module log lines (up to 10,000), oldest first.
     pub fn recent_logs(&self) -> Vec<LogLine> {
-        let kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
-        kept.lines.iter().cloned().collect()
+        self.logs.recent()
     }
 
     /// Up to `limit` kept lines after line `after` (0: from the oldest
     /// kept), of batch `batch` if given, oldest first.
     pub fn logs_after(&self, after: u64, batch: Option<&str>, limit: usize) -> LogPage {
-        let kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
-        let oldest = kept.lines.front().map_or(kept.next_seq, |l| l.seq);
-        let lines = kept
-            .lines
-            .iter()
-            .filter(|l| l.seq > after)
-            .filter(|l| batch.is_none_or(|b| l.batch_id == b))
-            .take(limit)
-            .cloned()
-            .collect();
-        LogPage {
-            lines,
-            last_seq: kept.next_seq - 1,
-            missed: oldest.saturating_sub(after + 1),
-        }
-    }
-
-    /// Emits a batch's log lines and keeps them for `recent_logs`.
-    fn keep_logs(&self, batch_id: &str, logs: &[bindings::ModuleLog]) {
-        if logs.is_empty() {
-            return;
-        }
-        let at_ms = crate::batch::now_ms();
-        let mut kept = self.recent_logs.lock().unwrap_or_else(|e| e.into_inner());
-        for line in logs {
-            emit(batch_id, line);
-            if kept.lines.len() == KEPT_LOG_LINES {
-                kept.lines.pop_front();
-            }
-            let seq = kept.next_seq;
-            kept.next_seq += 1;
-            kept.lines.push_back(LogLine {
-                seq,
-                batch_id: batch_id.to_string(),
-                level: line.level,
-                message: line.message.clone(),
-                at_ms,
-            });
-        }
+        self.logs.after(after, batch, limit)
     }
 
     fn init(
@@ -300,18 +230,6 @@ impl Runtime {
                     .to_string(),
             ),
         }
-    }
-}
-
-/// Re-emits a module's log line at its own level, marked as the module's.
-fn emit(batch_id: &str, line: &bindings::ModuleLog) {
-    use bindings::LogLevel;
-    let message = &line.message;
-    match line.level {
-        LogLevel::Debug => tracing::debug!(batch = %batch_id, "module: {message}"),
-        LogLevel::Info => tracing::info!(batch = %batch_id, "module: {message}"),
-        LogLevel::Warn => tracing::warn!(batch = %batch_id, "module: {message}"),
-        LogLevel::Error => tracing::error!(batch = %batch_id, "module: {message}"),
     }
 }
 
@@ -475,6 +393,10 @@ impl sluice_core::transform::Transform for WasmTransform {
     fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
         self.runtime.run(&self.module, &self.params, plan, records)
     }
+
+    fn settle(&self, batch_id: &str) {
+        self.runtime.settle_logs(batch_id);
+    }
 }
 
 #[cfg(test)]
@@ -527,45 +449,5 @@ mod trap_tests {
         let sdk = logs(&["panic: panicked at src/lib.rs:3:5:\npoison record at 37"]);
         assert!(trap_reason(&sdk).unwrap().ends_with("poison record at 37"));
         assert_eq!(trap_reason(&logs(&["hello", "Error count: 3 of 4"])), None);
-    }
-}
-
-#[cfg(test)]
-mod log_tests {
-    use super::bindings::{LogLevel, ModuleLog};
-    use super::{KEPT_LOG_LINES, Limits, Runtime};
-
-    fn line(message: String) -> ModuleLog {
-        ModuleLog {
-            level: LogLevel::Info,
-            message,
-        }
-    }
-
-    #[test]
-    fn kept_lines_are_numbered_filtered_by_batch_and_bounded() {
-        let runtime = Runtime::new(Limits::default()).unwrap();
-        let empty = runtime.logs_after(0, None, 10);
-        assert_eq!((empty.lines.len(), empty.last_seq, empty.missed), (0, 0, 0));
-        runtime.keep_logs("a", &[line("a1".into()), line("a2".into())]);
-        runtime.keep_logs("b", &[line("b1".into())]);
-        let all = runtime.logs_after(0, None, 10);
-        let seqs: Vec<u64> = all.lines.iter().map(|l| l.seq).collect();
-        assert_eq!(seqs, [1, 2, 3]);
-        assert_eq!(all.last_seq, 3);
-        let b = runtime.logs_after(0, Some("b"), 10);
-        assert_eq!(b.lines.len(), 1);
-        assert_eq!(b.lines[0].message, "b1");
-        let after = runtime.logs_after(1, None, 1);
-        assert_eq!(after.lines[0].message, "a2");
-        // Past the buffer: the oldest go, and a reader behind learns how
-        // many it missed.
-        let flood: Vec<ModuleLog> = (0..KEPT_LOG_LINES).map(|i| line(format!("c{i}"))).collect();
-        runtime.keep_logs("c", &flood);
-        let behind = runtime.logs_after(0, None, 5);
-        assert_eq!(behind.missed, 3);
-        assert_eq!(behind.lines[0].seq, 4);
-        assert_eq!(behind.last_seq, 3 + KEPT_LOG_LINES as u64);
-        assert_eq!(runtime.logs_after(2, None, 1).missed, 1);
     }
 }

@@ -1,7 +1,8 @@
 //! A transform that logs, for the host's tests of module logs: one info
 //! line per batch (`N records from OFFSET`), a warning for each record
-//! whose value is `warn`, an error line for each `error`; every record
-//! is echoed as a row of target `records` (offset, value).
+//! whose value is `warn`, an error line for each `error`; a record whose
+//! value is `panic` panics (a trap: the batch is bisected); every other
+//! record is echoed as a row of target `records` (offset, value).
 
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Transform, log};
 
@@ -23,6 +24,7 @@ impl Transform for Chatty {
             match value.as_ref() {
                 "warn" => log::warn(&format!("offset {} says warn", r.offset)),
                 "error" => log::error(&format!("offset {} says error", r.offset)),
+                "panic" => panic!("offset {} says panic", r.offset),
                 _ => {}
             }
             out.row(t).int(r.offset).text(&value);
