@@ -164,6 +164,11 @@ columns = { id = "integer", user = "text", amount = "real" }"#,
             lineage.0 as f64
         );
         assert_eq!(
+            of_pipeline("sluice_fuel_used_per_batch_count", &[]),
+            lineage.0 as f64
+        );
+        assert!(of_pipeline("sluice_fuel_used_per_batch_sum", &[]) > 0.0);
+        assert_eq!(
             of_pipeline("sluice_rows_out_total", &[r#"target="purchases""#]),
             rows as f64
         );
@@ -504,7 +509,7 @@ columns = { id = "integer", user = "text", amount = "real" }"#,
     );
     let records: Vec<Produce> = (0..1500)
         .map(|i| Produce {
-            partition: (i % 2) as i32,
+            partition: i % 2,
             key: None,
             value: if i % 10 == 3 {
                 format!("not json {i}")
@@ -628,7 +633,7 @@ columns = { offset = "integer", value = "text" }"#,
     // Partition 0: a warn every 7th record, one panic at its offset 100.
     let records: Vec<Produce> = (0..400)
         .map(|i| Produce {
-            partition: (i % 2) as i32,
+            partition: i % 2,
             key: None,
             value: match (i % 2, i / 2) {
                 (0, 100) => "panic".to_string(),

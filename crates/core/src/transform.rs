@@ -23,8 +23,12 @@ pub trait Transform: Send + Sync + 'static {
     /// Batch `batch_id` will not run again (its result is settled, or it
     /// failed for good): a transform that holds something per batch (the
     /// Wasm runtime holds a failed run's log lines until it knows whether
-    /// a retry repeats them) lets go of it now.
-    fn settle(&self, _batch_id: &str) {}
+    /// a retry repeats them) lets go of it now. Returns the fuel the
+    /// batch's runs used in all (retries and bisection included), if the
+    /// transform counts fuel.
+    fn settle(&self, _batch_id: &str) -> Option<u64> {
+        None
+    }
 }
 
 /// Why a batch did not produce output. Callers act on the variant.

@@ -497,14 +497,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             .map(PartitionStatus::of)
             .collect();
         let metrics = self.status.metrics();
-        metrics.committed(
-            records,
-            &batch.output,
-            &batch.dead_letters,
-            batch.read_ms,
-            batch.transform_ms,
-            commit_ms,
-        );
+        metrics.committed(batch, commit_ms);
         metrics.partitions(&partitions);
         let stats = self.stats.clone();
         let committed_at_ms = now_ms();

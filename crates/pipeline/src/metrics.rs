@@ -6,19 +6,21 @@
 //! It must not be read by the batch loop, nor do any I/O: encoding is
 //! text in memory, serving it is the control plane's.
 
-use crate::PartitionStatus;
+use crate::{Batch, PartitionStatus};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
-use sluice_core::output::Output;
-use sluice_core::sink::DeadLetter;
 use std::collections::HashMap;
 
 /// Histogram buckets for batch phases, in seconds: 1 ms to 2 min.
 const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 120.0,
 ];
+
+/// Histogram buckets for fuel per batch (wasmtime fuel units, about one
+/// per Wasm instruction): 100 thousand to 100 billion.
+const FUEL_BUCKETS: &[f64] = &[1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11];
 
 /// Every metric of one pipeline instance, in one registry.
 #[derive(Clone)]
@@ -32,6 +34,7 @@ pub struct Metrics {
     read_seconds: Histogram,
     transform_seconds: Histogram,
     commit_seconds: Histogram,
+    fuel_used: Histogram,
     fenced: IntCounter,
     commit_retries: IntCounter,
     swaps: IntCounter,
@@ -106,6 +109,14 @@ impl Metrics {
                 "sluice_commit_duration_seconds",
                 "Time committing a batch to the sink, retries included.",
             ),
+            fuel_used: Histogram::with_opts(
+                HistogramOpts::new(
+                    "sluice_fuel_used_per_batch",
+                    "Fuel a batch's module runs used, retries and bisection included (about one unit per Wasm instruction; the limit is limits.fuel_per_batch).",
+                )
+                .buckets(FUEL_BUCKETS.to_vec()),
+            )
+            .expect("valid histogram"),
             fenced: counter(
                 "sluice_fenced_commits_total",
                 "Commits refused because another owner moved the offsets first.",
@@ -150,7 +161,7 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 16] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 17] = [
             Box::new(self.records_in.clone()),
             Box::new(self.rows_out.clone()),
             Box::new(self.dead_letters.clone()),
@@ -159,6 +170,7 @@ impl Metrics {
             Box::new(self.read_seconds.clone()),
             Box::new(self.transform_seconds.clone()),
             Box::new(self.commit_seconds.clone()),
+            Box::new(self.fuel_used.clone()),
             Box::new(self.fenced.clone()),
             Box::new(self.commit_retries.clone()),
             Box::new(self.swaps.clone()),
@@ -176,29 +188,26 @@ impl Metrics {
     }
 
     /// A committed batch: its records, rows per target, dead letters per
-    /// kind and how long its phases took.
-    pub(crate) fn committed(
-        &self,
-        records: usize,
-        output: &Output,
-        dead_letters: &[DeadLetter],
-        read_ms: u64,
-        transform_ms: u64,
-        commit_ms: u64,
-    ) {
+    /// kind, how long its phases took (`commit_ms`: the commit's) and the
+    /// fuel it used.
+    pub(crate) fn committed(&self, batch: &Batch, commit_ms: u64) {
         self.batches.inc();
-        self.records_in.inc_by(records as u64);
-        for target in &output.targets {
+        if let Some(fuel) = batch.fuel_used {
+            self.fuel_used.observe(fuel as f64);
+        }
+        self.records_in.inc_by(batch.records.len() as u64);
+        for target in &batch.output.targets {
             self.rows_out
                 .with_label_values(&[target.target.as_str()])
                 .inc_by(u64::from(target.rows));
         }
-        for dead in dead_letters {
+        for dead in &batch.dead_letters {
             self.dead_letters
                 .with_label_values(&[dead.kind.as_str()])
                 .inc();
         }
         let s = |ms: u64| ms as f64 / 1000.0;
+        let (read_ms, transform_ms) = (batch.read_ms, batch.transform_ms);
         self.read_seconds.observe(s(read_ms));
         self.transform_seconds.observe(s(transform_ms));
         self.commit_seconds.observe(s(commit_ms));

@@ -36,6 +36,9 @@ pub struct Batch {
     pub read_ms: u64,
     /// Time spent in the transform (retries and bisection included).
     pub transform_ms: u64,
+    /// Fuel the transform's runs used (retries and bisection included), if
+    /// it counts fuel.
+    pub fuel_used: Option<u64>,
 }
 
 /// Plans and transforms batches of one pipeline.
@@ -99,7 +102,7 @@ impl<T: Transform> Preparer<T> {
         let transforming = Instant::now();
         let transformed = self.transform_batch(&plan, &records);
         // Every run of the batch is done: each record's log lines once.
-        self.transform.settle(&plan.batch_id);
+        let fuel_used = self.transform.settle(&plan.batch_id);
         let (output, dead_letters) = transformed?;
         let output_digest = digest(&output, &dead_letters);
         Ok(Batch {
@@ -110,6 +113,7 @@ impl<T: Transform> Preparer<T> {
             output_digest,
             read_ms,
             transform_ms: transforming.elapsed().as_millis() as u64,
+            fuel_used,
         })
     }
 

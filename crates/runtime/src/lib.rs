@@ -33,8 +33,9 @@ use sluice_core::{batch, output};
 use crate::batch::{Plan, Records};
 use crate::output::Output;
 use bindings::{BatchState, sluice::plugin::types as wit};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmtime::component::Linker;
 use wasmtime::{Config, Engine, Store, Trap};
@@ -52,7 +53,13 @@ pub struct Runtime {
     limits: Limits,
     stop_ticker: Arc<AtomicBool>,
     logs: logs::ModuleLogs,
+    /// Fuel used per batch id, summed over its runs until it settles.
+    fuel_used: Mutex<HashMap<String, u64>>,
 }
+
+/// Batches whose fuel is counted at once; beyond, the count starts over
+/// (a caller that never settles cannot grow it).
+const MAX_FUEL_COUNTS: usize = 64;
 
 impl Drop for Runtime {
     fn drop(&mut self) {
@@ -75,6 +82,7 @@ impl Runtime {
             limits,
             stop_ticker,
             logs: logs::ModuleLogs::default(),
+            fuel_used: Mutex::default(),
         })
     }
 
@@ -141,6 +149,7 @@ impl Runtime {
         let batch = bindings::record_batch(records, &slices);
         let result = instance.call_process(&mut store, ctx, batch);
         store.data_mut().collect_stdio();
+        self.count_fuel(&plan.batch_id, &store);
         let logs = std::mem::take(&mut store.data_mut().logs);
         let outcome = match result {
             Ok(Ok(out)) => bindings::into_output(out, records.len()).and_then(|output| {
@@ -160,8 +169,25 @@ impl Runtime {
 
     /// Batch `batch_id` will not run again (committed, dead-lettered or
     /// failed for good): the lines of its last failed run are kept too.
-    pub fn settle_logs(&self, batch_id: &str) {
+    /// Returns the fuel its runs used.
+    pub fn settle(&self, batch_id: &str) -> Option<u64> {
         self.logs.settle(batch_id);
+        self.fuel_counts().remove(batch_id)
+    }
+
+    fn fuel_counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
+        self.fuel_used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds what a run used of its store's fuel to its batch's count.
+    fn count_fuel(&self, batch_id: &str, store: &Store<BatchState>) {
+        let left = store.get_fuel().unwrap_or(0);
+        let used = self.limits.fuel_per_batch.saturating_sub(left);
+        let mut counts = self.fuel_counts();
+        if counts.len() >= MAX_FUEL_COUNTS && !counts.contains_key(batch_id) {
+            counts.clear();
+        }
+        *counts.entry(batch_id.to_string()).or_default() += used;
     }
 
     /// The newest module log lines (up to 10,000), oldest first.
@@ -394,8 +420,8 @@ impl sluice_core::transform::Transform for WasmTransform {
         self.runtime.run(&self.module, &self.params, plan, records)
     }
 
-    fn settle(&self, batch_id: &str) {
-        self.runtime.settle_logs(batch_id);
+    fn settle(&self, batch_id: &str) -> Option<u64> {
+        self.runtime.settle(batch_id)
     }
 }
 
