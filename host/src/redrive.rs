@@ -233,16 +233,14 @@ async fn active_preparer(
     Ok((version, preparer))
 }
 
-/// The dead letters by the batch that stored them, each group in
-/// (topic, partition, offset) order: one redrive batch each, so a redrive
-/// batch is never larger than a batch the pipeline ran.
+/// The dead letters by the batch that stored them: one redrive batch
+/// each, so a redrive batch is never larger than a batch the pipeline ran.
+/// Each group keeps the listing's (topic, partition, offset) order
+/// (`DeadLetterReader::list` gives it).
 fn by_batch(letters: Vec<StoredDeadLetter>) -> BTreeMap<String, Vec<StoredDeadLetter>> {
     let mut groups: BTreeMap<String, Vec<StoredDeadLetter>> = BTreeMap::new();
     for d in letters {
         groups.entry(d.batch_id.clone()).or_default().push(d);
-    }
-    for group in groups.values_mut() {
-        group.sort_by_key(StoredDeadLetter::key);
     }
     groups
 }
@@ -258,23 +256,16 @@ fn transform(
 ) -> Result<Batch, RedriveError> {
     let mut records = Records::default();
     let mut ranges: Vec<OffsetRange> = Vec::new();
-    let mut start = 0;
-    while start < letters.len() {
-        let (topic, partition) = (&letters[start].topic, letters[start].partition);
-        let end = start
-            + letters[start..]
-                .iter()
-                .take_while(|d| d.topic == *topic && d.partition == partition)
-                .count();
-        let owned: Vec<OwnedRecord> = letters[start..end].iter().map(owned_record).collect();
-        records.push_slice(topic, partition, &owned);
+    for run in letters.chunk_by(|a, b| (&a.topic, a.partition) == (&b.topic, b.partition)) {
+        let (first, last) = (&run[0], &run[run.len() - 1]);
+        let owned: Vec<OwnedRecord> = run.iter().map(owned_record).collect();
+        records.push_slice(&first.topic, first.partition, &owned);
         ranges.push(OffsetRange {
-            topic: topic.clone(),
-            partition,
-            from: letters[start].offset,
-            until: letters[end - 1].offset + 1,
+            topic: first.topic.clone(),
+            partition: first.partition,
+            from: first.offset,
+            until: last.offset + 1,
         });
-        start = end;
     }
     let module_digest = preparer.transform().module_digest().to_string();
     let batch_time_ms = letters[0].batch_time_ms.unwrap_or_else(now_ms);

@@ -473,6 +473,11 @@ pub async fn sqlite(path: &Path) -> sqlx::SqlitePool {
         .expect("open sqlite")
 }
 
+/// The one integer `sql` selects from `pool` (a count, a sum).
+pub async fn sqlite_count(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
 /// Asserts lineage rows form contiguous ranges per partition: each range
 /// starts where the previous one ended, with no overlap and no gap.
 pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {

@@ -11,7 +11,9 @@
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
 use sluice_tests::control::{Host, cli_ok, control_port, control_toml, sluice_ok};
-use sluice_tests::{Produce, TempDir, create_topic, plugin, produce, shared_broker, sluice_bin};
+use sluice_tests::{
+    Produce, TempDir, create_topic, plugin, produce, shared_broker, sluice_bin, sqlite_count,
+};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -48,13 +50,9 @@ columns = {{ n = "integer", partition = "integer", offset = "integer", timestamp
     path
 }
 
-async fn count(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-}
-
 /// Dead letters still stored from the pipeline's own batches.
 async fn first_run_dead_letters(pool: &sqlx::SqlitePool) -> i64 {
-    count(
+    sqlite_count(
         pool,
         "SELECT count(*) FROM sluice_dead_letters WHERE batch_id NOT LIKE 'redrive-%'",
     )
@@ -116,7 +114,7 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
 
     let pool = sluice_tests::sqlite(&dir.path().join("out.db")).await;
     let deadline = Instant::now() + Duration::from_secs(120);
-    while count(
+    while sqlite_count(
         &pool,
         "SELECT coalesce(sum(records_in), 0) FROM sluice_batches",
     )
@@ -129,7 +127,7 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
     let dead = NUMBERS / 5 + NOT_NUMBERS as i64;
     assert_eq!(first_run_dead_letters(&pool).await, dead);
     assert_eq!(
-        count(&pool, "SELECT count(*) FROM numbers").await,
+        sqlite_count(&pool, "SELECT count(*) FROM numbers").await,
         NUMBERS - NUMBERS / 5
     );
 
@@ -298,13 +296,16 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
     }
 
     // Every number exactly once, the redriven ones with their own time.
-    assert_eq!(count(&pool, "SELECT count(*) FROM numbers").await, NUMBERS);
     assert_eq!(
-        count(&pool, "SELECT count(DISTINCT n) FROM numbers").await,
+        sqlite_count(&pool, "SELECT count(*) FROM numbers").await,
         NUMBERS
     );
     assert_eq!(
-        count(
+        sqlite_count(&pool, "SELECT count(DISTINCT n) FROM numbers").await,
+        NUMBERS
+    );
+    assert_eq!(
+        sqlite_count(
             &pool,
             "SELECT count(*) FROM numbers WHERE n >= 0 AND n < 1200"
         )
@@ -332,7 +333,7 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
         assert_eq!(reason, "value is not a number");
     }
     assert_eq!(
-        count(
+        sqlite_count(
             &pool,
             "SELECT sum(rows_out) FROM sluice_batches WHERE batch_id LIKE 'redrive-%'"
         )
@@ -340,11 +341,11 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
         NUMBERS / 5
     );
     assert_eq!(
-        count(&pool, "SELECT sum(rows_out) FROM sluice_batches").await,
+        sqlite_count(&pool, "SELECT sum(rows_out) FROM sluice_batches").await,
         NUMBERS
     );
     assert_eq!(
-        count(
+        sqlite_count(
             &pool,
             "SELECT count(*) FROM sluice_batch_ranges WHERE batch_id LIKE 'redrive-%'"
         )

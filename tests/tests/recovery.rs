@@ -7,7 +7,7 @@
 //! Each test has its own topic, pipeline and SQLite file.
 
 use sluice_tests::control::{Host, Producer, sluice_ok};
-use sluice_tests::{TempDir, create_topic, identity_config, shared_broker};
+use sluice_tests::{TempDir, create_topic, identity_config, shared_broker, sqlite_count};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -133,10 +133,6 @@ fn a_partition_returning_to_its_former_owner_resumes_at_the_new_checkpoint() {
     first.stop();
 }
 
-async fn count(pool: &sqlx::SqlitePool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
-}
-
 /// `sluice reset`: a dry run changes nothing; one partition moved back to
 /// an offset is processed again from there (append rows come again), the
 /// old run's lineage moves to `PIPELINE@reset-1` and stays readable, and
@@ -152,7 +148,10 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     produce(shared_broker(), name, &numbered(name, 200, 2));
     run_ok(&config);
     let pool = sqlite(&dir.path().join("out.db")).await;
-    assert_eq!(count(&pool, "SELECT count(*) FROM records").await, 200);
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(*) FROM records").await,
+        200
+    );
 
     let dry = sluice_ok(&["reset", config_arg, "--to-earliest", "--dry-run"]);
     assert!(
@@ -166,7 +165,7 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     );
     let checkpoints = "SELECT sum(next_offset) FROM sluice_checkpoints";
     assert_eq!(
-        count(&pool, checkpoints).await,
+        sqlite_count(&pool, checkpoints).await,
         200,
         "a dry run changed checkpoints"
     );
@@ -193,7 +192,7 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
         );
     }
     assert_eq!(
-        count(&pool, checkpoints).await,
+        sqlite_count(&pool, checkpoints).await,
         200,
         "a refused reset changed checkpoints"
     );
@@ -214,8 +213,11 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     assert!(moved.contains(&format!("`{name}@reset-1`")), "{moved}");
     assert!(moved.contains("appended again"), "{moved}");
     run_ok(&config);
-    assert_eq!(count(&pool, "SELECT count(*) FROM records").await, 250);
-    let twice = count(
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(*) FROM records").await,
+        250
+    );
+    let twice = sqlite_count(
         &pool,
         "SELECT count(*) FROM (SELECT partition, \"offset\" FROM records \
          GROUP BY 1, 2 HAVING count(*) = 2)",
@@ -224,7 +226,7 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     assert_eq!(twice, 50, "partition 0 offsets 50..100 processed twice");
     let archived = format!("SELECT count(*) FROM sluice_batches WHERE pipeline = '{name}@reset-1'");
     assert!(
-        count(&pool, &archived).await >= 1,
+        sqlite_count(&pool, &archived).await >= 1,
         "the old run's lineage is kept"
     );
     let verified = sluice_ok(&["verify", config_arg]);
@@ -236,7 +238,7 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     sluice_ok(&["reset", config_arg, "--to-earliest"]);
     produce(shared_broker(), name, &numbered("late", 10, 2));
     let deadline = Instant::now() + Duration::from_secs(60);
-    while count(&pool, "SELECT count(*) FROM records").await < 250 + 210 {
+    while sqlite_count(&pool, "SELECT count(*) FROM records").await < 250 + 210 {
         assert!(
             Instant::now() < deadline,
             "not re-read after the reset:\n{}",
@@ -246,5 +248,8 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     }
     assert!(host.log().contains("fenced"), "{}", host.log());
     host.stop();
-    assert_eq!(count(&pool, "SELECT count(*) FROM records").await, 460);
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(*) FROM records").await,
+        460
+    );
 }

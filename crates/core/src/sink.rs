@@ -114,6 +114,17 @@ pub enum DeadLetterKind {
 }
 
 impl DeadLetterKind {
+    /// Every kind, in the order they are documented.
+    pub const ALL: [DeadLetterKind; 7] = [
+        DeadLetterKind::Rejected,
+        DeadLetterKind::Trap,
+        DeadLetterKind::Fuel,
+        DeadLetterKind::Memory,
+        DeadLetterKind::Deadline,
+        DeadLetterKind::NonFinite,
+        DeadLetterKind::Output,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DeadLetterKind::Rejected => "rejected",

@@ -237,4 +237,11 @@ impl Selection {
                 })
             })
     }
+
+    /// Keeps the newest `last` of `batches` (in commit order), if set.
+    pub fn keep_last(&self, batches: &mut Vec<CommittedBatch>) {
+        if let Some(last) = self.last {
+            batches.drain(..batches.len().saturating_sub(last));
+        }
+    }
 }

@@ -106,9 +106,7 @@ impl LineageStore for RedisLineage {
                 batches.push(batch);
             }
         }
-        if let Some(last) = selection.last {
-            batches.drain(..batches.len().saturating_sub(last));
-        }
+        selection.keep_last(&mut batches);
         Ok(batches)
     }
 }

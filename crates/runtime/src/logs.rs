@@ -101,16 +101,16 @@ impl ModuleLogs {
     /// `succeeded` or not (see the module header).
     pub fn run(&self, batch_id: &str, records: &Records, lines: Vec<ModuleLog>, succeeded: bool) {
         let mut state = self.state();
-        let mut repeated = None;
+        // The run's record ids, made only if a held run or this one needs them.
+        let mut covered = None;
         if let Some(at) = state.held.iter().position(|h| h.batch_id == batch_id) {
             let held = state.held.remove(at).expect("found");
-            let covered = ids(records);
-            match held.records.is_disjoint(&covered) {
-                true => state.keep(batch_id, &held.lines),
-                false => repeated = Some(held),
+            let covered = covered.insert(ids(records));
+            // A run over any of the same records repeats these lines: they go.
+            if held.records.is_disjoint(covered) {
+                state.keep(batch_id, &held.lines);
             }
         }
-        drop(repeated);
         match succeeded {
             true => state.keep(batch_id, &lines),
             false if lines.is_empty() => {}
@@ -121,17 +121,18 @@ impl ModuleLogs {
                 }
                 state.held.push_back(Held {
                     batch_id: batch_id.to_string(),
-                    records: ids(records),
+                    records: covered.unwrap_or_else(|| ids(records)),
                     lines,
                 });
             }
         }
     }
 
-    /// Batch `batch_id` will not run again: keeps the lines still held.
+    /// Batch `batch_id` will not run again: keeps the lines still held
+    /// (at most one run's: `run` replaces a batch's held lines).
     pub fn settle(&self, batch_id: &str) {
         let mut state = self.state();
-        while let Some(at) = state.held.iter().position(|h| h.batch_id == batch_id) {
+        if let Some(at) = state.held.iter().position(|h| h.batch_id == batch_id) {
             let held = state.held.remove(at).expect("found");
             state.keep(batch_id, &held.lines);
         }

@@ -80,10 +80,7 @@ impl LineageStore for SqlLineage {
                 batches.push(batch);
             }
         }
-        if let Some(last) = selection.last {
-            let skip = batches.len().saturating_sub(last);
-            batches.drain(..skip);
-        }
+        selection.keep_last(&mut batches);
         Ok(batches)
     }
 }

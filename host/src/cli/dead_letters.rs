@@ -9,6 +9,7 @@ use super::progress::Progress;
 use anyhow::Context;
 use sluice::batch::now_ms;
 use sluice_core::dead_letters::{DeadLetterFilter, RecordKey, StoredDeadLetter};
+use sluice_core::sink::DeadLetterKind;
 use std::path::PathBuf;
 
 #[derive(clap::Subcommand)]
@@ -103,21 +104,13 @@ impl FilterArgs {
     }
 }
 
-const KINDS: [&str; 7] = [
-    "rejected",
-    "trap",
-    "fuel",
-    "memory",
-    "deadline",
-    "non-finite",
-    "output",
-];
-
+/// `kind` if it names a dead-letter kind.
 fn checked_kind(kind: String) -> anyhow::Result<String> {
+    let kinds = DeadLetterKind::ALL.map(DeadLetterKind::as_str);
     anyhow::ensure!(
-        KINDS.contains(&kind.as_str()),
+        kinds.contains(&kind.as_str()),
         "--kind {kind:?}: expected one of {}",
-        KINDS.join(", ")
+        kinds.join(", ")
     );
     Ok(kind)
 }

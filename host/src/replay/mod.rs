@@ -122,10 +122,8 @@ impl Replayer {
         let before = batches.len();
         batches.retain(|b| !b.is_redrive());
         let redrives = before - batches.len();
-        if let Some(last) = selection.last {
-            let skip = batches.len().saturating_sub(last);
-            batches.drain(..skip);
-        }
+        // The newest replayable ones: redrives do not count.
+        selection.keep_last(&mut batches);
         Ok((batches, redrives))
     }
 
