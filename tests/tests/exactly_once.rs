@@ -254,6 +254,68 @@ async fn sigterm_drains_the_batch_in_flight() {
     assert_contiguous_lineage(&pool, "drain").await;
 }
 
+/// A batch whose partitions are all read to their log end is cut at once,
+/// not after `batch_interval_ms`: with an interval of a minute, a one-shot
+/// `--until-caught-up` run ends within seconds, and a running pipeline
+/// commits each of three waves of records long before the interval is up
+/// (the first by its poll, the later ones by the read-ahead after a
+/// commit), and SIGTERM does not wait for the poll under way either. What
+/// it commits is still exactly the input.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_at_its_end_does_not_hold_a_batch_back() {
+    const INTERVAL: Duration = Duration::from_secs(60);
+    let brokers = shared_broker();
+    let topic = "tail";
+    create_topic(brokers, topic, 2);
+    let dir = TempDir::new("tail");
+    let db = dir.path().join("tail.db");
+    let config = identity_config("tail", brokers, topic, &db, 10_000).replace(
+        "batch_interval_ms = 100",
+        &format!("batch_interval_ms = {}", INTERVAL.as_millis()),
+    );
+    let config = write_config(dir.path(), &config);
+    let sink = sinks::SinkDb::Sqlite(db.clone());
+
+    produce(brokers, topic, &numbered("tail-0", 50, 2));
+    let started = Instant::now();
+    run_ok(&config);
+    let one_shot = started.elapsed();
+    assert!(
+        one_shot < INTERVAL / 2,
+        "--until-caught-up took {one_shot:?}: the last batch waited for the interval"
+    );
+    assert_eq!(sink.committed_batches().await, 1, "one batch for the 50 records");
+
+    let mut child = Command::new(sluice_bin())
+        .arg("run")
+        .arg(&config)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let mut expected_rows = 50;
+    for wave in 1..=3 {
+        produce(brokers, topic, &numbered(&format!("tail-{wave}"), 20, 2));
+        expected_rows += 20;
+        let produced = Instant::now();
+        sluice_tests::control::wait_for_rows(&sink, expected_rows, INTERVAL / 2).await;
+        eprintln!("wave {wave}: committed {:?} after it was produced", produced.elapsed());
+    }
+    // A poll of up to a minute is under way: SIGTERM cuts it short.
+    let stopping = Instant::now();
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().expect("wait").success());
+    assert!(
+        stopping.elapsed() < INTERVAL / 2,
+        "SIGTERM took {:?}: it waited for the poll",
+        stopping.elapsed()
+    );
+    let pool = sqlite(&db).await;
+    assert_eq!(identity_rows(&pool).await, read_committed(brokers, topic, 2));
+    assert_contiguous_lineage(&pool, "tail").await;
+}
+
 /// Two instances of one pipeline split the partitions through the consumer
 /// group, hand them over when one stops, and together deliver every record
 /// exactly once.

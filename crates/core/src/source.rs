@@ -9,16 +9,19 @@
 
 use crate::batch::{OffsetRange, Records, TopicPartition};
 use crate::error::{Cause, prefixed};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
 /// What the batch loop reads from. Methods that wait run on a blocking
 /// thread, hence `Send + 'static`; none of them is async.
 pub trait Source: Send + 'static {
-    /// Reads for up to `wait` (less once `interrupt` is set), buffering
-    /// what it reads and following ownership changes.
-    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError>;
+    /// Reads for up to `wait`, buffering what it reads and following
+    /// ownership changes. It ends sooner once `signals.interrupt` is set,
+    /// and, once `signals.cut_at_end` is set, as soon as something waits to
+    /// be batched and every started partition has been read to its log
+    /// end; at once if the loop stops when caught up and it is.
+    fn poll(&mut self, wait: Duration, signals: &PollSignals) -> Result<(), SourceError>;
     /// Keeps ownership alive until `done` fires (or its sender is gone)
     /// while the loop waits on the sink; errors met meanwhile are reported
     /// by the next `poll`.
@@ -46,6 +49,52 @@ pub trait Source: Send + 'static {
     fn caught_up(&self) -> bool;
     /// Where each owned partition stands.
     fn progress(&self) -> Vec<PartitionProgress>;
+}
+
+/// What may end a [`Source::poll`] before its wait is up. The loop sets
+/// them from another thread while the poll runs.
+#[derive(Debug, Default)]
+pub struct PollSignals {
+    /// End the poll now: another version became active.
+    interrupt: AtomicBool,
+    /// Nothing else holds the next batch back (no commit is in flight), so
+    /// a batch whose partitions are all read to their log end is cut at
+    /// once: waiting out the interval could only add latency, never
+    /// records.
+    cut_at_end: AtomicBool,
+    /// The loop stops once caught up (`--until-caught-up`): a caught-up
+    /// source has nothing to wait for.
+    until_caught_up: bool,
+}
+
+impl PollSignals {
+    pub fn new(until_caught_up: bool) -> PollSignals {
+        PollSignals {
+            until_caught_up,
+            ..PollSignals::default()
+        }
+    }
+
+    pub fn interrupt(&self) {
+        self.interrupt.store(true, Ordering::Relaxed);
+    }
+
+    pub fn interrupted(&self) -> bool {
+        self.interrupt.load(Ordering::Relaxed)
+    }
+
+    /// From now on a batch read to the log end need not wait.
+    pub fn cut_at_end(&self) {
+        self.cut_at_end.store(true, Ordering::Relaxed);
+    }
+
+    pub fn cuts_at_end(&self) -> bool {
+        self.cut_at_end.load(Ordering::Relaxed)
+    }
+
+    pub fn until_caught_up(&self) -> bool {
+        self.until_caught_up
+    }
 }
 
 /// Why the source failed. Callers act on the variant.

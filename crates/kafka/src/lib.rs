@@ -27,9 +27,8 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-pub use sluice_core::source::{PartitionProgress, Source, SourceError};
+pub use sluice_core::source::{PartitionProgress, PollSignals, Source, SourceError};
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a broker may take to answer metadata, seek and watermark calls.
@@ -228,6 +227,24 @@ impl KafkaSource {
                 .is_some_and(|cap| self.partitions.values().map(waiting).sum::<i64>() >= cap)
     }
 
+    /// True if something waits to be batched and every started partition
+    /// has been read up to the log end its last fetch reported: waiting
+    /// longer could not add a record to the batch, only latency. A
+    /// partition with an open transaction stops short of the log end (at
+    /// the last stable offset), so it waits out the interval as before.
+    fn read_to_end(&mut self) -> Result<bool, SourceError> {
+        let started = || self.partitions.values().filter(|s| s.next.is_some());
+        if !started().any(|s| !s.buffer.is_empty()) {
+            return Ok(false);
+        }
+        // Moves the positions past transaction markers at the end.
+        self.refresh_positions()?;
+        Ok(self.partitions.iter().all(|(tp, s)| {
+            s.next.is_none()
+                || cached_watermarks(&self.consumer, tp).is_some_and(|(_, high)| s.position >= high)
+        }))
+    }
+
     /// Folds in the consumer's position, which also moves past transaction
     /// markers and aborted records that never reach us as messages.
     fn refresh_positions(&mut self) -> Result<(), SourceError> {
@@ -318,12 +335,14 @@ impl KafkaSource {
 
 /// How the batch loop reads Kafka (the core's `Source` trait).
 impl Source for KafkaSource {
-    /// Reads for up to `wait` (less once some partition has a full batch,
-    /// ownership changed, or, within ~50 ms, once `interrupt` is set).
-    /// Newly assigned partitions stay paused until
-    /// [`KafkaSource::start_partitions`] gives their checkpoint; see
+    /// Reads for up to `wait`: less once some partition has a full batch,
+    /// ownership changed, within ~50 ms of `signals.interrupt`, or (with
+    /// `signals.cut_at_end`) once what waits is read to the log end (see
+    /// [`KafkaSource::read_to_end`]), or, if the loop stops when caught up,
+    /// once it is. Newly assigned partitions stay paused
+    /// until [`KafkaSource::start_partitions`] gives their checkpoint; see
     /// [`KafkaSource::unstarted`].
-    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
+    fn poll(&mut self, wait: Duration, signals: &PollSignals) -> Result<(), SourceError> {
         if let Some(e) = self.held_error.take() {
             return Err(e);
         }
@@ -331,12 +350,16 @@ impl Source for KafkaSource {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let mut wait = left.min(Duration::from_millis(50));
+            let mut drained = false;
             // Drain what is queued without reading the clock per message.
             for _ in 0..DRAIN_PER_CLOCK_CHECK {
                 match self.consumer.poll(wait) {
                     Some(Ok(m)) => buffer(&mut self.partitions, &m),
                     Some(Err(e)) => self.on_error(e)?,
-                    None => break,
+                    None => {
+                        drained = true;
+                        break;
+                    }
                 }
                 wait = Duration::ZERO;
             }
@@ -344,7 +367,9 @@ impl Source for KafkaSource {
             if Instant::now() >= deadline
                 || self.some_batch_full()
                 || ownership_changed
-                || interrupt.load(Ordering::Relaxed)
+                || signals.interrupted()
+                || (drained && signals.cuts_at_end() && self.read_to_end()?)
+                || (signals.until_caught_up() && self.caught_up())
             {
                 break;
             }

@@ -1,7 +1,14 @@
 //! Reading given offset ranges again (for `verify` and `shadow`): assigns
-//! the partitions at each range's `from` with the same `read_committed`
-//! settings as the pipeline and collects records until the consumer's
-//! position has passed each range's `until`.
+//! the partitions with the same `read_committed` settings as the pipeline
+//! and collects records until the consumer's position has passed each
+//! range's `until`.
+//!
+//! Committed batches follow each other per partition (one's `until` is the
+//! next one's `from`), so the reader reads forward: a partition is sought
+//! only when a range does not start where the last one read ended, and what
+//! a fetch brought beyond a range is kept for the next. A partition read
+//! past its range is paused, so at most one fetch per partition is kept
+//! beyond what was asked for.
 //!
 //! It must not join the pipeline's consumer group or commit anything: it is
 //! a read-only replay beside a running pipeline.
@@ -10,17 +17,65 @@ use super::{BROKER_TIMEOUT, SourceError, client_config, owned};
 use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
 use crate::config::SourceConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// How long one batch's ranges may take to read back.
 const READ_LIMIT: Duration = Duration::from_secs(60);
 
+/// How long one poll waits when librdkafka has nothing queued.
+const POLL_WAIT: Duration = Duration::from_millis(100);
+
+/// Messages taken from librdkafka's queue between two looks at whether the
+/// ranges are read.
+const DRAIN_PER_CHECK: usize = 512;
+
+/// Where the reader stands in one assigned partition.
+#[derive(Debug)]
+struct Cursor {
+    /// Every offset below this has been delivered (records, or markers and
+    /// aborted records the consumer skipped).
+    position: i64,
+    /// Every record in `[kept_from, position)`, in offset order.
+    kept_from: i64,
+    buffer: VecDeque<OwnedRecord>,
+    paused: bool,
+}
+
+impl Cursor {
+    fn at(offset: i64) -> Cursor {
+        Cursor {
+            position: offset,
+            kept_from: offset,
+            buffer: VecDeque::new(),
+            paused: false,
+        }
+    }
+
+    /// True if what was read covers a range starting at `from`.
+    fn covers(&self, from: i64) -> bool {
+        self.kept_from <= from && from <= self.position
+    }
+
+    /// Forgets the records below `offset`.
+    fn drop_below(&mut self, offset: i64) {
+        while self.buffer.front().is_some_and(|m| m.offset < offset) {
+            self.buffer.pop_front();
+        }
+        self.kept_from = self.kept_from.max(offset);
+    }
+}
+
 /// A consumer for replaying committed ranges.
 pub struct RangeReader {
     consumer: BaseConsumer,
+    cursors: BTreeMap<TopicPartition, Cursor>,
+    /// The last ranges read and their records: `shadow` reads each batch
+    /// twice (recorded and candidate version).
+    last: Option<(Vec<OffsetRange>, Records)>,
 }
 
 impl RangeReader {
@@ -36,20 +91,95 @@ impl RangeReader {
                 brokers: config.brokers.clone(),
                 message: e.to_string(),
             })?;
-        Ok(RangeReader { consumer })
+        Ok(RangeReader {
+            consumer,
+            cursors: BTreeMap::new(),
+            last: None,
+        })
     }
 
     /// The records of `ranges` (in that order), as the pipeline read them.
-    pub fn read(&self, ranges: &[OffsetRange]) -> Result<Records, SourceError> {
-        let mut tpl = TopicPartitionList::new();
-        for r in ranges {
-            tpl.add_partition_offset(&r.topic, r.partition, Offset::Offset(r.from))
-                .map_err(|e| SourceError::kafka("", e))?;
+    pub fn read(&mut self, ranges: &[OffsetRange]) -> Result<Records, SourceError> {
+        if let Some((last, records)) = &self.last
+            && last == ranges
+        {
+            return Ok(records.clone());
         }
-        self.consumer
-            .assign(&tpl)
-            .map_err(|e| SourceError::kafka("", e))?;
-        let mut read: BTreeMap<TopicPartition, Vec<OwnedRecord>> = BTreeMap::new();
+        self.position_at(ranges)?;
+        self.read_until(ranges)?;
+        let mut records = Records::default();
+        for r in ranges {
+            let cursor = self.cursors.get(&r.topic_partition()).expect("positioned");
+            let chosen = cursor
+                .buffer
+                .iter()
+                .filter(|m| m.offset >= r.from && m.offset < r.until);
+            records.push_slice(&r.topic, r.partition, chosen);
+        }
+        for r in ranges {
+            let cursor = self.cursors.get_mut(&r.topic_partition()).expect("positioned");
+            cursor.drop_below(r.until);
+        }
+        self.last = Some((ranges.to_vec(), records.clone()));
+        Ok(records)
+    }
+
+    /// Makes every range's partition read from its `from`: kept as it is
+    /// where what was read covers it, assigned or sought where not.
+    fn position_at(&mut self, ranges: &[OffsetRange]) -> Result<(), SourceError> {
+        let kafka = |e: KafkaError| SourceError::kafka("", e);
+        let cursors = &mut self.cursors;
+        let mut seeks = TopicPartitionList::new();
+        let mut new = false;
+        for r in ranges {
+            let tp = r.topic_partition();
+            match cursors.get_mut(&tp) {
+                Some(c) if c.covers(r.from) => c.drop_below(r.from),
+                Some(c) => {
+                    *c = Cursor::at(r.from);
+                    seeks
+                        .add_partition_offset(&r.topic, r.partition, Offset::Offset(r.from))
+                        .map_err(kafka)?;
+                }
+                None => {
+                    cursors.insert(tp, Cursor::at(r.from));
+                    new = true;
+                }
+            }
+        }
+        if new {
+            // Assigning again moves every partition to where its cursor
+            // stands, so what was kept stays contiguous.
+            let mut all = TopicPartitionList::new();
+            for (tp, c) in cursors.iter_mut() {
+                all.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(c.position))
+                    .map_err(kafka)?;
+                c.paused = false;
+            }
+            self.consumer.assign(&all).map_err(kafka)?;
+            // Pausing outlives an assignment in librdkafka.
+            self.consumer.resume(&all).map_err(kafka)?;
+        } else if seeks.count() > 0 {
+            self.consumer
+                .seek_partitions(seeks, BROKER_TIMEOUT)
+                .map_err(|e| SourceError::kafka("seek to a batch's ranges", e))?;
+        }
+        let mut resume = TopicPartitionList::new();
+        for r in ranges {
+            let c = cursors.get_mut(&r.topic_partition()).expect("inserted above");
+            if c.paused && c.position < r.until {
+                c.paused = false;
+                resume.add_partition(&r.topic, r.partition);
+            }
+        }
+        if resume.count() > 0 {
+            self.consumer.resume(&resume).map_err(kafka)?;
+        }
+        Ok(())
+    }
+
+    /// Polls until every range's partition has been read past its `until`.
+    fn read_until(&mut self, ranges: &[OffsetRange]) -> Result<(), SourceError> {
         let deadline = Instant::now() + READ_LIMIT;
         while !self.all_read(ranges)? {
             if Instant::now() > deadline {
@@ -58,41 +188,92 @@ impl RangeReader {
                     crate::batch::describe(ranges)
                 )));
             }
-            match self.consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => {
-                    let tp = TopicPartition {
-                        topic: m.topic().to_string(),
-                        partition: m.partition(),
-                    };
-                    read.entry(tp).or_default().push(owned(&m));
+            let mut wait = POLL_WAIT;
+            'drain: loop {
+                for _ in 0..DRAIN_PER_CHECK {
+                    match self.consumer.poll(wait) {
+                        Some(Ok(m)) => keep(&mut self.cursors, &m),
+                        Some(Err(e)) => return Err(SourceError::kafka("", e)),
+                        None => break 'drain,
+                    }
+                    wait = Duration::ZERO;
                 }
-                Some(Err(e)) => return Err(SourceError::kafka("", e)),
-                None => {}
+                if self.all_read_by_records(ranges) {
+                    break;
+                }
             }
         }
-        let mut records = Records::default();
-        for r in ranges {
-            let chosen = read
-                .get(&r.topic_partition())
-                .into_iter()
-                .flatten()
-                .filter(|m| m.offset >= r.from && m.offset < r.until);
-            records.push_slice(&r.topic, r.partition, chosen);
-        }
-        Ok(records)
+        Ok(())
     }
 
-    /// True once the consumer's position is at or past every `until`.
-    fn all_read(&self, ranges: &[OffsetRange]) -> Result<bool, SourceError> {
+    /// True once every range's records have arrived, by their offsets alone
+    /// (cheap: checked per message; a range ending in markers needs
+    /// [`RangeReader::all_read`]).
+    fn all_read_by_records(&self, ranges: &[OffsetRange]) -> bool {
+        ranges.iter().all(|r| {
+            self.cursors
+                .iter()
+                .find(|(tp, _)| tp.partition == r.partition && tp.topic == r.topic)
+                .is_some_and(|(_, c)| c.position >= r.until)
+        })
+    }
+
+    /// Folds in the consumer's positions (which pass transaction markers
+    /// and aborted records), pauses the partitions read past their range
+    /// (or in none), and says whether every range is read.
+    fn all_read(&mut self, ranges: &[OffsetRange]) -> Result<bool, SourceError> {
         let positions = self
             .consumer
             .position()
             .map_err(|e| SourceError::kafka("", e))?;
-        Ok(ranges.iter().all(|r| {
-            positions
-                .find_partition(&r.topic, r.partition)
-                .and_then(|e| e.offset().to_raw())
-                .is_some_and(|p| p >= r.until)
-        }))
+        for (tp, c) in self.cursors.iter_mut() {
+            let reported = positions
+                .find_partition(&tp.topic, tp.partition)
+                .and_then(|e| e.offset().to_raw());
+            if let Some(p) = reported.filter(|&p| p >= 0) {
+                c.position = c.position.max(p);
+            }
+        }
+        let mut pause = TopicPartitionList::new();
+        let mut done = true;
+        for (tp, c) in self.cursors.iter_mut() {
+            let until = ranges
+                .iter()
+                .find(|r| r.partition == tp.partition && r.topic == tp.topic)
+                .map(|r| r.until);
+            if until.is_some_and(|until| c.position < until) {
+                done = false;
+            } else if !c.paused {
+                c.paused = true;
+                pause.add_partition(&tp.topic, tp.partition);
+            }
+        }
+        if pause.count() > 0 {
+            self.consumer
+                .pause(&pause)
+                .map_err(|e| SourceError::kafka("", e))?;
+        }
+        Ok(done)
     }
+}
+
+/// Buffers a fetched record in its partition's cursor.
+fn keep(
+    cursors: &mut BTreeMap<TopicPartition, Cursor>,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) {
+    let tp = TopicPartition {
+        topic: m.topic().to_string(),
+        partition: m.partition(),
+    };
+    let Some(c) = cursors.get_mut(&tp) else {
+        return;
+    };
+    // Fetched before a seek: librdkafka drops those, this only guards the
+    // buffer's order.
+    if m.offset() < c.position {
+        return;
+    }
+    c.buffer.push_back(owned(m));
+    c.position = m.offset() + 1;
 }

@@ -40,13 +40,12 @@ use crate::batch::{OffsetRange, Plan, TopicPartition, describe, now_ms};
 use crate::config::OnPoison;
 use sluice_core::error::Chain;
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
-use sluice_core::source::{Source, SourceError};
+use sluice_core::source::{PollSignals, Source, SourceError};
 use sluice_core::transform::{RunError, Transform};
 use sluice_core::versions::{Swap, VersionError, Versions};
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
@@ -105,6 +104,9 @@ pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
     preparer: Arc<Preparer<V::Transform>>,
     stats: RunStats,
     status: StatusBoard,
+    /// The token `run` was given: it also cuts a poll short, so a long
+    /// `batch_interval` does not delay shutdown.
+    shutdown: CancellationToken,
 }
 
 /// The outcome of reading ahead during a commit: how long the poll took and
@@ -137,6 +139,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             preparer: Arc::new(preparer),
             stats: RunStats::default(),
             status,
+            shutdown: CancellationToken::new(),
         };
         pipeline.publish_version();
         pipeline
@@ -179,6 +182,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     /// already prepared, are committed first) or, with `until_caught_up`,
     /// until caught up.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
+        self.shutdown = shutdown.clone();
         let started = Instant::now();
         let mut warned_unassigned = false;
         loop {
@@ -280,13 +284,14 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     }
 
     /// Reads from Kafka for up to one batch interval (less if another
-    /// version becomes active meanwhile); returns its duration.
+    /// version becomes active meanwhile, or once what waits is read to the
+    /// log end); returns its duration.
     async fn poll(&mut self) -> Result<u64, PipelineError> {
         let wait = self.options.batch_interval;
         let source = self.source.take().expect("source present");
-        let poll = move |source: &mut Src, interrupt: &AtomicBool| {
+        let poll = move |source: &mut Src, signals: &PollSignals| {
             let polling = Instant::now();
-            let polled = source.poll(wait, interrupt);
+            let polled = source.poll(wait, signals);
             (polled, polling.elapsed().as_millis() as u64)
         };
         let (source, (polled, poll_ms), (), swap) =
@@ -298,34 +303,37 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     }
 
     /// Runs `work` on `source` on a blocking thread while `alongside` runs
-    /// here and the active version is watched; a version found sets the flag
-    /// `work` gets (so a poll can end early) and is returned for the next
-    /// batch boundary. If `work` ends first, the thread holds the source's
+    /// here and the active version is watched; a version found interrupts
+    /// `work`'s poll and is returned for the next batch boundary. Once
+    /// `alongside` is done nothing holds the next batch back, so `work`'s
+    /// poll may cut it as soon as it has read to the log end. If `work`
+    /// ends first, the thread holds the source's
     /// group membership (`Source::hold`) until `alongside` is done, so
     /// a commit retrying through a long sink outage does not get this
     /// instance thrown out of the group.
     async fn on_source_watching<R: Send + 'static, F: Future>(
         &self,
         mut source: Src,
-        work: impl FnOnce(&mut Src, &AtomicBool) -> R + Send + 'static,
+        work: impl FnOnce(&mut Src, &PollSignals) -> R + Send + 'static,
         alongside: F,
     ) -> (Src, R, F::Output, Option<Swap<V::Transform>>) {
-        let swap_ready = Arc::new(AtomicBool::new(false));
-        let interrupt = Arc::clone(&swap_ready);
+        let signals = Arc::new(PollSignals::new(self.options.until_caught_up));
+        let work_signals = Arc::clone(&signals);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let (alongside_done, hold_until) = std::sync::mpsc::channel();
         let working = tokio::task::spawn_blocking(move || {
-            let result = work(&mut source, &interrupt);
+            let result = work(&mut source, &work_signals);
             let _ = done_tx.send(());
             source.hold(&hold_until);
             (source, result)
         });
         let alongside = async {
             let output = alongside.await;
+            signals.cut_at_end();
             let _ = alongside_done.send(());
             output
         };
-        let (alongside, swap) = tokio::join!(alongside, self.watch_versions(done_rx, &swap_ready));
+        let (alongside, swap) = tokio::join!(alongside, self.watch_versions(done_rx, &signals));
         let (source, result) = working.await.expect("source task");
         (source, result, alongside, swap)
     }
@@ -404,8 +412,8 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         };
         let committing = Instant::now();
         let source = self.source.take().expect("source present");
-        let read_next = move |source: &mut Src, interrupt: &AtomicBool| {
-            prepare_next.then(|| read_ahead(source, &preparer, wait, interrupt))
+        let read_next = move |source: &mut Src, signals: &PollSignals| {
+            prepare_next.then(|| read_ahead(source, &preparer, wait, signals))
         };
         let committed = async {
             let committed = self.commit(&commit).await;
@@ -435,25 +443,30 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     /// While a commit and the read-ahead run: asks for the active version
     /// every quarter batch interval (once the last ask is that old) until
     /// the read-ahead is `done`; a newer version is loaded here and
-    /// `swap_ready` cuts the read-ahead's poll short.
+    /// interrupts the read-ahead's poll, and so does shutdown.
     async fn watch_versions(
         &self,
         mut done: tokio::sync::oneshot::Receiver<()>,
-        swap_ready: &AtomicBool,
+        signals: &PollSignals,
     ) -> Option<Swap<V::Transform>> {
         let every = self.options.batch_interval / 4;
         let mut asked = self.version_checked.get();
         loop {
             let next = asked + every;
+            let stopping = signals.interrupted();
             tokio::select! {
                 _ = &mut done => return None,
-                _ = tokio::time::sleep_until(next.into()) => {}
+                _ = self.shutdown.cancelled(), if !stopping => {
+                    signals.interrupt();
+                    continue;
+                }
+                _ = tokio::time::sleep_until(next.into()), if !stopping => {}
             }
             asked = Instant::now();
             self.version_checked.set(asked);
             match self.versions.newer(self.preparer.transform()).await {
                 Ok(Some(swap)) => {
-                    swap_ready.store(true, Ordering::Relaxed);
+                    signals.interrupt();
                     return Some(swap);
                 }
                 Ok(None) => {}
@@ -606,16 +619,17 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     }
 }
 
-/// Polls for up to `wait`, then plans and prepares the next batch from what
-/// is buffered (runs on the blocking thread during a commit).
+/// Polls for up to `wait` (or, once the commit is done, until read to the
+/// log end), then plans and prepares the next batch from what is buffered
+/// (runs on the blocking thread during a commit).
 fn read_ahead<T: Transform>(
     source: &mut impl Source,
     preparer: &Preparer<T>,
     wait: Duration,
-    interrupt: &AtomicBool,
+    signals: &PollSignals,
 ) -> Ahead {
     let polling = Instant::now();
-    let polled = source.poll(wait, interrupt);
+    let polled = source.poll(wait, signals);
     let poll_ms = polling.elapsed().as_millis() as u64;
     let batch = polled.map_err(PipelineError::from).and_then(|()| {
         let ranges = source.plan_ranges();

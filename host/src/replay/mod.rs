@@ -209,7 +209,7 @@ impl Replayer {
                 ),
             });
         }
-        let reader = &self.reader;
+        let reader = &mut self.reader;
         let records = tokio::task::block_in_place(|| reader.read(&plan.ranges))?;
         tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0)).map_err(
             |cause| ReplayError::Transform {

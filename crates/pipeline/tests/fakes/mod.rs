@@ -14,11 +14,10 @@ use sluice_core::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition
 use sluice_core::limits::Limits;
 use sluice_core::output::{Column, ColumnData, Output, TargetRows};
 use sluice_core::sink::{Commit, CommitOutcome, DeadLetterKind, Sink, SinkError};
-use sluice_core::source::{PartitionProgress, Source, SourceError};
+use sluice_core::source::{PartitionProgress, PollSignals, Source, SourceError};
 use sluice_core::transform::{RunError, Transform};
 use sluice_core::versions::{Swap, VersionError, Versions};
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -153,7 +152,7 @@ impl MemorySource {
 }
 
 impl Source for MemorySource {
-    fn poll(&mut self, wait: Duration, interrupt: &AtomicBool) -> Result<(), SourceError> {
+    fn poll(&mut self, wait: Duration, signals: &PollSignals) -> Result<(), SourceError> {
         self.apply_ownership_changes();
         let mut read = false;
         for (t, state) in self.owned.iter_mut() {
@@ -167,7 +166,7 @@ impl Source for MemorySource {
         }
         if !read {
             let until = std::time::Instant::now() + wait.min(Duration::from_millis(20));
-            while std::time::Instant::now() < until && !interrupt.load(Ordering::Relaxed) {
+            while std::time::Instant::now() < until && !signals.interrupted() {
                 std::thread::sleep(Duration::from_millis(2));
             }
         }

@@ -1,0 +1,293 @@
+//! End-to-end latency and memory of a running pipeline, under a steady
+//! producer at half the pipeline's own maximum rate (measured first in the
+//! same run, over a backlog): Kafka -> Wasm (identity) -> SQLite,
+//! exactly-once.
+//!
+//! Latency is per record, from the time the producer stamped into its value
+//! (just before sending it) to its batch's `committed_at_ms` in the lineage
+//! (written in the commit's transaction, so the row is visible a COMMIT
+//! later). It is measured with the default `batch_interval_ms` (200) and
+//! with a low-latency one (10), after a warm-up; p50, p99 and max are
+//! printed with the batches' median commit time. With `soak SECONDS` it
+//! instead runs the default config for that long and samples the host's
+//! RSS every 5 s: the first minute is warm-up, the rest must stay flat.
+//!
+//! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
+//!       -p sluice-tests --bin bench-latency && target/release/bench-latency [soak SECONDS]`
+
+use rdkafka::producer::Producer;
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+const PARTITIONS: i32 = 4;
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+fn config(brokers: &str, topic: &str, db: &Path, interval_ms: u64) -> String {
+    format!(
+        r#"
+pipeline = "latency"
+
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+batch_interval_ms = {interval_ms}
+
+[module]
+path = "{module}"
+
+[sink]
+url = "sqlite://{db}"
+
+[[sink.targets]]
+name = "records"
+columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
+"#,
+        module = plugin("identity").display(),
+        db = db.display(),
+    )
+}
+
+/// Produces `rate` records/s (in 1 ms ticks) until `stop`; each value
+/// carries its send time in ms. Returns how many were sent.
+fn steady_producer(
+    brokers: String,
+    topic: String,
+    rate: u64,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let p = producer(&brokers, None);
+        let started = Instant::now();
+        let mut sent = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let due = started.elapsed().as_micros() as u64 * rate / 1_000_000;
+            while sent < due {
+                let r = Produce {
+                    partition: (sent % PARTITIONS as u64) as i32,
+                    key: Some(format!("key-{sent:08}")),
+                    value: format!(
+                        r#"{{"id":{sent},"t":{},"event":"purchase","pad":"xxxxxxxxxxxxxxxx"}}"#,
+                        now_ms()
+                    ),
+                };
+                send(&p, &topic, &r);
+                sent += 1;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        p.flush(Duration::from_secs(60)).expect("flush");
+        sent
+    })
+}
+
+fn start_sluice(config: &Path) -> Child {
+    Command::new(sluice_bin())
+        .arg("run")
+        .arg(config)
+        .env("SLUICE_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn sluice")
+}
+
+fn stop(child: &mut Child) {
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().expect("wait sluice");
+    assert!(status.success(), "sluice exited with {status}");
+}
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+async fn wait_for_rows(pool: &sqlx::SqlitePool, rows: i64, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    loop {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM records")
+            .fetch_one(pool)
+            .await
+            .unwrap_or(0);
+        if n >= rows {
+            return;
+        }
+        assert!(Instant::now() < deadline, "only {n} of {rows} rows arrived");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The maximum rate: the steady state of the same pipeline over a backlog.
+async fn max_rate(brokers: &str, dir: &Path) -> f64 {
+    let topic = "backlog";
+    create_topic(brokers, topic, PARTITIONS);
+    produce(brokers, topic, &bench::purchase_events(400_000, PARTITIONS));
+    let db = dir.join("backlog.db");
+    let path = dir.join("backlog.toml");
+    std::fs::write(&path, config(brokers, topic, &db, 200)).expect("config");
+    let run = run_measured(&path, "warn");
+    assert!(run.success, "{}", run.log);
+    bench::lineage_rate(&sinks::SinkDb::Sqlite(db)).await.0
+}
+
+struct Latencies {
+    p50: i64,
+    p99: i64,
+    max: i64,
+    commit_ms: i64,
+    records: usize,
+}
+
+/// Per record: lineage commit time minus the producer's stamp, for the
+/// records with `id >= warm_up`.
+async fn latencies(pool: &sqlx::SqlitePool, warm_up: u64) -> Latencies {
+    let ranges: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT g.partition, g.from_offset, b.committed_at_ms, b.committed_at_ms - b.batch_time_ms \
+         FROM sluice_batch_ranges g JOIN sluice_batches b \
+         ON b.pipeline = g.pipeline AND b.batch_id = g.batch_id",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("lineage");
+    let mut by_partition: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
+    let mut commit_times = Vec::new();
+    for (p, from, at, took) in ranges {
+        by_partition.entry(p).or_default().insert(from, at);
+        commit_times.push(took);
+    }
+    let rows: Vec<(i64, i64, Vec<u8>)> =
+        sqlx::query_as("SELECT partition, \"offset\", value FROM records")
+            .fetch_all(pool)
+            .await
+            .expect("records");
+    let mut lat = Vec::new();
+    for (p, offset, value) in rows {
+        let v: serde_json::Value = serde_json::from_slice(&value).expect("json value");
+        if v["id"].as_u64().expect("id") < warm_up {
+            continue;
+        }
+        let sent = v["t"].as_i64().expect("t");
+        let (_, committed) = by_partition[&p].range(..=offset).next_back().expect("its batch");
+        lat.push(committed - sent);
+    }
+    lat.sort_unstable();
+    commit_times.sort_unstable();
+    let at = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    Latencies {
+        p50: at(0.50),
+        p99: at(0.99),
+        max: *lat.last().expect("records"),
+        commit_ms: commit_times[commit_times.len() / 2],
+        records: lat.len(),
+    }
+}
+
+/// Runs `interval_ms`'s pipeline under `rate` for `seconds` (the first
+/// quarter is warm-up), sampling RSS every 5 s; returns latencies and the
+/// RSS samples after the first minute.
+async fn steady_run(
+    brokers: &str,
+    dir: &Path,
+    name: &str,
+    interval_ms: u64,
+    rate: u64,
+    seconds: u64,
+) -> (Latencies, Vec<f64>) {
+    let topic = format!("steady-{name}");
+    create_topic(brokers, &topic, PARTITIONS);
+    let db = dir.join(format!("{name}.db"));
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, config(brokers, &topic, &db, interval_ms)).expect("config");
+    let mut child = start_sluice(&path);
+    // Joined and reading before the clock starts.
+    produce(
+        brokers,
+        &topic,
+        &[Produce {
+            partition: 0,
+            key: None,
+            value: r#"{"id":0,"t":0}"#.into(),
+        }],
+    );
+    while !db.exists() {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let pool = sqlite(&db).await;
+    wait_for_rows(&pool, 1, Duration::from_secs(60)).await;
+    let halt = Arc::new(AtomicBool::new(false));
+    let producing = steady_producer(brokers.into(), topic.clone(), rate, Arc::clone(&halt));
+    let started = Instant::now();
+    let mut rss = Vec::new();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let sample = rss_mib(child.id());
+        if started.elapsed() > Duration::from_secs(60) || seconds < 120 {
+            rss.push(sample);
+        }
+    }
+    halt.store(true, Ordering::Relaxed);
+    let sent = producing.join().expect("producer");
+    wait_for_rows(&pool, sent as i64 + 1, Duration::from_secs(120)).await;
+    stop(&mut child);
+    let warm_up = rate * seconds / 4;
+    (latencies(&pool, warm_up.max(1)).await, rss)
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let broker = Broker::start();
+    let dir = TempDir::new("bench-latency");
+    let max = max_rate(&broker.brokers, dir.path()).await;
+    let rate = (max / 2.0) as u64;
+    println!("maximum (steady state over a 400k backlog): {max:.0} records/s; load: {rate} records/s");
+    if let ["soak", seconds] = args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        let seconds: u64 = seconds.parse().expect("SECONDS");
+        let (lat, rss) =
+            steady_run(&broker.brokers, dir.path(), "soak", 200, rate, seconds).await;
+        let (lo, hi) = rss.iter().fold((f64::MAX, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let first = rss.first().copied().unwrap_or(0.0);
+        let last = rss.last().copied().unwrap_or(0.0);
+        println!(
+            "soak {seconds} s at {rate}/s: RSS after warm-up {first:.1} MiB, min {lo:.1}, max {hi:.1}, \
+             last {last:.1} (max/min {:.3}, last/first {:.3}); p50 {} ms, p99 {} ms over {} records",
+            hi / lo,
+            last / first,
+            lat.p50,
+            lat.p99,
+            lat.records
+        );
+        return;
+    }
+    for (name, interval) in [("default", 200), ("low-latency", 10)] {
+        let (lat, rss) = steady_run(&broker.brokers, dir.path(), name, interval, rate, 40).await;
+        let bound = 2 * interval as i64 + lat.commit_ms;
+        println!(
+            "batch_interval_ms = {interval:>3}: p50 {:>4} ms, p99 {:>4} ms, max {:>4} ms over {} records; \
+             median batch commit {} ms; bound 2 x interval + commit = {bound} ms; RSS {:.0}-{:.0} MiB",
+            lat.p50,
+            lat.p99,
+            lat.max,
+            lat.records,
+            lat.commit_ms,
+            rss.iter().copied().fold(f64::MAX, f64::min),
+            rss.iter().copied().fold(0.0, f64::max),
+        );
+    }
+}

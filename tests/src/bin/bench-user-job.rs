@@ -1,0 +1,294 @@
+//! sluice against the job a user would write by hand, as ratios measured in
+//! one run: the same topic (JSON events over 4 partitions, some of them in
+//! committed and in aborted transactions) counted by word into Postgres by
+//!
+//! - a raw `read_committed` consume (the ceiling),
+//! - `handwritten-word-count` (rdkafka + sqlx, 10,000-record batches, one
+//!   UNNEST upsert each, offsets committed to the group after the database:
+//!   at-least-once), by static assignment and by consumer group,
+//! - `sluice run --until-caught-up` with the `word-count` plugin
+//!   (exactly-once, accumulate), by static assignment and by group,
+//!
+//! in interleaved rounds, each process timed from spawn to exit (the whole
+//! process, start-up included). Every arm's table is checked against word
+//! counts recomputed from an independent `read_committed` read. It also
+//! prints sluice's steady state (first to last commit, from its lineage),
+//! its peak RSS, and `sluice verify`'s rate over the same batches.
+//!
+//! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
+//!       -p sluice-tests --bin bench-user-job --bin handwritten-word-count && \
+//!       target/release/bench-user-job [RECORDS] [ROUNDS]`
+
+use sluice_tests::sinks::{SinkDb, postgres_url};
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const PARTITIONS: i32 = 4;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Assign,
+    Group,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Assign => "static assign",
+            Mode::Group => "consumer group",
+        }
+    }
+}
+
+/// The input: `records` purchase events, a tenth of them in committed
+/// transactions and a tenth more in aborted ones, interleaved with plain
+/// writes.
+fn produce_input(brokers: &str, topic: &str, records: usize) {
+    let events = bench::purchase_events(records, PARTITIONS);
+    let chunks: Vec<&[Produce]> = events.chunks(records.div_ceil(20).max(1)).collect();
+    for (i, chunk) in chunks.iter().enumerate() {
+        match i % 10 {
+            3 => produce_transaction(brokers, topic, &format!("bench-c{i}"), chunk, true),
+            7 => produce_transaction(brokers, topic, &format!("bench-a{i}"), chunk, false),
+            _ => produce(brokers, topic, chunk),
+        }
+    }
+}
+
+/// Word counts of what a `read_committed` reader sees: the expected table.
+fn expected_counts(brokers: &str, topic: &str) -> (usize, BTreeMap<String, i64>) {
+    let seen = read_committed(brokers, topic, PARTITIONS);
+    let mut counts = BTreeMap::new();
+    for r in &seen {
+        for word in r
+            .value
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+        {
+            *counts.entry(word.to_lowercase()).or_default() += 1;
+        }
+    }
+    (seen.len(), counts)
+}
+
+fn sibling_bin(name: &str) -> std::path::PathBuf {
+    let me = std::env::current_exe().expect("current exe");
+    me.with_file_name(name)
+}
+
+/// Runs the hand-written job into `schema`.word_counts; returns its time.
+async fn handwritten(brokers: &str, topic: &str, db: &SinkDb, mode: Mode, tag: &str) -> Duration {
+    let SinkDb::Postgres { schema, .. } = db else {
+        unreachable!()
+    };
+    let pool = db.pool().await;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let table = format!("\"{schema}\".word_counts");
+    let (how, arg) = match mode {
+        Mode::Assign => ("assign", PARTITIONS.to_string()),
+        Mode::Group => ("group", format!("handwritten-{tag}")),
+    };
+    let started = Instant::now();
+    let out = Command::new(sibling_bin("handwritten-word-count"))
+        .args([brokers, topic, &postgres_url(), &table, how, &arg])
+        .output()
+        .expect("run handwritten-word-count");
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "handwritten-word-count: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+fn sluice_config(brokers: &str, topic: &str, db: &SinkDb, mode: Mode, tag: &str) -> String {
+    let assign = match mode {
+        Mode::Assign => format!(
+            "assign = {{ \"{topic}\" = [{}] }}\n",
+            (0..PARTITIONS)
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Mode::Group => String::new(),
+    };
+    format!(
+        r#"
+pipeline = "{tag}"
+
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+{assign}
+[module]
+path = "{module}"
+
+[sink]
+{sink}
+
+[[sink.targets]]
+name = "word_counts"
+mode = "accumulate"
+key = ["word"]
+columns = {{ word = "text", n = "integer" }}
+"#,
+        module = plugin("word-count").display(),
+        sink = db.sink_toml(),
+    )
+}
+
+struct SluiceRun {
+    took: Duration,
+    steady: f64,
+    batches: i64,
+    peak_rss_mib: u64,
+    config: std::path::PathBuf,
+}
+
+fn run_sluice(dir: &Path, config: String, tag: &str) -> SluiceRun {
+    let path = dir.join(format!("{tag}.toml"));
+    std::fs::write(&path, config).expect("write config");
+    let started = Instant::now();
+    let run = run_measured(&path, "warn");
+    let took = started.elapsed();
+    assert!(run.success, "sluice failed:\n{}", run.log);
+    SluiceRun {
+        took,
+        steady: 0.0,
+        batches: 0,
+        peak_rss_mib: run.peak_rss_mib,
+        config: path,
+    }
+}
+
+async fn assert_counts(db: &SinkDb, expected: &BTreeMap<String, i64>, what: &str) {
+    let got: BTreeMap<String, i64> = db.pairs("word_counts", "word", "n").await.into_iter().collect();
+    assert!(
+        &got == expected,
+        "{what}: word counts differ from the read_committed recomputation ({} words vs {})",
+        got.len(),
+        expected.len()
+    );
+}
+
+/// `sluice verify` over every batch of `config`'s pipeline; its time.
+fn verify(config: &Path) -> Duration {
+    let started = Instant::now();
+    let out = Command::new(sluice_bin())
+        .arg("verify")
+        .arg(config)
+        .env("SLUICE_LOG", "warn")
+        .output()
+        .expect("run sluice verify");
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "verify failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let records: usize = args.next().map_or(470_000, |a| a.parse().expect("RECORDS"));
+    let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
+    let broker = Broker::start();
+    let brokers = broker.brokers.clone();
+    let topic = "words";
+    create_topic(&brokers, topic, PARTITIONS);
+    produce_input(&brokers, topic, records);
+    let (committed, expected) = expected_counts(&brokers, topic);
+    println!(
+        "{records} records produced over {PARTITIONS} partitions, {committed} committed \
+         (a tenth in committed transactions, a tenth aborted); {} distinct words",
+        expected.len()
+    );
+    let dir = TempDir::new("bench-user-job");
+    let rate = |d: Duration| committed as f64 / d.as_secs_f64();
+    let mut table: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
+        let (_, raw) = bench::raw_consume(&brokers, topic, PARTITIONS);
+        table.entry("raw consume (from first message)").or_default().push(rate(raw));
+        for mode in [Mode::Assign, Mode::Group] {
+            let m = match mode {
+                Mode::Assign => "assign",
+                Mode::Group => "group",
+            };
+            let tag = format!("uj_{}_{round}_{m}", std::process::id());
+            let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
+            let hand = handwritten(&brokers, topic, &hand_db, mode, &tag).await;
+            assert_counts(&hand_db, &expected, "hand-written job").await;
+            let sluice_db = SinkDb::fresh_postgres(&format!("{tag}_sluice")).await;
+            let mut run = run_sluice(
+                dir.path(),
+                sluice_config(&brokers, topic, &sluice_db, mode, &tag),
+                &tag,
+            );
+            assert_counts(&sluice_db, &expected, "sluice").await;
+            (run.steady, run.batches) = bench::lineage_rate(&sluice_db).await;
+            let ratio = hand.as_secs_f64() / run.took.as_secs_f64();
+            println!(
+                "round {round}, {}: hand-written {:.0}/s, sluice {:.0}/s ({ratio:.2}x), \
+                 sluice steady {:.0}/s over {} batches, peak RSS {} MiB",
+                mode.name(),
+                rate(hand),
+                rate(run.took),
+                run.steady,
+                run.batches,
+                run.peak_rss_mib
+            );
+            let (hand_key, sluice_key, ratio_key, steady_key, rss_key) = match mode {
+                Mode::Assign => (
+                    "hand-written, static assign",
+                    "sluice exactly-once, static assign",
+                    "sluice / hand-written, static assign",
+                    "sluice steady state (lineage), static",
+                    "sluice peak RSS MiB, static",
+                ),
+                Mode::Group => (
+                    "hand-written, consumer group",
+                    "sluice exactly-once, consumer group",
+                    "sluice / hand-written, consumer group",
+                    "sluice steady state (lineage), group",
+                    "sluice peak RSS MiB, group",
+                ),
+            };
+            table.entry(hand_key).or_default().push(rate(hand));
+            table.entry(sluice_key).or_default().push(rate(run.took));
+            table.entry(steady_key).or_default().push(run.steady);
+            table.entry(rss_key).or_default().push(run.peak_rss_mib as f64);
+            ratios.entry(ratio_key).or_default().push(ratio);
+            if mode == Mode::Assign {
+                let took = verify(&run.config);
+                table.entry("sluice verify").or_default().push(rate(took));
+                ratios
+                    .entry("verify / sluice steady state")
+                    .or_default()
+                    .push(rate(took) / run.steady);
+            }
+        }
+    }
+    println!("\nmedians over {rounds} rounds ({committed} committed records):");
+    for (what, v) in table {
+        println!("  {what:<42} {:>10.0}", median(v));
+    }
+    for (what, v) in ratios {
+        println!("  {what:<42} {:>10.2}", median(v));
+    }
+}
