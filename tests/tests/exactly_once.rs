@@ -284,7 +284,11 @@ async fn a_partition_at_its_end_does_not_hold_a_batch_back() {
         one_shot < INTERVAL / 2,
         "--until-caught-up took {one_shot:?}: the last batch waited for the interval"
     );
-    assert_eq!(sink.committed_batches().await, 1, "one batch for the 50 records");
+    assert_eq!(
+        sink.committed_batches().await,
+        1,
+        "one batch for the 50 records"
+    );
 
     let mut child = Command::new(sluice_bin())
         .arg("run")
@@ -299,7 +303,10 @@ async fn a_partition_at_its_end_does_not_hold_a_batch_back() {
         expected_rows += 20;
         let produced = Instant::now();
         sluice_tests::control::wait_for_rows(&sink, expected_rows, INTERVAL / 2).await;
-        eprintln!("wave {wave}: committed {:?} after it was produced", produced.elapsed());
+        eprintln!(
+            "wave {wave}: committed {:?} after it was produced",
+            produced.elapsed()
+        );
     }
     // A poll of up to a minute is under way: SIGTERM cuts it short.
     let stopping = Instant::now();
@@ -312,7 +319,10 @@ async fn a_partition_at_its_end_does_not_hold_a_batch_back() {
         stopping.elapsed()
     );
     let pool = sqlite(&db).await;
-    assert_eq!(identity_rows(&pool).await, read_committed(brokers, topic, 2));
+    assert_eq!(
+        identity_rows(&pool).await,
+        read_committed(brokers, topic, 2)
+    );
     assert_contiguous_lineage(&pool, "tail").await;
 }
 

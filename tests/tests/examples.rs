@@ -67,6 +67,53 @@ async fn word_count_example_gives_expected_counts() {
     assert_eq!(actual, expected("word-count"));
 }
 
+/// With `field`, the word-count plugin counts the words of one string field
+/// of a JSON value, and rejects a value that is not such an object (run
+/// through `sluice test`).
+#[test]
+fn word_count_counts_the_words_of_a_json_field() {
+    let dir = TempDir::new("word-count-field");
+    let input = dir.path().join("in.jsonl");
+    let lines = [
+        r#"{"value":"{\"user\":\"Ann Bob\",\"other\":\"zed\"}"}"#,
+        r#"{"value":"{\"user\":\"ann\"}"}"#,
+        r#"{"value":"{\"user\":7}"}"#,
+        r#"{"value":"not json"}"#,
+    ];
+    std::fs::write(&input, lines.join("\n")).unwrap();
+    let out = sluice_tests::control::sluice_ok(&[
+        "test",
+        plugin("word-count").to_str().unwrap(),
+        "--input",
+        input.to_str().unwrap(),
+        "--params",
+        r#"{"field":"user"}"#,
+        "--json",
+    ]);
+    let parsed: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    let rows: Vec<(String, i64)> = parsed
+        .iter()
+        .filter_map(|v| v.get("row"))
+        .map(|r| (r["word"].as_str().unwrap().into(), r["n"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(rows, [("ann".to_string(), 2), ("bob".to_string(), 1)]);
+    let rejected: Vec<i64> = parsed
+        .iter()
+        .filter_map(|v| v.get("dead_letter"))
+        .map(|d| {
+            assert_eq!(
+                d["reason"],
+                "value is not a JSON object with a string `user`"
+            );
+            d["offset"].as_i64().unwrap()
+        })
+        .collect();
+    assert_eq!(rejected, [2, 3]);
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn json_filter_example_gives_expected_rows_and_dead_letter() {
     let (_dir, pool) = run_example("json-filter", "events", "events.jsonl", 2).await;

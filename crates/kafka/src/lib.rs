@@ -408,9 +408,13 @@ impl Source for KafkaSource {
         }
         // The started partitions still owned: one revoked and assigned again
         // meanwhile is new, paused until its checkpoint is read.
-        if let Err(e) = self.consumer.resume(&self.started_list()) {
-            self.held_error
-                .get_or_insert(SourceError::kafka("resume after the commit", e));
+        let still_started = self.started_list();
+        match self.consumer.resume(&still_started) {
+            Ok(()) => wake_fetcher(&self.consumer, &still_started),
+            Err(e) => {
+                self.held_error
+                    .get_or_insert(SourceError::kafka("resume after the commit", e));
+            }
         }
     }
 
@@ -477,6 +481,7 @@ impl Source for KafkaSource {
             .seek_partitions(seeks, BROKER_TIMEOUT)
             .map_err(|e| SourceError::kafka("seek to the checkpoints", e))?;
         self.consumer.resume(&all).map_err(kafka)?;
+        wake_fetcher(&self.consumer, &all);
         for (tp, from) in froms {
             let state = self.partitions.get_mut(tp).expect("filtered above");
             state.next = Some(from);
@@ -613,6 +618,9 @@ fn buffer(
     if m.offset() < state.position {
         return;
     }
+    if state.buffer.is_empty() && state.next == Some(state.position) {
+        tracing::debug!(partition = %tp, offset = m.offset(), "first record since the checkpoint");
+    }
     state.buffer.push_back(owned(m));
     state.position = m.offset() + 1;
 }
@@ -633,6 +641,23 @@ fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
         key: m.key().map(<[u8]>::to_vec),
         value: m.payload().map(<[u8]>::to_vec),
         headers,
+    }
+}
+
+/// Makes librdkafka fetch the partitions just resumed now rather than up
+/// to a second later. A resume does not wake the broker thread, which
+/// sleeps up to 1 s when it has nothing to fetch: every start paid 1.03 s
+/// between the seek to the checkpoints and the first record (measured on
+/// Tansu, every run). A request to the leader goes through that thread and
+/// wakes it; a ListOffsets is the cheapest one (its answer is not used:
+/// some brokers get the log end wrong). With several brokers, the others
+/// wake on their own within the second.
+fn wake_fetcher<C: rdkafka::consumer::ConsumerContext>(
+    consumer: &BaseConsumer<C>,
+    resumed: &TopicPartitionList,
+) {
+    if let Some(first) = resumed.elements().first() {
+        let _ = consumer.fetch_watermarks(first.topic(), first.partition(), BROKER_TIMEOUT);
     }
 }
 

@@ -210,13 +210,22 @@ impl Replayer {
             });
         }
         let reader = &mut self.reader;
+        let reading = std::time::Instant::now();
         let records = tokio::task::block_in_place(|| reader.read(&plan.ranges))?;
-        tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0)).map_err(
-            |cause| ReplayError::Transform {
+        let read_ms = reading.elapsed().as_millis() as u64;
+        let transforming = std::time::Instant::now();
+        let replayed = tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0))
+            .map_err(|cause| ReplayError::Transform {
                 batch_id: batch.batch_id.clone(),
                 cause,
-            },
-        )
+            })?;
+        tracing::debug!(
+            batch = %batch.batch_id,
+            read_ms,
+            transform_ms = transforming.elapsed().as_millis() as u64,
+            "batch replayed"
+        );
+        Ok(replayed)
     }
 
     fn preparer(

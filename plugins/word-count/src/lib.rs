@@ -4,7 +4,10 @@
 //! The sink accumulates `n` by `word`, committed with the offsets, so the
 //! table holds exactly-once totals across batches. No state is kept here.
 //!
-//! Params: `{"min_length": 1}` (optional): shorter words are skipped.
+//! Params (all optional): `{"min_length": 1}`: shorter words are skipped;
+//! `{"field": "user"}`: count the words of that top-level string field of
+//! a JSON object value instead of the whole value (a record whose value is
+//! not such an object is rejected).
 
 use serde::Deserialize;
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Transform};
@@ -15,6 +18,8 @@ use std::collections::BTreeMap;
 struct Config {
     #[serde(default = "one")]
     min_length: usize,
+    #[serde(default)]
+    field: Option<String>,
 }
 
 fn one() -> usize {
@@ -38,6 +43,19 @@ impl Transform for WordCount {
                 out.reject(&r, "value is not UTF-8 text");
                 continue;
             };
+            let text = match &self.0.field {
+                None => std::borrow::Cow::Borrowed(text),
+                Some(field) => match field_text(text, field) {
+                    Some(t) => std::borrow::Cow::Owned(t),
+                    None => {
+                        out.reject(
+                            &r,
+                            format!("value is not a JSON object with a string `{field}`"),
+                        );
+                        continue;
+                    }
+                },
+            };
             for word in text
                 .split(|c: char| !c.is_alphanumeric())
                 .filter(|w| !w.is_empty())
@@ -53,6 +71,12 @@ impl Transform for WordCount {
         }
         Ok(())
     }
+}
+
+/// The string `field` of the JSON object `text`, if it is one.
+fn field_text(text: &str, field: &str) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    Some(value.get(field)?.as_str()?.to_string())
 }
 
 sluice_plugin::export!(WordCount);

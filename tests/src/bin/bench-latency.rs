@@ -34,6 +34,7 @@ fn now_ms() -> i64 {
 }
 
 fn config(brokers: &str, topic: &str, db: &Path, interval_ms: u64) -> String {
+    let extra = std::env::var("BENCH_SOURCE").unwrap_or_default();
     format!(
         r#"
 pipeline = "latency"
@@ -42,6 +43,7 @@ pipeline = "latency"
 brokers = "{brokers}"
 topics = ["{topic}"]
 batch_interval_ms = {interval_ms}
+{extra}
 
 [module]
 path = "{module}"
@@ -150,7 +152,12 @@ struct Latencies {
     p50: i64,
     p99: i64,
     max: i64,
+    /// Of the same records: produced -> their batch cut (fetch and wait).
+    cut_p50: i64,
+    cut_p99: i64,
+    /// Median and p99 of batches: cut -> committed (transform and commit).
     commit_ms: i64,
+    commit_p99: i64,
     records: usize,
 }
 
@@ -165,10 +172,13 @@ async fn latencies(pool: &sqlx::SqlitePool, warm_up: u64) -> Latencies {
     .fetch_all(pool)
     .await
     .expect("lineage");
-    let mut by_partition: BTreeMap<i64, BTreeMap<i64, i64>> = BTreeMap::new();
+    let mut by_partition: BTreeMap<i64, BTreeMap<i64, (i64, i64)>> = BTreeMap::new();
     let mut commit_times = Vec::new();
     for (p, from, at, took) in ranges {
-        by_partition.entry(p).or_default().insert(from, at);
+        by_partition
+            .entry(p)
+            .or_default()
+            .insert(from, (at, at - took));
         commit_times.push(took);
     }
     let rows: Vec<(i64, i64, Vec<u8>)> =
@@ -177,23 +187,32 @@ async fn latencies(pool: &sqlx::SqlitePool, warm_up: u64) -> Latencies {
             .await
             .expect("records");
     let mut lat = Vec::new();
+    let mut cut = Vec::new();
     for (p, offset, value) in rows {
         let v: serde_json::Value = serde_json::from_slice(&value).expect("json value");
         if v["id"].as_u64().expect("id") < warm_up {
             continue;
         }
         let sent = v["t"].as_i64().expect("t");
-        let (_, committed) = by_partition[&p].range(..=offset).next_back().expect("its batch");
+        let (_, (committed, cut_at)) = by_partition[&p]
+            .range(..=offset)
+            .next_back()
+            .expect("its batch");
         lat.push(committed - sent);
+        cut.push(cut_at - sent);
     }
-    lat.sort_unstable();
-    commit_times.sort_unstable();
-    let at = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    let at = |v: &mut Vec<i64>, q: f64| {
+        v.sort_unstable();
+        v[((v.len() as f64 * q) as usize).min(v.len() - 1)]
+    };
     Latencies {
-        p50: at(0.50),
-        p99: at(0.99),
-        max: *lat.last().expect("records"),
-        commit_ms: commit_times[commit_times.len() / 2],
+        p50: at(&mut lat, 0.50),
+        p99: at(&mut lat, 0.99),
+        max: at(&mut lat, 1.0),
+        cut_p50: at(&mut cut, 0.50),
+        cut_p99: at(&mut cut, 0.99),
+        commit_ms: at(&mut commit_times, 0.5),
+        commit_p99: at(&mut commit_times, 0.99),
         records: lat.len(),
     }
 }
@@ -249,19 +268,53 @@ async fn steady_run(
     (latencies(&pool, warm_up.max(1)).await, rss)
 }
 
+/// The baseline: a plain `read_committed` rdkafka consumer (sluice's fetch
+/// settings) reading the same kind of load, latency = receive time minus
+/// the producer's stamp, after the same warm-up.
+fn raw_consumer_latency(brokers: &str, rate: u64, seconds: u64) -> (i64, i64) {
+    use rdkafka::message::Message;
+    let topic = "steady-raw";
+    create_topic(brokers, topic, PARTITIONS);
+    let consumer = committed_reader(brokers, topic, PARTITIONS);
+    let halt = Arc::new(AtomicBool::new(false));
+    let producing = steady_producer(brokers.into(), topic.into(), rate, Arc::clone(&halt));
+    let started = Instant::now();
+    let warm_up = rate * seconds / 4;
+    let mut lat = Vec::new();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        if let Some(Ok(m)) = consumer.poll(Duration::from_millis(100)) {
+            let v: serde_json::Value =
+                serde_json::from_slice(m.payload().expect("value")).expect("json");
+            if v["id"].as_u64().expect("id") >= warm_up {
+                lat.push(now_ms() - v["t"].as_i64().expect("t"));
+            }
+        }
+    }
+    halt.store(true, Ordering::Relaxed);
+    producing.join().expect("producer");
+    lat.sort_unstable();
+    let at = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    (at(0.5), at(0.99))
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let broker = Broker::start();
     let dir = TempDir::new("bench-latency");
     let max = max_rate(&broker.brokers, dir.path()).await;
-    let rate = (max / 2.0) as u64;
-    println!("maximum (steady state over a 400k backlog): {max:.0} records/s; load: {rate} records/s");
+    let rate = std::env::var("BENCH_RATE")
+        .ok()
+        .map_or((max / 2.0) as u64, |r| r.parse().expect("BENCH_RATE"));
+    println!(
+        "maximum (steady state over a 400k backlog): {max:.0} records/s; load: {rate} records/s"
+    );
     if let ["soak", seconds] = args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         let seconds: u64 = seconds.parse().expect("SECONDS");
-        let (lat, rss) =
-            steady_run(&broker.brokers, dir.path(), "soak", 200, rate, seconds).await;
-        let (lo, hi) = rss.iter().fold((f64::MAX, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
+        let (lat, rss) = steady_run(&broker.brokers, dir.path(), "soak", 200, rate, seconds).await;
+        let (lo, hi) = rss
+            .iter()
+            .fold((f64::MAX, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
         let first = rss.first().copied().unwrap_or(0.0);
         let last = rss.last().copied().unwrap_or(0.0);
         println!(
@@ -275,17 +328,23 @@ async fn main() {
         );
         return;
     }
+    let (raw_p50, raw_p99) = raw_consumer_latency(&broker.brokers, rate, 40);
+    println!("raw rdkafka consumer, no sink:    p50 {raw_p50:>4} ms, p99 {raw_p99:>4} ms");
     for (name, interval) in [("default", 200), ("low-latency", 10)] {
         let (lat, rss) = steady_run(&broker.brokers, dir.path(), name, interval, rate, 40).await;
         let bound = 2 * interval as i64 + lat.commit_ms;
         println!(
-            "batch_interval_ms = {interval:>3}: p50 {:>4} ms, p99 {:>4} ms, max {:>4} ms over {} records; \
-             median batch commit {} ms; bound 2 x interval + commit = {bound} ms; RSS {:.0}-{:.0} MiB",
+            "batch_interval_ms = {interval:>3}: p50 {:>4} ms, p99 {:>4} ms, max {:>4} ms over {} records \
+             (to the cut: p50 {}, p99 {}); batch cut -> commit median {} ms, p99 {} ms; \
+             bound 2 x interval + commit = {bound} ms; RSS {:.0}-{:.0} MiB",
             lat.p50,
             lat.p99,
             lat.max,
             lat.records,
+            lat.cut_p50,
+            lat.cut_p99,
             lat.commit_ms,
+            lat.commit_p99,
             rss.iter().copied().fold(f64::MAX, f64::min),
             rss.iter().copied().fold(0.0, f64::max),
         );

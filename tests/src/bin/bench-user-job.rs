@@ -17,7 +17,12 @@
 //!
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-user-job --bin handwritten-word-count && \
-//!       target/release/bench-user-job [RECORDS] [ROUNDS]`
+//!       target/release/bench-user-job [RECORDS] [ROUNDS] [FIELD]`
+//!
+//! FIELD (default `user`, 1,000 distinct values) is the JSON field whose
+//! words are counted, as the issue's workload; `-` counts the words of the
+//! whole value instead (every record adds a distinct word: the database's
+//! upserts dominate).
 
 use sluice_tests::sinks::{SinkDb, postgres_url};
 use sluice_tests::*;
@@ -59,12 +64,22 @@ fn produce_input(brokers: &str, topic: &str, records: usize) {
 }
 
 /// Word counts of what a `read_committed` reader sees: the expected table.
-fn expected_counts(brokers: &str, topic: &str) -> (usize, BTreeMap<String, i64>) {
+fn expected_counts(
+    brokers: &str,
+    topic: &str,
+    field: Option<&str>,
+) -> (usize, BTreeMap<String, i64>) {
     let seen = read_committed(brokers, topic, PARTITIONS);
     let mut counts = BTreeMap::new();
     for r in &seen {
-        for word in r
-            .value
+        let text = match field {
+            None => r.value.clone(),
+            Some(f) => serde_json::from_str::<serde_json::Value>(&r.value).expect("json")[f]
+                .as_str()
+                .expect("field")
+                .to_string(),
+        };
+        for word in text
             .split(|c: char| !c.is_alphanumeric())
             .filter(|w| !w.is_empty())
         {
@@ -80,7 +95,14 @@ fn sibling_bin(name: &str) -> std::path::PathBuf {
 }
 
 /// Runs the hand-written job into `schema`.word_counts; returns its time.
-async fn handwritten(brokers: &str, topic: &str, db: &SinkDb, mode: Mode, tag: &str) -> Duration {
+async fn handwritten(
+    brokers: &str,
+    topic: &str,
+    db: &SinkDb,
+    mode: Mode,
+    tag: &str,
+    field: Option<&str>,
+) -> Duration {
     let SinkDb::Postgres { schema, .. } = db else {
         unreachable!()
     };
@@ -97,6 +119,7 @@ async fn handwritten(brokers: &str, topic: &str, db: &SinkDb, mode: Mode, tag: &
     let started = Instant::now();
     let out = Command::new(sibling_bin("handwritten-word-count"))
         .args([brokers, topic, &postgres_url(), &table, how, &arg])
+        .args(field)
         .output()
         .expect("run handwritten-word-count");
     let took = started.elapsed();
@@ -108,7 +131,15 @@ async fn handwritten(brokers: &str, topic: &str, db: &SinkDb, mode: Mode, tag: &
     took
 }
 
-fn sluice_config(brokers: &str, topic: &str, db: &SinkDb, mode: Mode, tag: &str) -> String {
+fn sluice_config(
+    brokers: &str,
+    topic: &str,
+    db: &SinkDb,
+    mode: Mode,
+    tag: &str,
+    field: Option<&str>,
+) -> String {
+    let params = field.map_or(String::new(), |f| format!("params = {{ field = \"{f}\" }}"));
     let assign = match mode {
         Mode::Assign => format!(
             "assign = {{ \"{topic}\" = [{}] }}\n",
@@ -129,6 +160,7 @@ topics = ["{topic}"]
 {assign}
 [module]
 path = "{module}"
+{params}
 
 [sink]
 {sink}
@@ -169,7 +201,11 @@ fn run_sluice(dir: &Path, config: String, tag: &str) -> SluiceRun {
 }
 
 async fn assert_counts(db: &SinkDb, expected: &BTreeMap<String, i64>, what: &str) {
-    let got: BTreeMap<String, i64> = db.pairs("word_counts", "word", "n").await.into_iter().collect();
+    let got: BTreeMap<String, i64> = db
+        .pairs("word_counts", "word", "n")
+        .await
+        .into_iter()
+        .collect();
     assert!(
         &got == expected,
         "{what}: word counts differ from the read_committed recomputation ({} words vs {})",
@@ -207,15 +243,19 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let records: usize = args.next().map_or(470_000, |a| a.parse().expect("RECORDS"));
     let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
+    let field = args.next().unwrap_or_else(|| "user".into());
+    let field = (field != "-").then_some(field.as_str());
     let broker = Broker::start();
     let brokers = broker.brokers.clone();
     let topic = "words";
     create_topic(&brokers, topic, PARTITIONS);
     produce_input(&brokers, topic, records);
-    let (committed, expected) = expected_counts(&brokers, topic);
+    let (committed, expected) = expected_counts(&brokers, topic, field);
     println!(
-        "{records} records produced over {PARTITIONS} partitions, {committed} committed \
-         (a tenth in committed transactions, a tenth aborted); {} distinct words",
+        "{records} records produced over {PARTITIONS} partitions (a tenth in committed \
+         transactions, a tenth in aborted ones), {committed} seen by a read_committed reader; \
+         counting the words of {}: {} distinct",
+        field.map_or("the whole value".to_string(), |f| format!("field `{f}`")),
         expected.len()
     );
     let dir = TempDir::new("bench-user-job");
@@ -224,7 +264,10 @@ async fn main() {
     let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
     for round in 0..rounds {
         let (_, raw) = bench::raw_consume(&brokers, topic, PARTITIONS);
-        table.entry("raw consume (from first message)").or_default().push(rate(raw));
+        table
+            .entry("raw consume (from first message)")
+            .or_default()
+            .push(rate(raw));
         for mode in [Mode::Assign, Mode::Group] {
             let m = match mode {
                 Mode::Assign => "assign",
@@ -232,12 +275,12 @@ async fn main() {
             };
             let tag = format!("uj_{}_{round}_{m}", std::process::id());
             let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
-            let hand = handwritten(&brokers, topic, &hand_db, mode, &tag).await;
+            let hand = handwritten(&brokers, topic, &hand_db, mode, &tag, field).await;
             assert_counts(&hand_db, &expected, "hand-written job").await;
             let sluice_db = SinkDb::fresh_postgres(&format!("{tag}_sluice")).await;
             let mut run = run_sluice(
                 dir.path(),
-                sluice_config(&brokers, topic, &sluice_db, mode, &tag),
+                sluice_config(&brokers, topic, &sluice_db, mode, &tag, field),
                 &tag,
             );
             assert_counts(&sluice_db, &expected, "sluice").await;
@@ -272,7 +315,10 @@ async fn main() {
             table.entry(hand_key).or_default().push(rate(hand));
             table.entry(sluice_key).or_default().push(rate(run.took));
             table.entry(steady_key).or_default().push(run.steady);
-            table.entry(rss_key).or_default().push(run.peak_rss_mib as f64);
+            table
+                .entry(rss_key)
+                .or_default()
+                .push(run.peak_rss_mib as f64);
             ratios.entry(ratio_key).or_default().push(ratio);
             if mode == Mode::Assign {
                 let took = verify(&run.config);
