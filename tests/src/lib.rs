@@ -563,6 +563,15 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
     )
 }
 
+/// The `[[sink.targets]]` table of the `word-count` plugin's output: counts
+/// added by word (accumulate mode).
+pub const WORD_COUNTS_TARGET: &str = r#"[[sink.targets]]
+name = "word_counts"
+mode = "accumulate"
+key = ["word"]
+columns = { word = "text", n = "integer" }
+"#;
+
 /// A `records` row as selected: partition, offset, key, value.
 pub type RecordRow = (i64, i64, Option<Vec<u8>>, Option<Vec<u8>>);
 

@@ -94,13 +94,9 @@ properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }
 path = "{module}"
 [sink]
 url = "sqlite://{db}"
-[[sink.targets]]
-name = "word_counts"
-mode = "accumulate"
-key = ["word"]
-columns = {{ word = "text", n = "integer" }}
-"#,
+{target}"#,
             module = plugin("word-count").display(),
+            target = WORD_COUNTS_TARGET,
             db = db.display()
         ),
     );

@@ -586,13 +586,9 @@ path = "{module}"
 [sink]
 {sink}
 lock_timeout_ms = {lock_timeout_ms}
-[[sink.targets]]
-name = "word_counts"
-mode = "accumulate"
-key = ["word"]
-columns = {{ word = "text", n = "integer" }}
-"#,
+{target}"#,
         module = plugin("word-count").display(),
+        target = WORD_COUNTS_TARGET,
         sink = db.sink_toml(),
     );
     let config = write_config(dir.path(), &config);

@@ -46,6 +46,30 @@ impl Mode {
             Mode::Group => "consumer group",
         }
     }
+
+    /// For table, schema and group names.
+    fn tag(self) -> &'static str {
+        match self {
+            Mode::Assign => "assign",
+            Mode::Group => "group",
+        }
+    }
+}
+
+/// Runs `command` to completion and asserts it succeeded; its time.
+fn timed_ok(command: &mut Command, what: &str) -> Duration {
+    let started = Instant::now();
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    let took = started.elapsed();
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
 }
 
 /// The input: `records` purchase events, a tenth of them in committed
@@ -116,19 +140,12 @@ async fn handwritten(
         Mode::Assign => ("assign", PARTITIONS.to_string()),
         Mode::Group => ("group", format!("handwritten-{tag}")),
     };
-    let started = Instant::now();
-    let out = Command::new(sibling_bin("handwritten-word-count"))
-        .args([brokers, topic, &postgres_url(), &table, how, &arg])
-        .args(field)
-        .output()
-        .expect("run handwritten-word-count");
-    let took = started.elapsed();
-    assert!(
-        out.status.success(),
-        "handwritten-word-count: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    took
+    timed_ok(
+        Command::new(sibling_bin("handwritten-word-count"))
+            .args([brokers, topic, &postgres_url(), &table, how, &arg])
+            .args(field),
+        "handwritten-word-count",
+    )
 }
 
 fn sluice_config(
@@ -165,21 +182,15 @@ path = "{module}"
 [sink]
 {sink}
 
-[[sink.targets]]
-name = "word_counts"
-mode = "accumulate"
-key = ["word"]
-columns = {{ word = "text", n = "integer" }}
-"#,
+{target}"#,
         module = plugin("word-count").display(),
+        target = WORD_COUNTS_TARGET,
         sink = db.sink_toml(),
     )
 }
 
 struct SluiceRun {
     took: Duration,
-    steady: f64,
-    batches: i64,
     peak_rss_mib: u64,
     config: std::path::PathBuf,
 }
@@ -193,8 +204,6 @@ fn run_sluice(dir: &Path, config: String, tag: &str) -> SluiceRun {
     assert!(run.success, "sluice failed:\n{}", run.log);
     SluiceRun {
         took,
-        steady: 0.0,
-        batches: 0,
         peak_rss_mib: run.peak_rss_mib,
         config: path,
     }
@@ -216,21 +225,13 @@ async fn assert_counts(db: &SinkDb, expected: &BTreeMap<String, i64>, what: &str
 
 /// `sluice verify` over every batch of `config`'s pipeline; its time.
 fn verify(config: &Path) -> Duration {
-    let started = Instant::now();
-    let out = Command::new(sluice_bin())
-        .arg("verify")
-        .arg(config)
-        .env("SLUICE_LOG", "warn")
-        .output()
-        .expect("run sluice verify");
-    let took = started.elapsed();
-    assert!(
-        out.status.success(),
-        "verify failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    took
+    timed_ok(
+        Command::new(sluice_bin())
+            .arg("verify")
+            .arg(config)
+            .env("SLUICE_LOG", "warn"),
+        "sluice verify",
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -260,31 +261,27 @@ async fn main() {
     );
     let dir = TempDir::new("bench-user-job");
     let rate = |d: Duration| committed as f64 / d.as_secs_f64();
-    let mut table: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
-    let mut ratios: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    let mut table: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    let mut ratios: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for round in 0..rounds {
         let (_, raw) = bench::raw_consume(&brokers, topic, PARTITIONS);
         table
-            .entry("raw consume (from first message)")
+            .entry("raw consume (from first message)".into())
             .or_default()
             .push(rate(raw));
         for mode in [Mode::Assign, Mode::Group] {
-            let m = match mode {
-                Mode::Assign => "assign",
-                Mode::Group => "group",
-            };
-            let tag = format!("uj_{}_{round}_{m}", std::process::id());
+            let tag = format!("uj_{}_{round}_{}", std::process::id(), mode.tag());
             let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
             let hand = handwritten(&brokers, topic, &hand_db, mode, &tag, field).await;
             assert_counts(&hand_db, &expected, "hand-written job").await;
             let sluice_db = SinkDb::fresh_postgres(&format!("{tag}_sluice")).await;
-            let mut run = run_sluice(
+            let run = run_sluice(
                 dir.path(),
                 sluice_config(&brokers, topic, &sluice_db, mode, &tag, field),
                 &tag,
             );
             assert_counts(&sluice_db, &expected, "sluice").await;
-            (run.steady, run.batches) = bench::lineage_rate(&sluice_db).await;
+            let (steady, batches) = bench::lineage_rate(&sluice_db).await;
             let ratio = hand.as_secs_f64() / run.took.as_secs_f64();
             println!(
                 "round {round}, {}: hand-written {:.0}/s, sluice {:.0}/s ({ratio:.2}x), \
@@ -292,49 +289,43 @@ async fn main() {
                 mode.name(),
                 rate(hand),
                 rate(run.took),
-                run.steady,
-                run.batches,
+                steady,
+                batches,
                 run.peak_rss_mib
             );
-            let (hand_key, sluice_key, ratio_key, steady_key, rss_key) = match mode {
-                Mode::Assign => (
-                    "hand-written, static assign",
-                    "sluice exactly-once, static assign",
-                    "sluice / hand-written, static assign",
-                    "sluice steady state (lineage), static",
-                    "sluice peak RSS MiB, static",
-                ),
-                Mode::Group => (
-                    "hand-written, consumer group",
-                    "sluice exactly-once, consumer group",
-                    "sluice / hand-written, consumer group",
-                    "sluice steady state (lineage), group",
-                    "sluice peak RSS MiB, group",
-                ),
+            let name = mode.name();
+            let mut record = |what: &str, value: f64| {
+                table
+                    .entry(format!("{what}, {name}"))
+                    .or_default()
+                    .push(value)
             };
-            table.entry(hand_key).or_default().push(rate(hand));
-            table.entry(sluice_key).or_default().push(rate(run.took));
-            table.entry(steady_key).or_default().push(run.steady);
-            table
-                .entry(rss_key)
+            record("hand-written", rate(hand));
+            record("sluice exactly-once", rate(run.took));
+            record("sluice steady state (lineage)", steady);
+            record("sluice peak RSS MiB", run.peak_rss_mib as f64);
+            ratios
+                .entry(format!("sluice / hand-written, {name}"))
                 .or_default()
-                .push(run.peak_rss_mib as f64);
-            ratios.entry(ratio_key).or_default().push(ratio);
+                .push(ratio);
             if mode == Mode::Assign {
                 let took = verify(&run.config);
-                table.entry("sluice verify").or_default().push(rate(took));
-                ratios
-                    .entry("verify / sluice steady state")
+                table
+                    .entry("sluice verify".into())
                     .or_default()
-                    .push(rate(took) / run.steady);
+                    .push(rate(took));
+                ratios
+                    .entry("verify / sluice steady state".into())
+                    .or_default()
+                    .push(rate(took) / steady);
             }
         }
     }
     println!("\nmedians over {rounds} rounds ({committed} committed records):");
     for (what, v) in table {
-        println!("  {what:<42} {:>10.0}", median(v));
+        println!("  {what:<48} {:>10.0}", median(v));
     }
     for (what, v) in ratios {
-        println!("  {what:<42} {:>10.2}", median(v));
+        println!("  {what:<48} {:>10.2}", median(v));
     }
 }

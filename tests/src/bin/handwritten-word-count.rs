@@ -24,7 +24,6 @@ use std::time::Duration;
 const BATCH: usize = 10_000;
 
 fn main() -> anyhow::Result<()> {
-    let started = std::time::Instant::now();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (brokers, topic, url, table, mode, arg, field) = match args.as_slice() {
         [b, t, u, tb, m, a] => (b, t, u, tb, m, a, None),
@@ -77,15 +76,9 @@ fn main() -> anyhow::Result<()> {
     let mut counts: HashMap<String, i64> = HashMap::new();
     let mut next: BTreeMap<i32, i64> = BTreeMap::new();
     let mut in_batch = 0;
-    let trace = std::env::var_os("HANDWRITTEN_TRACE").is_some();
-    let mut first = None;
     while at_end.len() < partitions as usize {
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => {
-                if trace && first.is_none() {
-                    first = Some(started.elapsed());
-                    eprintln!("first message after {:?}", started.elapsed());
-                }
                 if let Some(value) = m.payload() {
                     count_words(value, field, &mut counts);
                 }
