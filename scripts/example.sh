@@ -7,7 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|inspect-stdout}"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|inspect-stdout|enrich-kafka}"
 case "$name" in
   word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
@@ -16,6 +16,8 @@ case "$name" in
   changelog-upsert)    topic=customer-changes; partitions=1; data=examples/changelog-upsert/changes.jsonl ;;
   dedupe-redis)        topic=user-events;      partitions=2; data=examples/dedupe-redis/events.jsonl ;;
   inspect-stdout)      topic=events;           partitions=2; data=examples/json-filter/events.jsonl ;;
+  enrich-kafka)        topic=order-events;     partitions=2; data=examples/enrich-kafka/orders.jsonl
+                       sink_topics="orders-enriched:2 enrich.dead-letters:1 enrich.lineage:1" ;;
   *) echo "unknown example $name" >&2; exit 2 ;;
 esac
 config="examples/$name/pipeline.toml"
@@ -24,7 +26,7 @@ case "$(sed -n 's/^url = "\([a-z]*\):.*/\1/p' "$config")" in
   postgres) psql -q -h 127.0.0.1 -U postgres test -c "DROP SCHEMA IF EXISTS \"$schema\" CASCADE" ;;
   mysql)    mariadb -h 127.0.0.1 -u root -e "DROP DATABASE IF EXISTS \`$schema\`" ;;
   sqlite)   rm -f "examples/$name/"*.db* ;;
-  stdout)   rm -f "examples/$name/.sluice-state.db"* ;;
+  stdout|kafka) rm -f "examples/$name/.sluice-state.db"* ;;
   redis)    redis-cli --scan --pattern 'dedupe:*' | xargs -r redis-cli del >/dev/null ;;
 esac
 port=19092
@@ -36,5 +38,12 @@ scripts/tansu.sh start "$port"
 trap 'scripts/tansu.sh stop "$port"' EXIT
 "$target/kafka-tool" create-topic "127.0.0.1:$port" "$topic" "$partitions"
 "$target/kafka-tool" produce "127.0.0.1:$port" "$topic" "$data"
+for t in ${sink_topics:-}; do
+  "$target/kafka-tool" create-topic "127.0.0.1:$port" "${t%:*}" "${t#*:}"
+done
 "$target/sluice" run --until-caught-up "$config"
+for t in ${sink_topics:-}; do
+  case "$t" in *.lineage:*) continue ;; esac
+  echo "── ${t%:*}"; "$target/kafka-tool" consume "127.0.0.1:$port" "${t%:*}"
+done
 echo "done: see $config for the tables (schema ${schema:-none}); expected: examples/$name/expected.txt"

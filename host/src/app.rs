@@ -135,6 +135,14 @@ pub async fn run(
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Stdout => run_printing(config, module, until_caught_up, shutdown).await,
+        SinkKind::Kafka => {
+            let sink = crate::sink::kafka::KafkaSink::open(config).await?;
+            tracing::info!(
+                "kafka sink: exactly-once (one transaction per batch and partition holds its \
+                 records, dead letters, lineage and the group's offsets)"
+            );
+            run_with(config, module, sink, until_caught_up, shutdown).await
+        }
     }
 }
 
@@ -170,7 +178,11 @@ async fn run_printing(
             let sink = Print::new(crate::sink::redis::open(&state).await?, format);
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
-        SinkKind::Stdout => Err(SinkError::Config("stdout keeps no state".into()).into()),
+        SinkKind::Stdout | SinkKind::Kafka => Err(SinkError::Config(format!(
+            "a {} `[state]` keeps no state",
+            state.kind()?.as_str()
+        ))
+        .into()),
     }
 }
 

@@ -28,7 +28,8 @@
 //! (`sluice-core`); [`pipeline`] (`sluice-pipeline`, the batch loop);
 //! [`runtime`] (`sluice-runtime`); [`source`] (`sluice-kafka`); [`sink`]
 //! (the core's sink contract, the SQL backends of `sluice-sql`, the
-//! Redis one of `sluice-redis` and the stdout one of `sluice-stdout`);
+//! Redis one of `sluice-redis`, the stdout one of `sluice-stdout` and the
+//! Kafka one of `sluice-kafka-sink`);
 //! [`control`] (`sluice-control`).
 
 pub mod app;
@@ -46,9 +47,10 @@ pub use sluice_pipeline as pipeline;
 pub use sluice_runtime as runtime;
 
 /// The sink contract (`sluice-core`) and the backends (`sluice-sql`,
-/// `sluice-redis`, `sluice-stdout`).
+/// `sluice-redis`, `sluice-stdout`, `sluice-kafka-sink`).
 pub mod sink {
     pub use sluice_core::sink::*;
+    pub use sluice_kafka_sink as kafka;
     pub use sluice_redis as redis;
     pub use sluice_sql as sql;
     pub use sluice_sql::{mysql, postgres, sqlite};

@@ -1,6 +1,8 @@
 //! Opening a pipeline's state store: the module store and the lineage
 //! reader of the backend its sink kind keeps them in. The SQL sinks keep
-//! both in their own database, the Redis sink under its prefix in Redis;
+//! both in their own database, the Redis sink under its prefix in Redis,
+//! the Kafka sink its lineage in its lineage topic and its modules in
+//! `[state]` (a local SQLite file by default);
 //! `[state]` moves the module store to another database or Redis. Lineage always stays where the sink commits: it is written in the
 //! sink's batch transaction.
 //!
@@ -11,6 +13,7 @@
 use crate::config::{PipelineConfig, SinkConfig};
 use sluice_core::sink::{SinkError, SinkKind};
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
+use sluice_kafka_sink::KafkaLineage;
 use sluice_redis::{RedisLineage, RedisModuleStore};
 use sluice_sql::{SqlLineage, SqlModuleStore};
 use std::sync::Arc;
@@ -31,9 +34,10 @@ pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore
             Ok(Arc::new(SqlModuleStore::open(sink).await?))
         }
         SinkKind::Redis => Ok(Arc::new(RedisModuleStore::open(sink).await?)),
-        SinkKind::Stdout => Err(StoreError::Config(
-            "stdout keeps no modules: give the pipeline a `[state]`".into(),
-        )),
+        SinkKind::Stdout | SinkKind::Kafka => Err(StoreError::Config(format!(
+            "{} keeps no modules: give the pipeline a `[state]`",
+            sink.kind().map(|k| k.as_str()).unwrap_or("this sink")
+        ))),
     }
 }
 
@@ -52,14 +56,20 @@ pub fn state_sink(config: &PipelineConfig) -> Result<SinkConfig, SinkError> {
     }
 }
 
-/// The lineage of `config`'s pipeline.
+/// The lineage of `config`'s pipeline (a Kafka sink's: its lineage topic).
 pub async fn lineage(config: &PipelineConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
+    if config.sink.kind()? == SinkKind::Kafka {
+        return Ok(Arc::new(KafkaLineage::open(config)?));
+    }
     let sink = state_sink(config)?;
     match sink.kind()? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
             Ok(Arc::new(SqlLineage::open(&sink).await?))
         }
         SinkKind::Redis => Ok(Arc::new(RedisLineage::open(&sink).await?)),
-        SinkKind::Stdout => Err(SinkError::Config("stdout keeps no lineage".into())),
+        SinkKind::Stdout | SinkKind::Kafka => Err(SinkError::Config(format!(
+            "{} keeps no lineage",
+            sink.kind()?.as_str()
+        ))),
     }
 }

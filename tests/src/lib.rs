@@ -17,7 +17,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
+use rdkafka::message::{Headers, Message};
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::net::TcpListener;
@@ -344,6 +344,53 @@ pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> 
         }
     }
     seen.sort();
+    seen
+}
+
+/// A record as a `read_committed` reader sees it, headers included.
+#[derive(Debug, Clone)]
+pub struct Consumed {
+    pub partition: i32,
+    pub key: Option<String>,
+    pub value: String,
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+/// Everything committed in `topic`, in (partition, offset) order, with
+/// headers (what a Kafka sink wrote).
+pub fn read_consumed(brokers: &str, topic: &str, partitions: i32) -> Vec<Consumed> {
+    let c = committed_reader(brokers, topic, partitions);
+    let mut done = std::collections::BTreeSet::new();
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while done.len() < partitions as usize {
+        assert!(Instant::now() < deadline, "reading {topic} did not end");
+        match c.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                done.remove(&m.partition());
+                let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
+                let headers = m
+                    .headers()
+                    .map(|hs| {
+                        hs.iter()
+                            .map(|h| (h.key.to_string(), text(h.value).unwrap_or_default()))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                seen.push(Consumed {
+                    partition: m.partition(),
+                    key: text(m.key()),
+                    value: text(m.payload()).unwrap_or_default(),
+                    headers,
+                });
+            }
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                done.insert(p);
+            }
+            Some(Err(e)) => panic!("reading {topic}: {e}"),
+            None => {}
+        }
+    }
     seen
 }
 

@@ -476,3 +476,58 @@ async fn inspect_stdout_example_prints_the_json_filter_rows() {
         "no checkpoint file"
     );
 }
+
+/// Kafka to Kafka: valid orders enriched into `orders-enriched` (keyed by
+/// id, the row as JSON), the rest dead letters with their reason.
+#[test]
+fn enrich_kafka_example_enriches_valid_orders_and_dead_letters_the_rest() {
+    let brokers = shared_broker();
+    let example = repo_root().join("examples/enrich-kafka");
+    create_topic(brokers, "order-events", 2);
+    for (topic, partitions) in [
+        ("orders-enriched", 2),
+        ("enrich.dead-letters", 1),
+        ("enrich.lineage", 1),
+    ] {
+        create_topic(brokers, topic, partitions);
+    }
+    produce_lines(brokers, "order-events", &example.join("orders.jsonl"), 2);
+    let dir = TempDir::new("enrich-kafka");
+    run_ok(&adapt_config(&example, brokers, dir.path()));
+    let mut out = read_consumed(brokers, "orders-enriched", 2);
+    out.sort_by_key(|r| r.key.as_deref().unwrap_or("").parse::<i64>().unwrap_or(-1));
+    let dead = read_consumed(brokers, "enrich.dead-letters", 1);
+    let mut actual = String::from("orders-enriched (key, value):\n");
+    for r in &out {
+        assert_eq!(
+            r.headers.get("tier").map(String::as_str),
+            r.value
+                .split("\"tier\":\"")
+                .nth(1)
+                .and_then(|t| t.split('"').next())
+        );
+        actual.push_str(&format!(
+            "{} {}\n",
+            r.key.as_deref().unwrap_or("-"),
+            r.value
+        ));
+    }
+    let reasons: Vec<&str> = dead
+        .iter()
+        .map(|d| d.headers["sluice.reason"].as_str())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("missing field `amount`")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("negative")),
+        "{reasons:?}"
+    );
+    assert!(
+        dead.iter().all(|d| d.headers["sluice.kind"] == "rejected"
+            && d.headers["sluice.topic"] == "order-events")
+    );
+    actual.push_str(&format!("enrich.dead-letters: {}\n", dead.len()));
+    assert_eq!(actual, expected("enrich-kafka"));
+}

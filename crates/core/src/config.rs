@@ -82,6 +82,8 @@ impl StateConfig {
             lock_timeout_ms: sink.lock_timeout_ms,
             lineage_keep: None,
             format: None,
+            dead_letter_topic: None,
+            lineage_topic: None,
             targets: Vec::new(),
         }
     }
@@ -355,6 +357,19 @@ pub struct SinkConfig {
     /// `shadow` see only these). Default 100000. SQL sinks keep all.
     #[serde(default)]
     pub lineage_keep: Option<u64>,
+    /// Kafka: the topic dead letters go to, in the batch's transaction
+    /// (the record's own key and value, the cause in `sluice.*` headers).
+    /// Default: `<pipeline>.dead-letters`. It must exist.
+    #[serde(default)]
+    pub dead_letter_topic: Option<String>,
+    /// Kafka: the topic lineage goes to, one JSON entry per batch keyed by
+    /// the pipeline, in the batch's transaction. Keep it time- or
+    /// size-retained (`cleanup.policy=delete`), not compacted: compaction
+    /// by pipeline would keep only the newest batch; `verify` and `shadow`
+    /// see what retention keeps. Default: `<pipeline>.lineage`. It must
+    /// exist.
+    #[serde(default)]
+    pub lineage_topic: Option<String>,
     /// The targets a module may write to.
     pub targets: Vec<TargetConfig>,
 }
@@ -409,6 +424,53 @@ pub struct TargetConfig {
     /// (`[[sink.targets.redis]]`, at least one). SQL sinks refuse it.
     #[serde(default)]
     pub redis: Vec<RedisCommandConfig>,
+    /// Kafka sinks: the topic and record layout of this target's rows
+    /// (`[sink.targets.kafka]`; default: the target name as topic, the row
+    /// as a JSON object as value, no key). Other sinks refuse it.
+    #[serde(default)]
+    pub kafka: Option<KafkaTargetConfig>,
+}
+
+/// How a Kafka target's rows become records. Records are partitioned by
+/// key (librdkafka's `murmur2_random`, as the Java client does: one key,
+/// one partition; a null key spreads).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaTargetConfig {
+    /// The topic the rows go to. Default: the target name. It must exist.
+    #[serde(default)]
+    pub topic: Option<String>,
+    /// The column whose cell is the record key: text and blob as their
+    /// bytes, integers in decimal. Default: none (a null key).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// `"json"` (default): the row as one JSON object of its columns; or
+    /// a column (text or blob) whose bytes are the value as they are.
+    #[serde(default)]
+    pub value: Option<String>,
+    /// Columns written as record headers (name = column, value = the cell
+    /// as the key is written; a null cell is a null header).
+    #[serde(default)]
+    pub headers: Vec<String>,
+}
+
+/// What a Kafka record's value is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KafkaValue<'a> {
+    /// The row as one JSON object.
+    Json,
+    /// One column's bytes.
+    Column(&'a str),
+}
+
+impl KafkaTargetConfig {
+    /// The value layout `value` names.
+    pub fn value(&self) -> KafkaValue<'_> {
+        match self.value.as_deref() {
+            None | Some("json") => KafkaValue::Json,
+            Some(column) => KafkaValue::Column(column),
+        }
+    }
 }
 
 /// One Redis command a target's rows run. Keys, fields, members and values
@@ -743,6 +805,22 @@ impl PipelineConfig {
             .unwrap_or_else(|| format!("sluice-{}", self.pipeline))
     }
 
+    /// The Kafka sink's dead-letter topic.
+    pub fn dead_letter_topic(&self) -> String {
+        self.sink
+            .dead_letter_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dead-letters", self.pipeline))
+    }
+
+    /// The Kafka sink's lineage topic.
+    pub fn lineage_topic(&self) -> String {
+        self.sink
+            .lineage_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.lineage", self.pipeline))
+    }
+
     /// The module parameters as the JSON text `init` receives.
     pub fn params_json(&self) -> String {
         serde_json::to_string(&self.module.params).expect("TOML values are valid JSON")
@@ -846,8 +924,28 @@ impl PipelineConfig {
         if self.sink.format.is_some() && kind != SinkKind::Stdout {
             return invalid("`sink.format` is for the stdout sink".into());
         }
+        let kafka_topics = [
+            ("dead_letter_topic", self.sink.dead_letter_topic.is_some()),
+            ("lineage_topic", self.sink.lineage_topic.is_some()),
+        ];
+        if let Some((field, _)) = kafka_topics.iter().find(|(_, set)| *set)
+            && kind != SinkKind::Kafka
+        {
+            return invalid(format!("`sink.{field}` is for Kafka sinks"));
+        }
+        if kind == SinkKind::Kafka {
+            if self.sink.guarantee != Guarantee::ExactlyOnce {
+                return invalid(
+                    "a Kafka sink is exactly-once only: `sink.guarantee` must be `exactly-once`"
+                        .into(),
+                );
+            }
+            for topic in [self.dead_letter_topic(), self.lineage_topic()] {
+                check_topic_name(&topic)?;
+            }
+        }
         match self.sink.lineage_keep {
-            Some(_) if kind.is_sql() => {
+            Some(_) if kind.is_sql() || kind == SinkKind::Kafka => {
                 return invalid(format!(
                     "`sink.lineage_keep` is for Redis sinks; a {} sink keeps all lineage",
                     kind.as_str()
@@ -900,6 +998,23 @@ pub const RESERVED_PROPERTIES: &[&str] = &[
     "bootstrap.servers",
 ];
 
+/// Kafka's rule for topic names: 1 to 249 of `[a-zA-Z0-9._-]`, not `.`
+/// or `..`.
+fn check_topic_name(topic: &str) -> Result<(), ConfigError> {
+    let valid = (1..=249).contains(&topic.len())
+        && topic != "."
+        && topic != ".."
+        && topic
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if valid {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!(
+        "`{topic}` is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, `.`, `_`, `-`)"
+    )))
+}
+
 /// What a sink's configuration error says, without the sink's own prefix
 /// (the config error adds its own).
 fn config_message(e: SinkError) -> String {
@@ -942,17 +1057,20 @@ impl TargetConfig {
     /// table settings.
     fn validate_for(&self, kind: SinkKind, guarantee: Guarantee) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(format!("target `{}`: {m}", self.name)));
-        if kind.is_sql() {
-            if !self.redis.is_empty() {
-                return invalid(format!(
-                    "`redis` commands are for a Redis sink, but the sink is {}",
-                    kind.as_str()
-                ));
-            }
-            return Ok(());
+        if self.kafka.is_some() && kind != SinkKind::Kafka {
+            return invalid(format!(
+                "`kafka` is for a Kafka sink, but the sink is {}",
+                kind.as_str()
+            ));
         }
-        if kind == SinkKind::Stdout && !self.redis.is_empty() {
-            return invalid("`redis` commands are for a Redis sink, but the sink is stdout".into());
+        if !self.redis.is_empty() && kind != SinkKind::Redis {
+            return invalid(format!(
+                "`redis` commands are for a Redis sink, but the sink is {}",
+                kind.as_str()
+            ));
+        }
+        if kind.is_sql() {
+            return Ok(());
         }
         if kind == SinkKind::Redis && self.redis.is_empty() {
             return invalid(
@@ -971,6 +1089,8 @@ impl TargetConfig {
                     SinkKind::Redis =>
                         "a Redis target says what it writes in its \
                                         `[[sink.targets.redis]]` commands",
+                    SinkKind::Kafka =>
+                        "a Kafka target says what it writes in `[sink.targets.kafka]`",
                     _ => "the stdout sink prints every row",
                 }
             ));
@@ -983,6 +1103,56 @@ impl TargetConfig {
                     command.command.as_str()
                 ));
             }
+        }
+        if kind == SinkKind::Kafka {
+            self.validate_kafka()
+                .or_else(|m| invalid(format!("`kafka`: {m}")))?;
+        }
+        Ok(())
+    }
+
+    /// The topic this target's rows go to (Kafka sinks).
+    pub fn topic(&self) -> &str {
+        self.kafka
+            .as_ref()
+            .and_then(|k| k.topic.as_deref())
+            .unwrap_or(&self.name)
+    }
+
+    /// A Kafka target's layout names declared columns of fitting types.
+    fn validate_kafka(&self) -> Result<(), String> {
+        check_topic_name(self.topic()).map_err(|e| e.to_string())?;
+        let layout = self.kafka.clone().unwrap_or_default();
+        let column = |role: &str, name: &str, allowed: &[ColumnType]| match self.columns.get(name) {
+            None => Err(format!(
+                "{role} column `{name}` is not one of the target's columns"
+            )),
+            Some(t) if !allowed.contains(t) => {
+                let names: Vec<String> = allowed
+                    .iter()
+                    .map(|a| format!("{a:?}").to_lowercase())
+                    .collect();
+                Err(format!(
+                    "{role} column `{name}` is {}; it must be {}",
+                    format!("{t:?}").to_lowercase(),
+                    names.join(" or ")
+                ))
+            }
+            Some(_) => Ok(()),
+        };
+        let plain = [ColumnType::Text, ColumnType::Blob, ColumnType::Integer];
+        if let Some(key) = &layout.key {
+            column("key", key, &plain)?;
+        }
+        if let KafkaValue::Column(value) = layout.value() {
+            column("value", value, &[ColumnType::Text, ColumnType::Blob])?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for h in &layout.headers {
+            if !seen.insert(h) {
+                return Err(format!("header `{h}` is named twice"));
+            }
+            column("header", h, &plain)?;
         }
         Ok(())
     }

@@ -57,6 +57,38 @@ pub enum Value<'a> {
     Bool(bool),
 }
 
+impl Value<'_> {
+    /// The cell as JSON, as the stdout and Kafka sinks write rows: text as
+    /// a string, bytes as a string if UTF-8 else as `{"hex": ...}`.
+    pub fn to_json(self) -> serde_json::Value {
+        match self {
+            Value::Null => serde_json::Value::Null,
+            Value::Int(i) => i.into(),
+            Value::Float(f) => f.into(),
+            Value::Text(t) => t.into(),
+            Value::Bytes(b) => match std::str::from_utf8(b) {
+                Ok(t) => t.into(),
+                Err(_) => serde_json::json!({ "hex": hex::encode(b) }),
+            },
+            Value::Bool(b) => b.into(),
+        }
+    }
+}
+
+impl TargetRows {
+    /// Each row as (column name, cell) pairs, in row order.
+    pub fn row_cells(&self) -> Vec<Vec<(&str, Value<'_>)>> {
+        let columns: Vec<(&str, Vec<Value<'_>>)> = self
+            .columns
+            .iter()
+            .map(|c| (c.name.as_str(), c.values().collect()))
+            .collect();
+        (0..self.rows as usize)
+            .map(|i| columns.iter().map(|(n, v)| (*n, v[i])).collect())
+            .collect()
+    }
+}
+
 impl ColumnData {
     fn len(&self) -> usize {
         match self {

@@ -23,6 +23,12 @@ pub trait Sink {
     ) -> Result<HashMap<TopicPartition, i64>, SinkError>;
     /// Commits one batch atomically with the offset compare-and-set.
     async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError>;
+    /// True if every batch must hold one partition only: a sink that fences
+    /// owners per partition (the Kafka sink's transactional ids) commits a
+    /// batch under one partition's fence.
+    fn one_partition_per_batch(&self) -> bool {
+        false
+    }
 }
 
 /// Why a sink operation failed. Callers act on the variant.
@@ -178,6 +184,7 @@ pub enum SinkKind {
     Mysql,
     Redis,
     Stdout,
+    Kafka,
 }
 
 impl SinkKind {
@@ -190,9 +197,10 @@ impl SinkKind {
             "mysql" | "mariadb" => Ok(SinkKind::Mysql),
             "redis" | "rediss" => Ok(SinkKind::Redis),
             "stdout" => Ok(SinkKind::Stdout),
+            "kafka" => Ok(SinkKind::Kafka),
             _ => Err(SinkError::Config(format!(
                 "unsupported sink URL `{}`: use sqlite://PATH, postgres://USER@HOST/DB, \
-                 mysql://USER@HOST/DB, redis://HOST:PORT/DB or stdout://",
+                 mysql://USER@HOST/DB, redis://HOST:PORT/DB, kafka://HOST:PORT or stdout://",
                 redact_url(url)
             ))),
         }
@@ -206,18 +214,21 @@ impl SinkKind {
             SinkKind::Mysql => "mysql",
             SinkKind::Redis => "redis",
             SinkKind::Stdout => "stdout",
+            SinkKind::Kafka => "kafka",
         }
     }
 
     /// True for the kinds that write tables (SQL).
     pub fn is_sql(self) -> bool {
-        !matches!(self, SinkKind::Redis | SinkKind::Stdout)
+        !matches!(self, SinkKind::Redis | SinkKind::Stdout | SinkKind::Kafka)
     }
 
-    /// True for the kinds that can keep state (checkpoints, lineage,
-    /// modules): all but stdout.
+    /// True for the kinds that can be a state store (checkpoints, lineage,
+    /// modules): the SQL ones and Redis. Stdout keeps nothing; Kafka keeps
+    /// its checkpoints (the group's offsets) and lineage (a topic) itself,
+    /// its modules in `[state]`.
     pub fn keeps_state(self) -> bool {
-        self != SinkKind::Stdout
+        !matches!(self, SinkKind::Stdout | SinkKind::Kafka)
     }
 }
 

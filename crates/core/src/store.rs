@@ -10,10 +10,10 @@
 //! params digests a batch ran, which map back to a version here. It must not
 //! write lineage: lineage is written only in the sink's batch commit.
 
-use crate::batch::OffsetRange;
+use crate::batch::{OffsetRange, now_ms};
 use crate::error::{Cause, prefixed};
-use crate::sink::SinkError;
-use serde::Serialize;
+use crate::sink::{Commit, SinkError};
+use serde::{Deserialize, Serialize};
 
 /// The module store of one pipeline's state store. Object-safe (held as
 /// `Arc<dyn ModuleStore>` by the control plane, replay and the runtime's
@@ -244,4 +244,75 @@ impl Selection {
             batches.drain(..batches.len().saturating_sub(last));
         }
     }
+}
+
+/// One committed batch as a JSON lineage entry: how the sinks without
+/// tables (Redis, Kafka) store their lineage.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LineageEntry {
+    pub batch_id: String,
+    pub module_digest: String,
+    pub params_digest: String,
+    pub batch_time_ms: i64,
+    pub records: u64,
+    pub rows: u64,
+    pub dead_letters: u64,
+    pub output_digest: String,
+    pub committed_at_ms: i64,
+    pub settings: String,
+    pub ranges: Vec<OffsetRange>,
+}
+
+impl LineageEntry {
+    pub fn of(c: &Commit<'_>) -> LineageEntry {
+        LineageEntry {
+            batch_id: c.plan.batch_id.clone(),
+            module_digest: c.plan.module_digest.clone(),
+            params_digest: c.plan.params_digest.clone(),
+            batch_time_ms: c.plan.batch_time_ms,
+            records: c.records.len() as u64,
+            rows: c.output.row_count(),
+            dead_letters: c.dead_letters.len() as u64,
+            output_digest: c.output_digest.to_string(),
+            committed_at_ms: now_ms(),
+            settings: c.plan.settings.clone(),
+            ranges: c.plan.ranges.clone(),
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("lineage entries serialize")
+    }
+
+    pub fn into_batch(self) -> CommittedBatch {
+        CommittedBatch {
+            batch_id: self.batch_id,
+            module_digest: self.module_digest,
+            params_digest: self.params_digest,
+            batch_time_ms: self.batch_time_ms,
+            output_digest: self.output_digest,
+            committed_at_ms: self.committed_at_ms,
+            settings: self.settings,
+            ranges: self.ranges,
+        }
+    }
+}
+
+/// The batches `selection` keeps of lineage entries in commit order (the
+/// JSON of [`LineageEntry`], as Redis and Kafka store them).
+pub fn select_entries<T: AsRef<[u8]>>(
+    entries: impl IntoIterator<Item = T>,
+    selection: &Selection,
+) -> Result<Vec<CommittedBatch>, SinkError> {
+    let mut batches = Vec::new();
+    for entry in entries {
+        let entry: LineageEntry = serde_json::from_slice(entry.as_ref())
+            .map_err(|e| SinkError::database("a lineage entry is not sluice's JSON", e))?;
+        let batch = entry.into_batch();
+        if selection.keeps(&batch) {
+            batches.push(batch);
+        }
+    }
+    selection.keep_last(&mut batches);
+    Ok(batches)
 }

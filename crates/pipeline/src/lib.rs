@@ -102,6 +102,7 @@ pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
     /// A newer version found (and loaded) while the last batch committed.
     pending_swap: Option<Swap<V::Transform>>,
     preparer: Arc<Preparer<V::Transform>>,
+    picker: Arc<RangePicker>,
     stats: RunStats,
     status: StatusBoard,
     /// The token `run` was given: it also cuts a poll short, so a long
@@ -128,10 +129,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         status: StatusBoard,
     ) -> Self {
         let preparer = Preparer::new(options.pipeline.clone(), options.on_poison, transform);
+        let picker = Arc::new(RangePicker::new(sink.one_partition_per_batch()));
         let pipeline = Pipeline {
             options,
             source: Some(source),
             ahead: None,
+            picker,
             sink,
             versions,
             version_checked: Cell::new(Instant::now()),
@@ -207,7 +210,8 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 Some(batch) => batch,
                 None if shutdown.is_cancelled() => break,
                 None => {
-                    let ranges = self.source().plan_ranges();
+                    let offered = self.source().plan_ranges();
+                    let ranges = self.picker.pick(offered);
                     if ranges.is_empty() {
                         if self.options.until_caught_up && self.source().caught_up() {
                             tracing::info!("caught up with the log ends seen at start");
@@ -402,6 +406,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     ) -> Result<(), PipelineError> {
         self.source().committed(&batch.plan.ranges);
         let preparer = Arc::clone(&self.preparer);
+        let picker = Arc::clone(&self.picker);
         let wait = self.options.batch_interval;
         let commit = Commit {
             plan: &batch.plan,
@@ -413,7 +418,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let committing = Instant::now();
         let source = self.source.take().expect("source present");
         let read_next = move |source: &mut Src, signals: &PollSignals| {
-            prepare_next.then(|| read_ahead(source, &preparer, wait, signals))
+            prepare_next.then(|| read_ahead(source, &preparer, &picker, wait, signals))
         };
         let committed = async {
             let committed = self.commit(&commit).await;
@@ -625,6 +630,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
 fn read_ahead<T: Transform>(
     source: &mut impl Source,
     preparer: &Preparer<T>,
+    picker: &RangePicker,
     wait: Duration,
     signals: &PollSignals,
 ) -> Ahead {
@@ -632,13 +638,44 @@ fn read_ahead<T: Transform>(
     let polled = source.poll(wait, signals);
     let poll_ms = polling.elapsed().as_millis() as u64;
     let batch = polled.map_err(PipelineError::from).and_then(|()| {
-        let ranges = source.plan_ranges();
+        let ranges = picker.pick(source.plan_ranges());
         if ranges.is_empty() {
             return Ok(None);
         }
         preparer.prepare(source, ranges).map(Some)
     });
     Ahead { poll_ms, batch }
+}
+
+/// Picks the ranges of the next batch from those the source offers: all
+/// of them, or, for a sink that fences owners per partition, one
+/// partition's, the partitions taken in turn so none waits behind a busy
+/// one.
+#[derive(Debug)]
+struct RangePicker {
+    one_partition: bool,
+    last: std::sync::Mutex<Option<TopicPartition>>,
+}
+
+impl RangePicker {
+    fn new(one_partition: bool) -> RangePicker {
+        RangePicker {
+            one_partition,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn pick(&self, mut ranges: Vec<OffsetRange>) -> Vec<OffsetRange> {
+        if !self.one_partition || ranges.len() <= 1 {
+            return ranges;
+        }
+        let mut last = self.last.lock().expect("picker lock");
+        let after_last = |r: &OffsetRange| last.as_ref().is_none_or(|l| r.topic_partition() > *l);
+        let next = ranges.iter().position(after_last).unwrap_or(0);
+        let chosen = ranges.swap_remove(next);
+        *last = Some(chosen.topic_partition());
+        vec![chosen]
+    }
 }
 
 /// The newest [`status::RECENT`] dead letters of `batch`, in batch order.
@@ -659,4 +696,46 @@ fn recent_dead_letters(batch: &Batch) -> Vec<RecentDeadLetter> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges(partitions: &[i32]) -> Vec<OffsetRange> {
+        partitions
+            .iter()
+            .map(|&partition| OffsetRange {
+                topic: "t".into(),
+                partition,
+                from: 0,
+                until: 10,
+            })
+            .collect()
+    }
+
+    fn picked(picker: &RangePicker, partitions: &[i32]) -> Vec<i32> {
+        picker
+            .pick(ranges(partitions))
+            .iter()
+            .map(|r| r.partition)
+            .collect()
+    }
+
+    #[test]
+    fn a_per_partition_sink_gets_the_partitions_in_turn() {
+        let picker = RangePicker::new(true);
+        assert_eq!(picked(&picker, &[0, 1, 2]), [0]);
+        assert_eq!(picked(&picker, &[0, 1, 2]), [1]);
+        // Partition 2 has nothing waiting: the turn wraps to 0.
+        assert_eq!(picked(&picker, &[0, 1]), [0]);
+        assert_eq!(picked(&picker, &[0, 1, 2]), [1]);
+        assert_eq!(picked(&picker, &[0, 1, 2]), [2]);
+        assert_eq!(picked(&picker, &[0, 1, 2]), [0]);
+    }
+
+    #[test]
+    fn other_sinks_get_every_range() {
+        assert_eq!(picked(&RangePicker::new(false), &[0, 1, 2]), [0, 1, 2]);
+    }
 }

@@ -33,12 +33,12 @@
 //! mode.
 
 use crate::connect::{StateKeys, commit_err, connect, sink_err};
-use crate::lineage::LineageEntry;
 use crate::render::{CompiledTarget, Rendered, ops_of};
 use redis::aio::ConnectionManager;
 use sluice_core::batch::TopicPartition;
 use sluice_core::config::{Guarantee, SinkConfig};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use sluice_core::store::LineageEntry;
 use std::collections::HashMap;
 use std::time::Duration;
 

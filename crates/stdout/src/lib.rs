@@ -22,7 +22,7 @@
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::{Records, TopicPartition, describe};
 use sluice_core::config::StdoutFormat;
-use sluice_core::output::{Output, TargetRows, Value};
+use sluice_core::output::{Output, Value};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use std::collections::HashMap;
 use std::io::Write;
@@ -117,44 +117,16 @@ pub fn render_rows(c: &Commit<'_>, format: StdoutFormat) -> String {
     }
 }
 
-/// A cell as JSON: text as a string, bytes as a string if UTF-8 else as
-/// `{"hex": ...}`.
-fn json_value(v: Value<'_>) -> Json {
-    match v {
-        Value::Null => Json::Null,
-        Value::Int(i) => i.into(),
-        Value::Float(f) => f.into(),
-        Value::Text(t) => t.into(),
-        Value::Bytes(b) => match std::str::from_utf8(b) {
-            Ok(t) => t.into(),
-            Err(_) => serde_json::json!({ "hex": hex::encode(b) }),
-        },
-        Value::Bool(b) => b.into(),
-    }
-}
-
-/// Each row of `rows` as (column name, cell) pairs, in row order.
-fn rows_of(rows: &TargetRows) -> Vec<Vec<(&str, Value<'_>)>> {
-    let columns: Vec<(&str, Vec<Value<'_>>)> = rows
-        .columns
-        .iter()
-        .map(|c| (c.name.as_str(), c.values().collect()))
-        .collect();
-    (0..rows.rows as usize)
-        .map(|i| columns.iter().map(|(n, v)| (*n, v[i])).collect())
-        .collect()
-}
-
 /// One line per row: `{"batch", "target", "row": {column: value}}`. A row
 /// is not tied to one record by the module contract, so the batch (its
 /// id and ranges are in the lineage) is what locates it.
 fn json_lines(c: &Commit<'_>) -> String {
     let mut text = String::new();
     for target in &c.output.targets {
-        for row in rows_of(target) {
+        for row in target.row_cells() {
             let cells: Map<String, Json> = row
                 .into_iter()
-                .map(|(n, v)| (n.to_string(), json_value(v)))
+                .map(|(n, v)| (n.to_string(), v.to_json()))
                 .collect();
             let line = serde_json::json!({
                 "batch": c.plan.batch_id,
@@ -183,7 +155,8 @@ fn table(c: &Commit<'_>) -> String {
     );
     for target in &c.output.targets {
         let names: Vec<String> = target.columns.iter().map(|c| c.name.clone()).collect();
-        let cells: Vec<Vec<String>> = rows_of(target)
+        let cells: Vec<Vec<String>> = target
+            .row_cells()
             .into_iter()
             .map(|row| row.into_iter().map(|(_, v)| cell_text(v)).collect())
             .collect();
@@ -215,7 +188,7 @@ fn table(c: &Commit<'_>) -> String {
 }
 
 fn cell_text(v: Value<'_>) -> String {
-    let full = match json_value(v) {
+    let full = match v.to_json() {
         Json::String(s) => s,
         Json::Null => "NULL".into(),
         other => other.to_string(),
@@ -232,7 +205,7 @@ pub fn render_dead_letters(c: &Commit<'_>) -> String {
     let mut text = String::new();
     for d in c.dead_letters {
         let r = records[d.index];
-        let bytes = |b: Option<&[u8]>| b.map_or(Json::Null, |b| json_value(Value::Bytes(b)));
+        let bytes = |b: Option<&[u8]>| b.map_or(Json::Null, |b| Value::Bytes(b).to_json());
         let line = serde_json::json!({
             "dead_letter": {
                 "batch": c.plan.batch_id,

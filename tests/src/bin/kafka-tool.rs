@@ -1,10 +1,13 @@
 //! A tiny Kafka client for the quickstart and manual runs (Debian's kcat is
-//! too old for Tansu): create a topic, produce a file's lines.
+//! too old for Tansu): create a topic, produce a file's lines, print what
+//! a topic holds.
 //!
 //!   kafka-tool create-topic BROKERS TOPIC PARTITIONS
 //!   kafka-tool produce BROKERS TOPIC FILE      (line i goes to partition i % n)
+//!   kafka-tool consume BROKERS TOPIC           (read_committed, to the end:
+//!                                               one `key value [headers]` line each)
 
-use sluice_tests::{Produce, create_topic, produce};
+use sluice_tests::{Produce, create_topic, produce, read_consumed};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -37,9 +40,19 @@ fn main() {
             produce(brokers, topic, &records);
             println!("produced {} records to {topic}", records.len());
         }
+        ["consume", brokers, topic] => {
+            for r in read_consumed(brokers, topic, partition_count(brokers, topic)) {
+                let key = r.key.as_deref().unwrap_or("-");
+                match r.headers.is_empty() {
+                    true => println!("{key} {}", r.value),
+                    false => println!("{key} {} {:?}", r.value, r.headers),
+                }
+            }
+        }
         _ => {
             eprintln!(
-                "usage: kafka-tool create-topic BROKERS TOPIC PARTITIONS | produce BROKERS TOPIC FILE"
+                "usage: kafka-tool create-topic BROKERS TOPIC PARTITIONS | produce BROKERS TOPIC FILE \
+                 | consume BROKERS TOPIC"
             );
             std::process::exit(2);
         }

@@ -1,0 +1,144 @@
+//! What one batch sends: its rows as records laid out by their target's
+//! `[sink.targets.kafka]`, its dead letters (the record's own key and value,
+//! where it came from and why in `sluice.*` headers) and its lineage entry.
+//!
+//! Owns the byte layout of every record the sink writes. It must not talk
+//! to a broker: `sink` sends what this builds.
+
+use serde_json::{Map, Value as Json};
+use sluice_core::batch::RecordRef;
+use sluice_core::config::{KafkaValue, TargetConfig};
+use sluice_core::contract::declared_columns;
+use sluice_core::output::{TargetRows, Value};
+use sluice_core::sink::{Commit, DeadLetter, SinkError};
+use sluice_core::store::LineageEntry;
+
+/// One record to send, owned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutRecord {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub value: Option<Vec<u8>>,
+    /// (name, value); a `None` value is a null header.
+    pub headers: Vec<(String, Option<Vec<u8>>)>,
+}
+
+/// The layout of one target's records, checked against its columns.
+#[derive(Debug, Clone)]
+pub struct TargetLayout {
+    config: TargetConfig,
+}
+
+impl TargetLayout {
+    pub fn new(config: TargetConfig) -> TargetLayout {
+        TargetLayout { config }
+    }
+
+    pub fn topic(&self) -> &str {
+        self.config.topic()
+    }
+
+    /// The records of `rows`, one per row, in row order.
+    pub fn records(&self, rows: &TargetRows) -> Result<Vec<OutRecord>, SinkError> {
+        declared_columns(&self.config, rows)?;
+        let layout = self.config.kafka.clone().unwrap_or_default();
+        Ok(rows
+            .row_cells()
+            .into_iter()
+            .map(|row| OutRecord {
+                topic: self.topic().to_string(),
+                key: layout
+                    .key
+                    .as_deref()
+                    .and_then(|k| cell_bytes(cell(&row, k))),
+                value: match layout.value() {
+                    KafkaValue::Json => Some(row_json(&row)),
+                    KafkaValue::Column(c) => cell_bytes(cell(&row, c)),
+                },
+                headers: layout
+                    .headers
+                    .iter()
+                    .map(|h| (h.clone(), cell_bytes(cell(&row, h))))
+                    .collect(),
+            })
+            .collect())
+    }
+}
+
+/// The cell of column `name` in `row` (null if absent).
+fn cell<'a>(row: &[(&str, Value<'a>)], name: &str) -> Value<'a> {
+    row.iter()
+        .find(|(n, _)| *n == name)
+        .map_or(Value::Null, |(_, v)| *v)
+}
+
+/// A cell as record bytes: text and blobs as they are, numbers in
+/// decimal, booleans as `true`/`false`; null is none.
+fn cell_bytes(v: Value<'_>) -> Option<Vec<u8>> {
+    match v {
+        Value::Null => None,
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        Value::Float(f) => Some(f.to_string().into_bytes()),
+        Value::Text(t) => Some(t.as_bytes().to_vec()),
+        Value::Bytes(b) => Some(b.to_vec()),
+        Value::Bool(b) => Some(b.to_string().into_bytes()),
+    }
+}
+
+/// The row as one JSON object, its columns in name order.
+fn row_json(row: &[(&str, Value<'_>)]) -> Vec<u8> {
+    let mut cells: Vec<&(&str, Value<'_>)> = row.iter().collect();
+    // Name order whatever order the module wrote them in (and whether or
+    // not serde_json keeps insertion order).
+    cells.sort_by_key(|(n, _)| *n);
+    let object: Map<String, Json> = cells
+        .into_iter()
+        .map(|(n, v)| (n.to_string(), v.to_json()))
+        .collect();
+    serde_json::to_vec(&object).expect("JSON values serialize")
+}
+
+/// The dead letters of a batch, to `topic`: each the failed record's own
+/// key and value, with headers saying where it came from and why
+/// (`sluice.topic`, `sluice.partition`, `sluice.offset`, `sluice.kind`,
+/// `sluice.reason`, `sluice.batch`, `sluice.pipeline`).
+pub fn dead_letters(c: &Commit<'_>, topic: &str) -> Vec<OutRecord> {
+    if c.dead_letters.is_empty() {
+        return Vec::new();
+    }
+    let records: Vec<RecordRef<'_>> = c.records.iter().collect();
+    c.dead_letters
+        .iter()
+        .filter_map(|d| Some(dead_letter(c, d, records.get(d.index)?, topic)))
+        .collect()
+}
+
+fn dead_letter(c: &Commit<'_>, d: &DeadLetter, r: &RecordRef<'_>, topic: &str) -> OutRecord {
+    let text = |name: &str, value: String| (name.to_string(), Some(value.into_bytes()));
+    let headers = vec![
+        text("sluice.pipeline", c.plan.pipeline.clone()),
+        text("sluice.batch", c.plan.batch_id.clone()),
+        text("sluice.topic", r.topic.to_string()),
+        text("sluice.partition", r.partition.to_string()),
+        text("sluice.offset", r.offset.to_string()),
+        text("sluice.kind", d.kind.as_str().to_string()),
+        text("sluice.reason", d.reason.clone()),
+    ];
+    OutRecord {
+        topic: topic.to_string(),
+        key: r.key.map(<[u8]>::to_vec),
+        value: r.value.map(<[u8]>::to_vec),
+        headers,
+    }
+}
+
+/// The batch's lineage entry, to `topic`, keyed by the pipeline so one
+/// partition holds a pipeline's lineage in commit order.
+pub fn lineage(c: &Commit<'_>, topic: &str) -> OutRecord {
+    OutRecord {
+        topic: topic.to_string(),
+        key: Some(c.plan.pipeline.as_bytes().to_vec()),
+        value: Some(LineageEntry::of(c).to_json().into_bytes()),
+        headers: Vec::new(),
+    }
+}

@@ -1,0 +1,444 @@
+//! The Kafka sink: one producer transaction per batch.
+//!
+//! # Delivery guarantee
+//!
+//! Exactly-once into the output topics, as a `read_committed` reader sees
+//! them, given the three conditions (the source replays a range, the
+//! transform is deterministic, and this commit is atomic and fenced). One
+//! transaction holds the batch's records, its dead letters, its lineage
+//! entry and the move of its input partition's offset in the pipeline's
+//! consumer group (`send_offsets_to_transaction`): they land together or
+//! not at all. The group's committed offsets are the checkpoint, read with
+//! `require_stable` (librdkafka asks for it under `read_committed`), so a
+//! transaction still settling is never read as a checkpoint.
+//!
+//! Fencing is by transactional id, one per input partition
+//! (`sluice-<pipeline>-<topic>-<partition>`), and so every batch holds one
+//! partition. Whoever starts a partition first calls `init_transactions`
+//! under its id: the broker aborts the transaction the previous owner left
+//! open and bumps the producer epoch, so a zombie (paused, cut off, or a
+//! second instance statically assigned the same partition) fails its next
+//! produce, offset commit or commit with `ProducerFenced`. Only then is the
+//! checkpoint read. The consumer-group generation (KIP-447) is not relied
+//! on: the brokers sluice is tested against do not check it on
+//! `TxnOffsetCommit`, while every broker checks the epoch.
+//!
+//! It must not read input or decide ranges: that is the source and the
+//! loop. It never imports another sink.
+
+use crate::records::{self, OutRecord, TargetLayout};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_core::batch::{OffsetRange, TopicPartition};
+use sluice_core::config::PipelineConfig;
+use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type TxnProducer = ThreadedProducer<DefaultProducerContext>;
+
+/// How long one broker call (init, offsets, commit) may take.
+const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a commit whose outcome is retriable is retried before the
+/// loop is told its outcome is unknown.
+const COMMIT_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Commits each batch in a transaction of its partition's producer.
+pub struct KafkaSink {
+    brokers: String,
+    pipeline: String,
+    targets: HashMap<String, TargetLayout>,
+    dead_letter_topic: String,
+    lineage_topic: String,
+    /// Reads the group's committed offsets; its group metadata goes with
+    /// every transaction's offsets.
+    offsets: Arc<BaseConsumer>,
+    group: ConsumerGroupMetadata,
+    producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
+}
+
+impl KafkaSink {
+    /// Connects to the brokers of `config.sink.url` (`kafka://host:port`,
+    /// comma-separated for several) and checks every topic it writes
+    /// exists.
+    pub async fn open(config: &PipelineConfig) -> Result<KafkaSink, SinkError> {
+        let brokers = brokers_of(&config.sink.url)?;
+        let group_id = config.group_id();
+        let targets: HashMap<String, TargetLayout> = config
+            .sink
+            .targets
+            .iter()
+            .map(|t| (t.name.clone(), TargetLayout::new(t.clone())))
+            .collect();
+        let offsets: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &brokers)
+            .set("group.id", &group_id)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .map_err(|e| SinkError::Config(format!("Kafka sink client: {e}")))?;
+        let group = offsets
+            .group_metadata()
+            .ok_or_else(|| SinkError::Config("Kafka sink: no consumer group metadata".into()))?;
+        let sink = KafkaSink {
+            brokers,
+            pipeline: config.pipeline.clone(),
+            targets,
+            dead_letter_topic: config.dead_letter_topic(),
+            lineage_topic: config.lineage_topic(),
+            offsets: Arc::new(offsets),
+            group,
+            producers: Mutex::new(HashMap::new()),
+        };
+        tokio::task::block_in_place(|| sink.check_topics())?;
+        Ok(sink)
+    }
+
+    /// Every topic this sink writes exists (the sink never creates one:
+    /// partitions, retention and compaction are the operator's choice).
+    fn check_topics(&self) -> Result<(), SinkError> {
+        let metadata = self
+            .offsets
+            .fetch_metadata(None, BROKER_TIMEOUT)
+            .map_err(|e| SinkError::unavailable(format!("Kafka brokers {}", self.brokers), e))?;
+        let exists = |name: &str| {
+            metadata
+                .topics()
+                .iter()
+                .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
+        };
+        let mut wanted: Vec<&str> = self.targets.values().map(TargetLayout::topic).collect();
+        wanted.extend([self.dead_letter_topic.as_str(), self.lineage_topic.as_str()]);
+        match wanted.into_iter().find(|t| !exists(t)) {
+            Some(missing) => Err(SinkError::Config(format!(
+                "topic `{missing}` does not exist on {}: create it (the Kafka sink never creates \
+                 topics; the lineage topic should be time-retained, not compacted)",
+                self.brokers
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The transactional id fencing owners of `tp`.
+    fn transactional_id(&self, tp: &TopicPartition) -> String {
+        format!("sluice-{}-{}-{}", self.pipeline, tp.topic, tp.partition)
+    }
+
+    /// A new transactional producer for `tp`, initialized: every earlier
+    /// producer under its id (a previous owner, or this one's own last)
+    /// is fenced and its open transaction aborted.
+    fn fence(&self, tp: &TopicPartition) -> Result<Arc<TxnProducer>, SinkError> {
+        let producer: TxnProducer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("transactional.id", self.transactional_id(tp))
+            .set("partitioner", "murmur2_random")
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "1000000")
+            .create()
+            .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
+        producer
+            .init_transactions(BROKER_TIMEOUT)
+            .map_err(|e| broker_error(format!("init_transactions for {tp}"), e))?;
+        Ok(Arc::new(producer))
+    }
+
+    /// Fences every other owner of `partitions` (in parallel: each is a
+    /// round trip to the transaction coordinator) and keeps the producers.
+    fn fence_all(&self, partitions: &[TopicPartition]) -> Result<(), SinkError> {
+        let fenced: Vec<(TopicPartition, Result<Arc<TxnProducer>, SinkError>)> =
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = partitions
+                    .iter()
+                    .map(|tp| (tp.clone(), scope.spawn(move || self.fence(tp))))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|(tp, h)| (tp, h.join().expect("fencing thread")))
+                    .collect()
+            });
+        let mut producers = self.producers.lock().expect("producers lock");
+        for (tp, producer) in fenced {
+            producers.insert(tp, producer?);
+        }
+        Ok(())
+    }
+
+    /// The group's committed offsets of `partitions`, stable ones only.
+    fn committed(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, SinkError> {
+        let mut list = TopicPartitionList::new();
+        for tp in partitions {
+            list.add_partition(&tp.topic, tp.partition);
+        }
+        let committed = self
+            .offsets
+            .committed_offsets(list, BROKER_TIMEOUT)
+            .map_err(|e| SinkError::unavailable("reading the group's committed offsets", e))?;
+        Ok(committed
+            .elements()
+            .iter()
+            .filter_map(|e| match e.offset() {
+                Offset::Offset(o) => Some((
+                    TopicPartition {
+                        topic: e.topic().to_string(),
+                        partition: e.partition(),
+                    },
+                    o,
+                )),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Everything `c` sends, in order: rows, dead letters, lineage.
+    fn records_of(&self, c: &Commit<'_>) -> Result<Vec<OutRecord>, SinkError> {
+        let mut out = Vec::with_capacity(c.output.row_count() as usize + 1);
+        for rows in &c.output.targets {
+            let layout = self.targets.get(&rows.target).ok_or_else(|| {
+                SinkError::Config(format!(
+                    "module wrote to target `{}`, which the sink does not declare",
+                    rows.target
+                ))
+            })?;
+            out.extend(layout.records(rows)?);
+        }
+        out.extend(records::dead_letters(c, &self.dead_letter_topic));
+        out.push(records::lineage(c, &self.lineage_topic));
+        Ok(out)
+    }
+
+    /// One transaction: begin, send, offsets, commit.
+    fn transact(&self, c: &Commit<'_>, range: &OffsetRange) -> Result<CommitOutcome, SinkError> {
+        let tp = range.topic_partition();
+        let producer = self
+            .producers
+            .lock()
+            .expect("producers lock")
+            .get(&tp)
+            .cloned()
+            .ok_or_else(|| {
+                SinkError::Config(format!("batch for {tp}, whose checkpoint was never read"))
+            })?;
+        let records = self.records_of(c)?;
+        let fenced = || CommitOutcome::Fenced {
+            partition: tp.to_string(),
+            expected: range.from,
+            found: None,
+        };
+        let step = |what: &str, result: Result<(), KafkaError>| {
+            result.map_err(|e| Step::of(format!("{what} ({tp})"), e))
+        };
+        let sent = (|| {
+            step("begin_transaction", producer.begin_transaction())?;
+            for r in &records {
+                send(&producer, r).map_err(|e| Step::of(format!("producing to {}", r.topic), e))?;
+            }
+            let mut offsets = TopicPartitionList::new();
+            offsets
+                .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(range.until))
+                .map_err(|e| Step::of("offsets".into(), e))?;
+            step(
+                "send_offsets_to_transaction",
+                producer.send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT),
+            )
+        })();
+        match sent {
+            Ok(()) => {}
+            Err(Step::Fenced) => return Ok(fenced()),
+            Err(Step::Failed(e)) => {
+                // Nothing is committed yet: abort, and the loop sends the
+                // whole batch again.
+                let _ = producer.abort_transaction(BROKER_TIMEOUT);
+                return Err(e);
+            }
+        }
+        match commit_with_retry(&producer, &tp) {
+            Ok(()) => Ok(CommitOutcome::Committed),
+            Err(Step::Fenced) => Ok(fenced()),
+            Err(Step::Failed(e)) => Err(e),
+        }
+    }
+}
+
+impl Sink for KafkaSink {
+    /// Fences every other owner of `partitions`, then reads their stable
+    /// committed offsets.
+    async fn checkpoints(
+        &self,
+        _pipeline: &str,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, SinkError> {
+        tokio::task::block_in_place(|| {
+            self.fence_all(partitions)?;
+            self.committed(partitions)
+        })
+    }
+
+    async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
+        let [range] = c.plan.ranges.as_slice() else {
+            return Err(SinkError::Config(format!(
+                "the Kafka sink commits one partition per batch; batch {} has {}",
+                c.plan.batch_id,
+                c.plan.ranges.len()
+            )));
+        };
+        tokio::task::block_in_place(|| self.transact(c, range))
+    }
+
+    fn one_partition_per_batch(&self) -> bool {
+        true
+    }
+}
+
+/// Why a transaction step failed: fenced by a newer owner, or anything
+/// else (as the sink error the loop acts on).
+enum Step {
+    Fenced,
+    Failed(SinkError),
+}
+
+impl Step {
+    fn of(what: String, e: KafkaError) -> Step {
+        if is_fenced(&e) {
+            tracing::warn!(
+                "{what}: {e}: a newer owner of this partition fenced this producer; its \
+                 transaction is aborted and the partition is read again from the checkpoint"
+            );
+            return Step::Fenced;
+        }
+        Step::Failed(broker_error(what, e))
+    }
+}
+
+/// Commits, retrying what librdkafka calls retriable (the outcome is then
+/// unknown, and committing again is what resolves it); a commit that needs
+/// an abort is aborted (nothing landed); after [`COMMIT_RETRY_FOR`] the
+/// outcome is reported unknown and the loop reads the checkpoint back.
+fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
+    let started = Instant::now();
+    loop {
+        let e = match producer.commit_transaction(BROKER_TIMEOUT) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if is_fenced(&e) {
+            return Err(Step::of(format!("commit_transaction ({tp})"), e));
+        }
+        match &e {
+            KafkaError::Transaction(rd) if rd.txn_requires_abort() => {
+                let _ = producer.abort_transaction(BROKER_TIMEOUT);
+                return Err(Step::Failed(SinkError::unavailable(
+                    format!("commit_transaction ({tp}) aborted"),
+                    e,
+                )));
+            }
+            KafkaError::Transaction(rd) if rd.is_retriable() => {
+                if started.elapsed() > COMMIT_RETRY_FOR {
+                    return Err(Step::Failed(SinkError::commit_unknown(
+                        format!("commit_transaction ({tp})"),
+                        e,
+                    )));
+                }
+                tracing::warn!("commit_transaction ({tp}): {e}; committing again");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            _ => {
+                return Err(Step::Failed(SinkError::commit_unknown(
+                    format!("commit_transaction ({tp})"),
+                    e,
+                )));
+            }
+        }
+    }
+}
+
+/// Queues `r` on `producer`, waiting while its queue is full.
+fn send(producer: &TxnProducer, r: &OutRecord) -> Result<(), KafkaError> {
+    let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+    for (name, value) in &r.headers {
+        headers = headers.insert(Header {
+            key: name,
+            value: value.as_deref(),
+        });
+    }
+    let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).headers(headers);
+    if let Some(key) = &r.key {
+        record = record.key(key.as_slice());
+    }
+    if let Some(value) = &r.value {
+        record = record.payload(value.as_slice());
+    }
+    loop {
+        match producer.send(record) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// True if `e` says a newer producer under the same transactional id
+/// exists: this one can never commit again.
+fn is_fenced(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
+    )
+}
+
+/// A broker call that failed: retriable ones make the sink unavailable
+/// (the loop retries), fatal ones stop the pipeline.
+fn broker_error(what: String, e: KafkaError) -> SinkError {
+    let retriable = match &e {
+        KafkaError::Transaction(rd) => !rd.is_fatal(),
+        _ => true,
+    };
+    if retriable {
+        SinkError::unavailable(what, e)
+    } else {
+        SinkError::database(what, e)
+    }
+}
+
+/// The bootstrap servers a `kafka://host:port[,host:port]` URL names.
+pub fn brokers_of(url: &str) -> Result<String, SinkError> {
+    let brokers = url
+        .strip_prefix("kafka://")
+        .map(|rest| rest.trim_end_matches('/'))
+        .unwrap_or("");
+    if brokers.is_empty() || brokers.contains('/') || brokers.contains('@') {
+        return Err(SinkError::Config(format!(
+            "`{url}` is not a Kafka sink URL: use kafka://HOST:PORT (comma-separated for several)"
+        )));
+    }
+    Ok(brokers.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::brokers_of;
+
+    #[test]
+    fn a_kafka_url_names_its_brokers() {
+        assert_eq!(brokers_of("kafka://a:9092").unwrap(), "a:9092");
+        assert_eq!(brokers_of("kafka://a:1,b:2/").unwrap(), "a:1,b:2");
+        for bad in [
+            "kafka://",
+            "kafka://user@a:1",
+            "kafka://a:1/db",
+            "redis://a:1",
+        ] {
+            let e = brokers_of(bad).unwrap_err().to_string();
+            assert!(e.contains("not a Kafka sink URL"), "{bad}: {e}");
+        }
+    }
+}

@@ -1,0 +1,394 @@
+//! The Kafka sink against the Tansu broker: Kafka → Wasm → Kafka exactly
+//! once. Output topics are read back with an independent `read_committed`
+//! consumer and compared with a `read_committed` read of the input: with
+//! committed and aborted input transactions, every input record's output
+//! is there exactly once, in input order per key; lineage lands in its
+//! topic, contiguous, and `verify` replays it; a restart adds nothing; bad
+//! configs and missing topics are refused before anything runs. The broker
+//! defect that keeps fault-injection tests of this sink from reading their
+//! output with `read_committed` is reproduced here by name.
+
+use rand::SeedableRng;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::Producer as _;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_tests::control::sluice_ok;
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const PARTITIONS: i32 = 4;
+
+/// The sum of the group's committed offsets over `topic`'s partitions: it
+/// grows with every committed batch.
+struct GroupOffsets {
+    consumer: BaseConsumer,
+    topic: String,
+}
+
+impl GroupOffsets {
+    fn new(brokers: &str, group: &str, topic: &str) -> GroupOffsets {
+        let consumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("isolation.level", "read_committed")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("offsets consumer");
+        GroupOffsets {
+            consumer,
+            topic: topic.to_string(),
+        }
+    }
+
+    fn total(&self) -> i64 {
+        let mut list = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            list.add_partition(&self.topic, p);
+        }
+        let Ok(committed) = self
+            .consumer
+            .committed_offsets(list, Duration::from_secs(10))
+        else {
+            return 0;
+        };
+        committed
+            .elements()
+            .iter()
+            .map(|e| match e.offset() {
+                Offset::Offset(o) => o,
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+/// An identity pipeline from `input` into the Kafka topic `output`: key
+/// and value as they came, the source partition and offset as headers.
+fn kafka_config(pipeline: &str, brokers: &str, input: &str, output: &str, extra: &str) -> String {
+    format!(
+        r#"
+pipeline = "{pipeline}"
+[source]
+brokers = "{brokers}"
+topics = ["{input}"]
+max_records_per_partition = 500
+batch_interval_ms = 50
+properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
+{extra}
+[module]
+path = "{module}"
+[sink]
+url = "kafka://{brokers}"
+[[sink.targets]]
+name = "records"
+columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
+[sink.targets.kafka]
+topic = "{output}"
+key = "key"
+value = "value"
+headers = ["partition", "offset"]
+"#,
+        module = plugin("identity").display()
+    )
+}
+
+/// The sink's topics for `pipeline`: output, dead letters, lineage.
+fn create_sink_topics(brokers: &str, pipeline: &str, output: &str) {
+    create_topic(brokers, output, PARTITIONS);
+    create_topic(brokers, &format!("{pipeline}.dead-letters"), 1);
+    create_topic(brokers, &format!("{pipeline}.lineage"), 1);
+}
+
+/// The lineage topic's committed entries: their ranges contiguous per
+/// partition (each batch starts where the one before ended: no batch
+/// committed twice, none skipped). Returns how many there are.
+fn assert_lineage_contiguous(brokers: &str, pipeline: &str) -> usize {
+    let entries = read_committed(brokers, &format!("{pipeline}.lineage"), 1);
+    let mut rows = Vec::new();
+    for e in &entries {
+        assert_eq!(
+            e.key.as_deref(),
+            Some(pipeline),
+            "lineage keyed by pipeline"
+        );
+        let entry: serde_json::Value = serde_json::from_str(&e.value).expect("lineage JSON");
+        for r in entry["ranges"].as_array().expect("ranges") {
+            rows.push((
+                r["topic"].as_str().unwrap().to_string(),
+                r["partition"].as_i64().unwrap(),
+                r["from"].as_i64().unwrap(),
+                r["until"].as_i64().unwrap(),
+            ));
+        }
+    }
+    rows.sort();
+    assert_ranges_contiguous(rows);
+    entries.len()
+}
+
+/// Every committed input record is in the output exactly once, its key and
+/// value unchanged, its headers naming where it came from, and the records
+/// of a key in input order.
+fn assert_output_exactly_once(input: &[Seen], output: &[Consumed]) {
+    let mut by_origin: BTreeMap<(i32, i64), &Consumed> = BTreeMap::new();
+    for o in output {
+        let origin = (
+            o.headers["partition"]
+                .parse::<i32>()
+                .expect("partition header"),
+            o.headers["offset"].parse::<i64>().expect("offset header"),
+        );
+        assert!(
+            by_origin.insert(origin, o).is_none(),
+            "input record {origin:?} is in the output twice"
+        );
+    }
+    for i in input {
+        let o = by_origin.get(&(i.partition, i.offset)).unwrap_or_else(|| {
+            panic!(
+                "input record {}:{} is not in the output",
+                i.partition, i.offset
+            )
+        });
+        assert_eq!(
+            (&o.key, &o.value),
+            (&i.key, &i.value),
+            "record {}:{}",
+            i.partition,
+            i.offset
+        );
+    }
+    assert_eq!(
+        by_origin.len(),
+        input.len(),
+        "output holds records not in the committed input"
+    );
+    // Per key: one output partition, offsets rising in input order.
+    let mut last: BTreeMap<&str, (i32, i64)> = BTreeMap::new();
+    for o in output {
+        let key = o.key.as_deref().expect("keyed");
+        let origin = (
+            o.headers["partition"].parse().unwrap(),
+            o.headers["offset"].parse().unwrap(),
+        );
+        if let Some(before) = last.insert(key, origin) {
+            assert!(
+                before < origin,
+                "key {key}: {origin:?} came after {before:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn identity_into_kafka_lands_every_record_once_and_verify_replays_it() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("kafka-once", "kafka-once-in", "kafka-once-out");
+    create_topic(brokers, input, PARTITIONS);
+    create_sink_topics(brokers, pipeline, output);
+    produce(brokers, input, &numbered("plain", 3_000, PARTITIONS));
+    produce_transaction(
+        brokers,
+        input,
+        "kafka-once-t1",
+        &numbered("committed", 700, PARTITIONS),
+        true,
+    );
+    produce_transaction(
+        brokers,
+        input,
+        "kafka-once-t2",
+        &numbered("aborted", 600, PARTITIONS),
+        false,
+    );
+    produce(brokers, input, &numbered("after", 1_000, PARTITIONS));
+    let dir = TempDir::new(pipeline);
+    let config = write_config(
+        dir.path(),
+        &kafka_config(pipeline, brokers, input, output, ""),
+    );
+    run_ok(&config);
+    let expected = read_committed(brokers, input, PARTITIONS);
+    let out = read_consumed(brokers, output, PARTITIONS);
+    assert_output_exactly_once(&expected, &out);
+    // A second run finds the checkpoint in the group and adds nothing.
+    run_ok(&config);
+    assert_eq!(read_consumed(brokers, output, PARTITIONS).len(), out.len());
+    let n = assert_lineage_contiguous(brokers, pipeline);
+    let said = sluice_ok(&["verify", config.to_str().unwrap()]);
+    assert!(
+        said.contains(&format!("verified {n} batches: {n} match, 0 differ")),
+        "{said}"
+    );
+}
+
+/// SIGKILLs at random moments over 100k+ input records (committed and
+/// aborted input transactions), statically assigned so restarts are fast.
+/// Ignored: every kill mid-batch leaves an aborted output transaction, and
+/// on Tansu a `read_committed` reader sees aborted records
+/// (`broker_defect_an_abort_by_the_next_owner_is_visible_to_read_committed`),
+/// so the output check fails on the broker, not on sluice. It runs again
+/// once the output is read by a reader that honours the abort markers
+/// (docs/kafka.md, "Testing against Tansu").
+#[ignore = "Tansu shows aborted transactions to read_committed readers"]
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_at_random_moments_into_kafka_loses_and_duplicates_nothing() {
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    let (pipeline, input, output) = ("kcrash", "kcrash-in", "kcrash-out");
+    create_topic(brokers, input, PARTITIONS);
+    create_sink_topics(brokers, pipeline, output);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6af4a);
+    let sent = crash::produce_mixed_input(brokers, input, PARTITIONS, &mut rng);
+    assert!(
+        sent >= 100_000,
+        "the test needs 100k committed records, sent {sent}"
+    );
+    let dir = TempDir::new(pipeline);
+    let assign = format!("assign = {{ \"{input}\" = [0, 1, 2, 3] }}");
+    let config = write_config(
+        dir.path(),
+        &kafka_config(pipeline, brokers, input, output, &assign),
+    );
+    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input);
+    let (kills, moved) = crash::kill_loop(&config, async || offsets.total(), 24, &mut rng).await;
+    assert!(
+        kills >= 20,
+        "only {kills} kills before the pipeline finished"
+    );
+    run_ok(&config);
+    let batches = assert_lineage_contiguous(brokers, pipeline);
+    let expected = read_committed(brokers, input, PARTITIONS);
+    let out = read_consumed(brokers, output, PARTITIONS);
+    assert_output_exactly_once(&expected, &out);
+    println!(
+        "{kills} SIGKILLs (offsets had moved {moved} by the last); {batches} batches, {} \
+         records exactly once in Kafka",
+        out.len()
+    );
+}
+
+/// Reproduces, reduced to its core, what a SIGKILL mid-batch does on this
+/// broker: a transactional producer sends records and dies without ending
+/// its transaction; the next producer under the same transactional id
+/// (the next owner, as the Kafka sink's fencing does) aborts it. A
+/// `read_committed` reader must not see those records, and on Tansu it
+/// does: its Fetch responses never list aborted transactions (its fetch
+/// service answers `aborted_transactions` with an empty list), so
+/// librdkafka cannot skip aborted batches below the last stable offset.
+/// This is why the Kafka sink's crash and zombie tests cannot yet check
+/// their output with librdkafka's `read_committed` on this broker (see
+/// docs/kafka.md). If this test starts failing, the broker was fixed:
+/// update docs/kafka.md and docs/ARCHITECTURE.md and delete it.
+#[test]
+fn broker_defect_an_abort_by_the_next_owner_is_visible_to_read_committed() {
+    let brokers = shared_broker();
+    let topic = "kafka-defect-abort";
+    create_topic(brokers, topic, 1);
+    let id = "kafka-defect-abort-owner";
+    let dead = producer(brokers, Some(id));
+    dead.init_transactions(Duration::from_secs(30))
+        .expect("init");
+    dead.begin_transaction().expect("begin");
+    let records: Vec<Produce> = (0..100)
+        .map(|i| Produce {
+            partition: 0,
+            key: None,
+            value: format!("aborted-{i}"),
+        })
+        .collect();
+    for r in &records {
+        send(&dead, topic, r);
+    }
+    dead.flush(Duration::from_secs(30)).expect("flush");
+    std::mem::forget(dead); // dies mid-transaction: nothing ends it
+    let next = producer(brokers, Some(id));
+    next.init_transactions(Duration::from_secs(30))
+        .expect("the next owner fences");
+    produce_transaction(
+        brokers,
+        topic,
+        "kafka-defect-abort-other",
+        &[Produce {
+            partition: 0,
+            key: None,
+            value: "committed".into(),
+        }],
+        true,
+    );
+    let seen = read_committed(brokers, topic, 1);
+    let leaked = seen
+        .iter()
+        .filter(|s| s.value.starts_with("aborted-"))
+        .count();
+    println!("read_committed saw {leaked} of 100 aborted records");
+    assert!(
+        seen.iter().any(|s| s.value == "committed"),
+        "the committed record must be visible"
+    );
+    assert!(
+        leaked > 0,
+        "no aborted record leaked: the broker defect seems fixed; update docs/kafka.md and \
+         remove this test"
+    );
+}
+
+#[test]
+fn a_missing_sink_topic_is_refused_before_anything_runs() {
+    let brokers = shared_broker();
+    let (pipeline, input) = ("kafka-missing", "kafka-missing-in");
+    create_topic(brokers, input, 1);
+    let dir = TempDir::new(pipeline);
+    let config = write_config(
+        dir.path(),
+        &kafka_config(pipeline, brokers, input, "kafka-missing-out", ""),
+    );
+    let out = run_until_caught_up(&config, Duration::from_secs(60));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("topic `kafka-missing-out` does not exist"),
+        "{said}"
+    );
+}
+
+#[test]
+fn kafka_layouts_that_do_not_fit_their_columns_are_refused() {
+    let dir = TempDir::new("kafka-bad-config");
+    let base = kafka_config("kbad", "127.0.0.1:1", "in", "out", "");
+    let cases = [
+        (
+            base.replace("key = \"key\"", "key = \"nope\""),
+            "key column `nope` is not one of the target's columns",
+        ),
+        (
+            base.replace("value = \"value\"", "value = \"offset\""),
+            "value column `offset` is integer",
+        ),
+        (
+            base.replace("topic = \"out\"", "topic = \"bad topic\""),
+            "`bad topic` is not a Kafka topic name",
+        ),
+        (
+            base.replace("[sink]\n", "[sink]\nlineage_keep = 5\n"),
+            "`sink.lineage_keep` is for Redis sinks",
+        ),
+        (
+            kafka_config("kbad", "127.0.0.1:1", "in", "out", "")
+                .replace("url = \"kafka://127.0.0.1:1\"", "url = \"sqlite://x.db\""),
+            "`kafka` is for a Kafka sink, but the sink is sqlite",
+        ),
+    ];
+    for (text, expected) in cases {
+        let config = write_config(dir.path(), &text);
+        let out = std::process::Command::new(sluice_bin())
+            .arg("check")
+            .arg(&config)
+            .output()
+            .expect("sluice check");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "accepted: {text}");
+        assert!(said.contains(expected), "expected `{expected}` in: {said}");
+    }
+}
