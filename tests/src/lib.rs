@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod control;
 pub mod crash;
+pub mod markers;
 pub mod proxy;
 pub mod redis_server;
 pub mod sinks;

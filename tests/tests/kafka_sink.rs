@@ -12,7 +12,8 @@ use rand::SeedableRng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::Producer as _;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice_tests::control::sluice_ok;
+use sluice_tests::control::{Host, Producer, sluice_ok};
+use sluice_tests::markers::{has_open_transaction, read_committed_by_markers};
 use sluice_tests::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,10 +25,11 @@ const PARTITIONS: i32 = 4;
 struct GroupOffsets {
     consumer: BaseConsumer,
     topic: String,
+    partitions: i32,
 }
 
 impl GroupOffsets {
-    fn new(brokers: &str, group: &str, topic: &str) -> GroupOffsets {
+    fn new(brokers: &str, group: &str, topic: &str, partitions: i32) -> GroupOffsets {
         let consumer = ClientConfig::new()
             .set("bootstrap.servers", brokers)
             .set("group.id", group)
@@ -38,12 +40,13 @@ impl GroupOffsets {
         GroupOffsets {
             consumer,
             topic: topic.to_string(),
+            partitions,
         }
     }
 
     fn total(&self) -> i64 {
         let mut list = TopicPartitionList::new();
-        for p in 0..PARTITIONS {
+        for p in 0..self.partitions {
             list.add_partition(&self.topic, p);
         }
         let Ok(committed) = self
@@ -100,11 +103,23 @@ fn create_sink_topics(brokers: &str, pipeline: &str, output: &str) {
     create_topic(brokers, &format!("{pipeline}.lineage"), 1);
 }
 
+/// How an output topic is read: librdkafka's `read_committed`, or the
+/// broker's transaction markers (where aborted output exists).
+#[derive(Clone, Copy)]
+enum By {
+    Librdkafka,
+    Markers,
+}
+
 /// The lineage topic's committed entries: their ranges contiguous per
 /// partition (each batch starts where the one before ended: no batch
 /// committed twice, none skipped). Returns how many there are.
-fn assert_lineage_contiguous(brokers: &str, pipeline: &str) -> usize {
-    let entries = read_committed(brokers, &format!("{pipeline}.lineage"), 1);
+fn assert_lineage_contiguous(brokers: &str, pipeline: &str, by: By) -> usize {
+    let topic = format!("{pipeline}.lineage");
+    let entries = match by {
+        By::Librdkafka => read_consumed(brokers, &topic, 1),
+        By::Markers => read_committed_by_markers(brokers, &topic, 1),
+    };
     let mut rows = Vec::new();
     for e in &entries {
         assert_eq!(
@@ -215,7 +230,7 @@ async fn identity_into_kafka_lands_every_record_once_and_verify_replays_it() {
     // A second run finds the checkpoint in the group and adds nothing.
     run_ok(&config);
     assert_eq!(read_consumed(brokers, output, PARTITIONS).len(), out.len());
-    let n = assert_lineage_contiguous(brokers, pipeline);
+    let n = assert_lineage_contiguous(brokers, pipeline, By::Librdkafka);
     let said = sluice_ok(&["verify", config.to_str().unwrap()]);
     assert!(
         said.contains(&format!("verified {n} batches: {n} match, 0 differ")),
@@ -225,13 +240,12 @@ async fn identity_into_kafka_lands_every_record_once_and_verify_replays_it() {
 
 /// SIGKILLs at random moments over 100k+ input records (committed and
 /// aborted input transactions), statically assigned so restarts are fast.
-/// Ignored: every kill mid-batch leaves an aborted output transaction, and
-/// on Tansu a `read_committed` reader sees aborted records
+/// Every kill mid-batch leaves an aborted output transaction, which Tansu
+/// shows to librdkafka's `read_committed`
 /// (`broker_defect_an_abort_by_the_next_owner_is_visible_to_read_committed`),
-/// so the output check fails on the broker, not on sluice. It runs again
-/// once the output is read by a reader that honours the abort markers
-/// (docs/kafka.md, "Testing against Tansu").
-#[ignore = "Tansu shows aborted transactions to read_committed readers"]
+/// so the output and lineage are read by the broker's own transaction
+/// markers (`markers::read_committed_by_markers`); the expected records are
+/// librdkafka's `read_committed` view of the input, the view sluice reads.
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_random_moments_into_kafka_loses_and_duplicates_nothing() {
     let broker = Broker::start();
@@ -251,21 +265,106 @@ async fn sigkill_at_random_moments_into_kafka_loses_and_duplicates_nothing() {
         dir.path(),
         &kafka_config(pipeline, brokers, input, output, &assign),
     );
-    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input);
+    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, PARTITIONS);
     let (kills, moved) = crash::kill_loop(&config, async || offsets.total(), 24, &mut rng).await;
     assert!(
         kills >= 20,
         "only {kills} kills before the pipeline finished"
     );
     run_ok(&config);
-    let batches = assert_lineage_contiguous(brokers, pipeline);
+    let batches = assert_lineage_contiguous(brokers, pipeline, By::Markers);
     let expected = read_committed(brokers, input, PARTITIONS);
-    let out = read_consumed(brokers, output, PARTITIONS);
+    let out = read_committed_by_markers(brokers, output, PARTITIONS);
     assert_output_exactly_once(&expected, &out);
     println!(
         "{kills} SIGKILLs (offsets had moved {moved} by the last); {batches} batches, {} \
          records exactly once in Kafka",
         out.len()
+    );
+}
+
+/// A zombie: instance A is paused (SIGSTOP) inside a transaction (an
+/// output partition's last stable offset stays below its high watermark)
+/// past its session timeout; B joins the group, gets A's partitions and
+/// fences A's transactional ids, aborting A's open transaction. A is
+/// resumed while input keeps coming: its transaction fails fenced, it
+/// rejoins, and the output, read by the broker's transaction markers,
+/// holds every input record exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_zombie_resumed_after_its_session_expired_is_fenced_and_the_output_stays_exact() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("kzombie", "kzombie-in", "kzombie-out");
+    create_topic(brokers, input, 2);
+    create_sink_topics(brokers, pipeline, output);
+    // A backlog and big batches, so A spends most of its time in a
+    // transaction.
+    produce(brokers, input, &numbered("backlog", 200_000, 2));
+    let dir = TempDir::new(pipeline);
+    let text = kafka_config(pipeline, brokers, input, output, "").replace(
+        "max_records_per_partition = 500",
+        "max_records_per_partition = 20000",
+    );
+    let config = write_config(dir.path(), &text);
+    let logs = |a: &Host, b: Option<&Host>| {
+        format!(
+            "\nA:\n{}\nB:\n{}",
+            a.log(),
+            b.map(Host::log).unwrap_or_default()
+        )
+    };
+    let a = Host::start(&config, &dir.path().join("a.log"));
+    a.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        assert!(
+            attempts <= 20,
+            "never caught A inside a transaction{}",
+            logs(&a, None)
+        );
+        a.signal(libc::SIGSTOP);
+        if has_open_transaction(brokers, output, PARTITIONS) {
+            break;
+        }
+        a.signal(libc::SIGCONT);
+        tokio::time::sleep(Duration::from_millis(37)).await;
+    }
+    let producing = Producer::start(brokers, input, 2);
+    // Past the 6 s session timeout: the group drops A.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let b = Host::start(&config, &dir.path().join("b.log"));
+    b.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    a.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let sent = producing.stop() as i64 + 200_000;
+    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while offsets.total() < sent {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the group's offsets reached {} of {sent}{}",
+            offsets.total(),
+            logs(&a, Some(&b))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let fenced = |h: &Host| h.log().matches("this producer is replaced").count();
+    let (a_fenced, b_fenced) = (fenced(&a), fenced(&b));
+    assert!(
+        a_fenced > 0,
+        "A's open transaction was not fenced{}",
+        logs(&a, Some(&b))
+    );
+    a.stop();
+    b.stop();
+    let batches = assert_lineage_contiguous(brokers, pipeline, By::Markers);
+    let expected = read_committed(brokers, input, 2);
+    assert_eq!(expected.len() as i64, sent);
+    let out = read_committed_by_markers(brokers, output, PARTITIONS);
+    assert_output_exactly_once(&expected, &out);
+    println!(
+        "caught A in a transaction after {attempts} tries; {sent} records exactly once over \
+         {batches} batches; fenced commits: A {a_fenced}, B {b_fenced}"
     );
 }
 
@@ -323,6 +422,14 @@ fn broker_defect_an_abort_by_the_next_owner_is_visible_to_read_committed() {
         .filter(|s| s.value.starts_with("aborted-"))
         .count();
     println!("read_committed saw {leaked} of 100 aborted records");
+    // The markers in the log are right: read by them, nothing leaks.
+    let by_markers = read_committed_by_markers(brokers, topic, 1);
+    let values: Vec<&str> = by_markers.iter().map(|r| r.value.as_str()).collect();
+    assert_eq!(
+        values,
+        ["committed"],
+        "by the markers, only the committed record"
+    );
     assert!(
         seen.iter().any(|s| s.value == "committed"),
         "the committed record must be visible"

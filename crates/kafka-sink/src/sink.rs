@@ -43,6 +43,9 @@ type TxnProducer = ThreadedProducer<DefaultProducerContext>;
 
 /// How long one broker call (init, offsets, commit) may take.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an abort may take: one that does not finish leaves the
+/// producer unusable, and it is replaced.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a commit whose outcome is retriable is retried before the
 /// loop is told its outcome is unknown.
 const COMMIT_RETRY_FOR: Duration = Duration::from_secs(60);
@@ -232,35 +235,32 @@ impl KafkaSink {
             found: None,
         };
         let step = |what: &str, result: Result<(), KafkaError>| {
-            result.map_err(|e| Step::of(format!("{what} ({tp})"), e))
+            result.map_err(|e| (format!("{what} ({tp})"), e))
         };
         let sent = (|| {
             step("begin_transaction", producer.begin_transaction())?;
             for r in &records {
-                send(&producer, r).map_err(|e| Step::of(format!("producing to {}", r.topic), e))?;
+                send(&producer, r).map_err(|e| (format!("producing to {}", r.topic), e))?;
             }
             let mut offsets = TopicPartitionList::new();
             offsets
                 .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(range.until))
-                .map_err(|e| Step::of("offsets".into(), e))?;
+                .map_err(|e| ("offsets".to_string(), e))?;
             step(
                 "send_offsets_to_transaction",
                 producer.send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT),
             )
         })();
-        match sent {
-            Ok(()) => {}
-            Err(Step::Fenced) => return Ok(fenced()),
-            Err(Step::Failed(e)) => {
-                // Nothing is committed yet: abort, and the loop sends the
-                // whole batch again.
-                let _ = producer.abort_transaction(BROKER_TIMEOUT);
-                return Err(e);
-            }
+        if let Err((what, e)) = sent {
+            // Nothing is committed yet.
+            return match after_failure(&producer, what, e) {
+                Step::Replace => Ok(fenced()),
+                Step::Failed(e) => Err(e),
+            };
         }
         match commit_with_retry(&producer, &tp) {
             Ok(()) => Ok(CommitOutcome::Committed),
-            Err(Step::Fenced) => Ok(fenced()),
+            Err(Step::Replace) => Ok(fenced()),
             Err(Step::Failed(e)) => Err(e),
         }
     }
@@ -296,24 +296,64 @@ impl Sink for KafkaSink {
     }
 }
 
-/// Why a transaction step failed: fenced by a newer owner, or anything
-/// else (as the sink error the loop acts on).
+/// What the log says when a producer can commit no more.
+const REPLACED: &str = "its transaction is void; this producer is replaced and the partition \
+                        read again from the checkpoint (which fences anew)";
+
+/// What a failed transaction leaves the loop to do.
 enum Step {
-    Fenced,
+    /// This producer can never commit again (fenced by a newer owner, or
+    /// left in a state no abort clears): nothing of the batch landed; the
+    /// loop re-reads the checkpoint, which fences anew with a new producer.
+    Replace,
+    /// A sink error the loop acts on (retriable: the batch is sent again).
     Failed(SinkError),
 }
 
-impl Step {
-    fn of(what: String, e: KafkaError) -> Step {
-        if is_fenced(&e) {
-            tracing::warn!(
-                "{what}: {e}: a newer owner of this partition fenced this producer; its \
-                 transaction is aborted and the partition is read again from the checkpoint"
-            );
-            return Step::Fenced;
-        }
-        Step::Failed(broker_error(what, e))
+/// After `what` failed with `e` before the commit: a fenced producer is
+/// replaced; an abortable transaction is aborted and the batch sent again
+/// by the same producer; one that cannot be aborted is replaced too.
+fn after_failure(producer: &TxnProducer, what: String, e: KafkaError) -> Step {
+    if let Some(step) = fatal(producer, &what, &e) {
+        return step;
     }
+    match producer.abort_transaction(ABORT_TIMEOUT) {
+        Ok(()) => Step::Failed(broker_error(what, e)),
+        Err(abort) => {
+            tracing::warn!(
+                "{what}: {e}; the abort failed too ({abort}), as it does once a newer owner fenced \
+                 this producer: {REPLACED}"
+            );
+            Step::Replace
+        }
+    }
+}
+
+/// `Some` if the producer is in a fatal state (librdkafka raises it in the
+/// background, so the error a call returns may only say "erroneous
+/// state"): fenced means replace it, anything else stops the pipeline.
+fn fatal(producer: &TxnProducer, what: &str, e: &KafkaError) -> Option<Step> {
+    let fenced_by = |code: RDKafkaErrorCode| {
+        matches!(
+            code,
+            RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch
+        )
+    };
+    let code = match producer.client().fatal_error() {
+        Some((code, _)) => code,
+        None if e.rdkafka_error_code().is_some_and(fenced_by) => RDKafkaErrorCode::ProducerFenced,
+        None => return None,
+    };
+    if fenced_by(code) {
+        tracing::warn!(
+            "{what}: {e}: a newer owner of this partition fenced this producer: {REPLACED}"
+        );
+        return Some(Step::Replace);
+    }
+    Some(Step::Failed(SinkError::database(
+        format!("{what}: the producer failed fatally ({code:?})"),
+        e.clone(),
+    )))
 }
 
 /// Commits, retrying what librdkafka calls retriable (the outcome is then
@@ -327,12 +367,12 @@ fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), 
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        if is_fenced(&e) {
-            return Err(Step::of(format!("commit_transaction ({tp})"), e));
+        if let Some(step) = fatal(producer, &format!("commit_transaction ({tp})"), &e) {
+            return Err(step);
         }
         match &e {
             KafkaError::Transaction(rd) if rd.txn_requires_abort() => {
-                let _ = producer.abort_transaction(BROKER_TIMEOUT);
+                let _ = producer.abort_transaction(ABORT_TIMEOUT);
                 return Err(Step::Failed(SinkError::unavailable(
                     format!("commit_transaction ({tp}) aborted"),
                     e,
@@ -384,15 +424,6 @@ fn send(producer: &TxnProducer, r: &OutRecord) -> Result<(), KafkaError> {
             Err((e, _)) => return Err(e),
         }
     }
-}
-
-/// True if `e` says a newer producer under the same transactional id
-/// exists: this one can never commit again.
-fn is_fenced(e: &KafkaError) -> bool {
-    matches!(
-        e.rdkafka_error_code(),
-        Some(RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch)
-    )
 }
 
 /// A broker call that failed: retriable ones make the sink unavailable

@@ -436,12 +436,27 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         self.stats.fenced += 1;
         self.status.metrics().fenced();
         self.ahead = None;
+        // Only partitions still owned: reading a lost one's checkpoint
+        // could fence its new owner (the Kafka sink fences as it reads).
+        let owned: Vec<TopicPartition> = self
+            .source()
+            .progress()
+            .into_iter()
+            .map(|p| TopicPartition {
+                topic: p.topic,
+                partition: p.partition,
+            })
+            .collect();
         let partitions: Vec<TopicPartition> = batch
             .plan
             .ranges
             .iter()
             .map(OffsetRange::topic_partition)
+            .filter(|tp| owned.contains(tp))
             .collect();
+        if partitions.is_empty() {
+            return Ok(());
+        }
         self.restart(&partitions).await
     }
 

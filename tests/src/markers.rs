@@ -1,0 +1,199 @@
+//! A `read_committed` reader that honours the broker's transaction
+//! markers itself: it fetches raw record batches (Kafka protocol, through
+//! the `kafka-protocol` codec) and keeps a transactional batch only once
+//! its producer's COMMIT marker follows it, drops it at an ABORT marker,
+//! and keeps none left without one. This is Kafka's own definition of
+//! what `read_committed` returns, computed from the markers the broker
+//! wrote into the log.
+//!
+//! It exists because Tansu answers every Fetch with an empty
+//! `aborted_transactions` list, so librdkafka's `read_committed` cannot
+//! skip aborted batches (`kafka_sink::broker_defect_*`). The Kafka sink's
+//! fault-injection tests read their output with this; input expectations
+//! still come from librdkafka's `read_committed` view, which is what
+//! sluice's source reads too. It must not be used where librdkafka's view
+//! is what is tested.
+
+use crate::Consumed;
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{
+    ApiKey, FetchRequest, FetchResponse, RequestHeader, ResponseHeader, TopicName,
+};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, StrBytes};
+use kafka_protocol::records::{Record, RecordBatchDecoder};
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Fetch v11: topic names, record batches v2, no tagged fields.
+const FETCH_VERSION: i16 = 11;
+
+/// Everything committed in `topic` (every partition, up to its last stable
+/// offset), as the markers in the log say, in (partition, offset) order.
+pub fn read_committed_by_markers(brokers: &str, topic: &str, partitions: i32) -> Vec<Consumed> {
+    let broker = brokers.split(',').next().expect("a broker");
+    let mut conn = TcpStream::connect(broker).expect("connect to the broker");
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut out = Vec::new();
+    for partition in 0..partitions {
+        out.extend(read_partition(&mut conn, topic, partition));
+    }
+    out
+}
+
+/// True if some partition of `topic` has a transaction still open: its
+/// last stable offset is below its high watermark.
+pub fn has_open_transaction(brokers: &str, topic: &str, partitions: i32) -> bool {
+    let broker = brokers.split(',').next().expect("a broker");
+    let mut conn = TcpStream::connect(broker).expect("connect to the broker");
+    (0..partitions).any(|p| {
+        let reply = fetch(&mut conn, topic, p, 0, 1);
+        reply.last_stable < reply.high_watermark
+    })
+}
+
+fn read_partition(conn: &mut TcpStream, topic: &str, partition: i32) -> Vec<Consumed> {
+    let mut committed: Vec<Record> = Vec::new();
+    let mut pending: HashMap<i64, Vec<Record>> = HashMap::new();
+    let mut next = 0i64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "reading {topic}[{partition}] by markers did not end"
+        );
+        let reply = fetch(conn, topic, partition, next, 64 << 20);
+        let (stable, records) = (reply.last_stable, reply.records);
+        let mut progressed = false;
+        let from = next;
+        for record in records.into_iter().filter(|r| r.offset >= from) {
+            next = record.offset + 1;
+            progressed = true;
+            if record.control {
+                let kept = pending.remove(&record.producer_id).unwrap_or_default();
+                if marker_commits(&record) {
+                    committed.extend(kept);
+                }
+            } else if record.transactional {
+                pending.entry(record.producer_id).or_default().push(record);
+            } else {
+                committed.push(record);
+            }
+        }
+        if next >= stable || !progressed {
+            break;
+        }
+    }
+    // Left without a marker below the last stable offset: not committed.
+    committed.sort_by_key(|r| r.offset);
+    committed
+        .into_iter()
+        .map(|r| consumed(partition, r))
+        .collect()
+}
+
+/// A control record's key is (version: i16, type: i16); type 1 commits.
+fn marker_commits(record: &Record) -> bool {
+    let key = record.key.as_ref().expect("a control record has a key");
+    assert!(key.len() >= 4, "control record key too short");
+    i16::from_be_bytes([key[2], key[3]]) == 1
+}
+
+fn consumed(partition: i32, r: Record) -> Consumed {
+    let text = |b: &Bytes| String::from_utf8_lossy(b).into_owned();
+    Consumed {
+        partition,
+        key: r.key.as_ref().map(text),
+        value: r.value.as_ref().map(text).unwrap_or_default(),
+        headers: r
+            .headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.as_ref().map(text).unwrap_or_default()))
+            .collect::<BTreeMap<_, _>>(),
+    }
+}
+
+/// What one Fetch of a partition returned.
+struct Fetched {
+    last_stable: i64,
+    high_watermark: i64,
+    /// The records of the batches returned, markers included.
+    records: Vec<Record>,
+}
+
+/// One read_committed Fetch of up to `max_bytes` at `offset`.
+fn fetch(
+    conn: &mut TcpStream,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_bytes: i32,
+) -> Fetched {
+    let request = FetchRequest::default()
+        .with_replica_id((-1).into())
+        .with_max_wait_ms(100)
+        .with_min_bytes(1)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(1)
+        .with_session_id(0)
+        .with_session_epoch(-1)
+        .with_topics(vec![
+            FetchTopic::default()
+                .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+                .with_partitions(vec![
+                    FetchPartition::default()
+                        .with_partition(partition)
+                        .with_fetch_offset(offset)
+                        .with_partition_max_bytes(max_bytes),
+                ]),
+        ]);
+    let header = RequestHeader::default()
+        .with_request_api_key(ApiKey::Fetch as i16)
+        .with_request_api_version(FETCH_VERSION)
+        .with_correlation_id(1)
+        .with_client_id(Some(StrBytes::from_static_str("sluice-markers")));
+    let mut body = BytesMut::new();
+    header
+        .encode(&mut body, FetchRequest::header_version(FETCH_VERSION))
+        .expect("encode header");
+    request
+        .encode(&mut body, FETCH_VERSION)
+        .expect("encode fetch");
+    let mut framed = BytesMut::with_capacity(body.len() + 4);
+    framed.put_i32(body.len() as i32);
+    framed.put_slice(&body);
+    conn.write_all(&framed).expect("send fetch");
+    let mut size = [0u8; 4];
+    conn.read_exact(&mut size).expect("fetch reply size");
+    let mut reply = vec![0u8; i32::from_be_bytes(size) as usize];
+    conn.read_exact(&mut reply).expect("fetch reply");
+    let mut reply = Bytes::from(reply);
+    ResponseHeader::decode(&mut reply, FetchResponse::header_version(FETCH_VERSION))
+        .expect("reply header");
+    let response = FetchResponse::decode(&mut reply, FETCH_VERSION).expect("fetch reply");
+    let data = response
+        .responses
+        .into_iter()
+        .flat_map(|t| t.partitions)
+        .find(|p| p.partition_index == partition)
+        .expect("the partition in the reply");
+    assert_eq!(data.error_code, 0, "fetch {topic}[{partition}] at {offset}");
+    let mut records = Vec::new();
+    if let Some(mut bytes) = data.records {
+        while bytes.has_remaining() {
+            match RecordBatchDecoder::decode(&mut bytes) {
+                Ok(set) => records.extend(set.records),
+                // A batch cut short by the size limit: read again from it.
+                Err(_) => break,
+            }
+        }
+    }
+    Fetched {
+        last_stable: data.last_stable_offset,
+        high_watermark: data.high_watermark,
+        records,
+    }
+}
