@@ -358,7 +358,8 @@ fn fatal(producer: &TxnProducer, what: &str, e: &KafkaError) -> Option<Step> {
 
 /// Commits, retrying what librdkafka calls retriable (the outcome is then
 /// unknown, and committing again is what resolves it); a commit that needs
-/// an abort is aborted (nothing landed); after [`COMMIT_RETRY_FOR`] the
+/// an abort is handled as a failure before the commit (nothing landed);
+/// after [`COMMIT_RETRY_FOR`] the
 /// outcome is reported unknown and the loop reads the checkpoint back.
 fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
     let started = Instant::now();
@@ -372,11 +373,11 @@ fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), 
         }
         match &e {
             KafkaError::Transaction(rd) if rd.txn_requires_abort() => {
-                let _ = producer.abort_transaction(ABORT_TIMEOUT);
-                return Err(Step::Failed(SinkError::unavailable(
-                    format!("commit_transaction ({tp}) aborted"),
+                return Err(after_failure(
+                    producer,
+                    format!("commit_transaction ({tp})"),
                     e,
-                )));
+                ));
             }
             KafkaError::Transaction(rd) if rd.is_retriable() => {
                 if started.elapsed() > COMMIT_RETRY_FOR {
