@@ -3,7 +3,8 @@
 //! consumer and compared with a `read_committed` read of the input: with
 //! committed and aborted input transactions, every input record's output
 //! is there exactly once, in input order per key; lineage lands in its
-//! topic, contiguous, and `verify` replays it; a restart adds nothing; bad
+//! topic, contiguous, and `verify` replays it; a restart adds nothing; the
+//! module lifecycle (deploy, swap, rollback, status, shadow) works; bad
 //! configs and missing topics are refused before anything runs. The broker
 //! defect that keeps fault-injection tests of this sink from reading their
 //! output with `read_committed` is reproduced here by name.
@@ -12,7 +13,7 @@ use rand::SeedableRng;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::Producer as _;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice_tests::control::{Host, Producer, sluice_ok};
+use sluice_tests::control::{Host, Producer, cli_ok, control_port, control_toml, sluice_ok};
 use sluice_tests::markers::{has_open_transaction, read_committed_by_markers};
 use sluice_tests::*;
 use std::collections::BTreeMap;
@@ -366,6 +367,107 @@ async fn a_zombie_resumed_after_its_session_expired_is_fenced_and_the_output_sta
         "caught A in a transaction after {attempts} tries; {sent} records exactly once over \
          {batches} batches; fenced commits: A {a_fenced}, B {b_fenced}"
     );
+}
+
+/// Deploy, hot swap under load, rollback, `status`, `verify` and `shadow`
+/// on a Kafka pipeline: modules in `[state]` (the local SQLite default),
+/// lineage in its topic. Every record once, as the version its batch ran
+/// wrote it.
+#[tokio::test(flavor = "multi_thread")]
+async fn module_lifecycle_works_on_kafka() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("klife", "klife-in", "klife-out");
+    create_topic(brokers, input, 2);
+    create_sink_topics(brokers, pipeline, output);
+    let dir = TempDir::new(pipeline);
+    let (port, url) = control_port();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "{}\n{}",
+            kafka_config(pipeline, brokers, input, output, ""),
+            control_toml(port, 1 << 25)
+        ),
+    );
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    let producing = Producer::start(brokers, input, 2);
+    host.wait_for_log("batch committed", 3, Duration::from_secs(90));
+    let stamp = plugin("stamp").display().to_string();
+    let out = cli_ok(
+        &url,
+        &[
+            "deploy",
+            &stamp,
+            "--params",
+            r#"{"tag":"v2:"}"#,
+            "--activate",
+        ],
+    );
+    assert!(out.contains("activated version 2"), "{out}");
+    host.wait_for_log("switching to module version", 1, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let out = cli_ok(&url, &["rollback"]);
+    assert!(out.contains("activated version 3"), "{out}");
+    host.wait_for_log("switching to module version", 2, Duration::from_secs(30));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let sent = producing.stop() as i64;
+    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, 2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while offsets.total() < sent {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "fell behind:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status = cli_ok(&url, &["status"]);
+    let identity = sluice::batch::sha256_hex(&std::fs::read(plugin("identity")).unwrap());
+    assert!(status.contains(&identity), "{status}");
+    host.stop();
+
+    let expected = read_committed(brokers, input, 2);
+    let out = read_committed_by_markers(brokers, output, PARTITIONS);
+    let stamped = out.iter().filter(|r| r.value.starts_with("v2:")).count();
+    assert!(
+        stamped > 0 && stamped < out.len(),
+        "both versions wrote records"
+    );
+    let unstamped: Vec<Consumed> = out
+        .into_iter()
+        .map(|mut r| {
+            if let Some(v) = r.value.strip_prefix("v2:") {
+                r.value = v.to_string();
+            }
+            r
+        })
+        .collect();
+    assert_output_exactly_once(&expected, &unstamped);
+    let n = assert_lineage_contiguous(brokers, pipeline, By::Librdkafka);
+    let config_arg = config.to_str().unwrap();
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(
+        verified.contains(&format!("verified {n} batches: {n} match, 0 differ")),
+        "{verified}"
+    );
+    // shadow: a candidate's difference is shown, nothing is written.
+    let shadowed = sluice_ok(&[
+        "shadow",
+        config_arg,
+        &stamp,
+        "--params",
+        r#"{"tag":"x:"}"#,
+        "--last",
+        "3",
+    ]);
+    assert!(shadowed.contains("x:value"), "{shadowed}");
+    assert_eq!(
+        assert_lineage_contiguous(brokers, pipeline, By::Librdkafka),
+        n,
+        "shadow wrote lineage"
+    );
+    println!("{sent} records, {stamped} by the swapped-in version; {verified}");
 }
 
 /// Reproduces, reduced to its core, what a SIGKILL mid-batch does on this
