@@ -307,15 +307,16 @@ impl Default for LimitsConfig {
 #[serde(deny_unknown_fields)]
 pub struct SinkConfig {
     /// The sink kind: `sqlite`, `postgres`, `mysql` (`mariadb` is the
-    /// same), `redis` or `stdout`. Default: the kind the URL's scheme
-    /// names; if both are given they must agree.
+    /// same), `redis`, `kafka` or `stdout`. Default: the kind the URL's
+    /// scheme names; if both are given they must agree.
     #[serde(default)]
     pub kind: Option<SinkKind>,
     /// Database URL: `sqlite://PATH` (relative to the config file; created
     /// if missing) is the embedded default; `postgres://user@host:port/db`
     /// or `mysql://user:password@host:port/db` (MariaDB too);
-    /// `redis://[:password@]host:port/db` for Redis; `stdout://` prints
-    /// rows (at-least-once, see `format`). A password may also come from
+    /// `redis://[:password@]host:port/db` for Redis;
+    /// `kafka://host:port[,host:port]` for Kafka topics (docs/kafka.md);
+    /// `stdout://` prints rows (at-least-once, see `format`). A password may also come from
     /// the URL's usual environment (`PGPASSWORD`).
     pub url: String,
     /// Prefix of sluice's own tables (checkpoints, batches, ranges, dead
