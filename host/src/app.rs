@@ -178,11 +178,9 @@ async fn run_printing(
             let sink = Print::new(crate::sink::redis::open(&state).await?, format);
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
-        SinkKind::Stdout | SinkKind::Kafka => Err(SinkError::Config(format!(
-            "a {} `[state]` keeps no state",
-            state.kind()?.as_str()
-        ))
-        .into()),
+        kind @ (SinkKind::Stdout | SinkKind::Kafka) => {
+            Err(SinkError::Config(format!("a {} `[state]` keeps no state", kind.as_str())).into())
+        }
     }
 }
 

@@ -34,9 +34,9 @@ pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore
             Ok(Arc::new(SqlModuleStore::open(sink).await?))
         }
         SinkKind::Redis => Ok(Arc::new(RedisModuleStore::open(sink).await?)),
-        SinkKind::Stdout | SinkKind::Kafka => Err(StoreError::Config(format!(
+        kind @ (SinkKind::Stdout | SinkKind::Kafka) => Err(StoreError::Config(format!(
             "{} keeps no modules: give the pipeline a `[state]`",
-            sink.kind().map(|k| k.as_str()).unwrap_or("this sink")
+            kind.as_str()
         ))),
     }
 }
@@ -67,9 +67,9 @@ pub async fn lineage(config: &PipelineConfig) -> Result<Arc<dyn LineageStore>, S
             Ok(Arc::new(SqlLineage::open(&sink).await?))
         }
         SinkKind::Redis => Ok(Arc::new(RedisLineage::open(&sink).await?)),
-        SinkKind::Stdout | SinkKind::Kafka => Err(SinkError::Config(format!(
+        kind @ (SinkKind::Stdout | SinkKind::Kafka) => Err(SinkError::Config(format!(
             "{} keeps no lineage",
-            sink.kind()?.as_str()
+            kind.as_str()
         ))),
     }
 }

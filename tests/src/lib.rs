@@ -318,6 +318,24 @@ pub fn committed_reader(brokers: &str, topic: &str, partitions: i32) -> BaseCons
 /// from the start until each partition reports its end): the broker's own
 /// view of what is committed, used to compute expected results.
 pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> {
+    let mut seen = read_to_end(brokers, topic, partitions, |m| Seen {
+        partition: m.partition(),
+        offset: m.offset(),
+        key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+        value: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+    });
+    seen.sort();
+    seen
+}
+
+/// Every record of `topic` a [`committed_reader`] delivers until each
+/// partition reports its end, each as `take` makes it, in delivery order.
+fn read_to_end<T>(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    mut take: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T,
+) -> Vec<T> {
     let c = committed_reader(brokers, topic, partitions);
     let mut done = std::collections::BTreeSet::new();
     let mut seen = Vec::new();
@@ -330,21 +348,15 @@ pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> 
         match c.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 done.remove(&m.partition());
-                seen.push(Seen {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                    value: String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
-                })
+                seen.push(take(&m));
             }
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 done.insert(p);
             }
-            Some(Err(e)) => panic!("read_committed: {e}"),
+            Some(Err(e)) => panic!("read_committed {topic}: {e}"),
             None => {}
         }
     }
-    seen.sort();
     seen
 }
 
@@ -360,39 +372,20 @@ pub struct Consumed {
 /// Everything committed in `topic`, in (partition, offset) order, with
 /// headers (what a Kafka sink wrote).
 pub fn read_consumed(brokers: &str, topic: &str, partitions: i32) -> Vec<Consumed> {
-    let c = committed_reader(brokers, topic, partitions);
-    let mut done = std::collections::BTreeSet::new();
-    let mut seen = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while done.len() < partitions as usize {
-        assert!(Instant::now() < deadline, "reading {topic} did not end");
-        match c.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => {
-                done.remove(&m.partition());
-                let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
-                let headers = m
-                    .headers()
-                    .map(|hs| {
-                        hs.iter()
-                            .map(|h| (h.key.to_string(), text(h.value).unwrap_or_default()))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                seen.push(Consumed {
-                    partition: m.partition(),
-                    key: text(m.key()),
-                    value: text(m.payload()).unwrap_or_default(),
-                    headers,
-                });
-            }
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                done.insert(p);
-            }
-            Some(Err(e)) => panic!("reading {topic}: {e}"),
-            None => {}
-        }
-    }
-    seen
+    let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
+    read_to_end(brokers, topic, partitions, |m| Consumed {
+        partition: m.partition(),
+        key: text(m.key()),
+        value: text(m.payload()).unwrap_or_default(),
+        headers: m
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_string(), text(h.value).unwrap_or_default()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    })
 }
 
 /// A temporary directory removed on drop.

@@ -65,6 +65,21 @@ impl GroupOffsets {
             })
             .sum()
     }
+
+    /// Waits until the offsets add up to `sent` (every record consumed),
+    /// failing after `limit` with what `logs` says.
+    async fn wait_for(&self, sent: i64, limit: Duration, logs: impl Fn() -> String) {
+        let deadline = std::time::Instant::now() + limit;
+        while self.total() < sent {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the group's offsets reached {} of {sent}\n{}",
+                self.total(),
+                logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// An identity pipeline from `input` into the Kafka topic `output`: key
@@ -339,16 +354,9 @@ async fn a_zombie_resumed_after_its_session_expired_is_fenced_and_the_output_sta
     tokio::time::sleep(Duration::from_secs(10)).await;
     let sent = producing.stop() as i64 + 200_000;
     let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, 2);
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while offsets.total() < sent {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the group's offsets reached {} of {sent}{}",
-            offsets.total(),
-            logs(&a, Some(&b))
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    offsets
+        .wait_for(sent, Duration::from_secs(180), || logs(&a, Some(&b)))
+        .await;
     let fenced = |h: &Host| h.log().matches("this producer is replaced").count();
     let (a_fenced, b_fenced) = (fenced(&a), fenced(&b));
     assert!(
@@ -413,15 +421,9 @@ async fn module_lifecycle_works_on_kafka() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let sent = producing.stop() as i64;
     let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, 2);
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    while offsets.total() < sent {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "fell behind:\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    offsets
+        .wait_for(sent, Duration::from_secs(120), || host.log())
+        .await;
     let status = cli_ok(&url, &["status"]);
     let identity = sluice::batch::sha256_hex(&std::fs::read(plugin("identity")).unwrap());
     assert!(status.contains(&identity), "{status}");

@@ -75,20 +75,6 @@ impl Value<'_> {
     }
 }
 
-impl TargetRows {
-    /// Each row as (column name, cell) pairs, in row order.
-    pub fn row_cells(&self) -> Vec<Vec<(&str, Value<'_>)>> {
-        let columns: Vec<(&str, Vec<Value<'_>>)> = self
-            .columns
-            .iter()
-            .map(|c| (c.name.as_str(), c.values().collect()))
-            .collect();
-        (0..self.rows as usize)
-            .map(|i| columns.iter().map(|(n, v)| (*n, v[i])).collect())
-            .collect()
-    }
-}
-
 impl ColumnData {
     fn len(&self) -> usize {
         match self {

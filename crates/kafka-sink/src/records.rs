@@ -7,7 +7,7 @@
 
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::RecordRef;
-use sluice_core::config::{KafkaValue, TargetConfig};
+use sluice_core::config::{KafkaTargetConfig, KafkaValue, TargetConfig};
 use sluice_core::contract::declared_columns;
 use sluice_core::output::{TargetRows, Value};
 use sluice_core::sink::{Commit, DeadLetter, SinkError};
@@ -27,11 +27,13 @@ pub struct OutRecord {
 #[derive(Debug, Clone)]
 pub struct TargetLayout {
     config: TargetConfig,
+    layout: KafkaTargetConfig,
 }
 
 impl TargetLayout {
     pub fn new(config: TargetConfig) -> TargetLayout {
-        TargetLayout { config }
+        let layout = config.kafka.clone().unwrap_or_default();
+        TargetLayout { config, layout }
     }
 
     pub fn topic(&self) -> &str {
@@ -40,36 +42,38 @@ impl TargetLayout {
 
     /// The records of `rows`, one per row, in row order.
     pub fn records(&self, rows: &TargetRows) -> Result<Vec<OutRecord>, SinkError> {
-        declared_columns(&self.config, rows)?;
-        let layout = self.config.kafka.clone().unwrap_or_default();
-        Ok(rows
-            .row_cells()
+        // The declared columns in name order, each checked against the target.
+        let columns: Vec<(&str, Vec<Value<'_>>)> = declared_columns(&self.config, rows)?
             .into_iter()
+            .map(|(c, _)| (c.name.as_str(), c.values().collect()))
+            .collect();
+        let cell = |name: &str, row: usize| {
+            columns
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(Value::Null, |(_, cells)| cells[row])
+        };
+        Ok((0..rows.rows as usize)
             .map(|row| OutRecord {
                 topic: self.topic().to_string(),
-                key: layout
+                key: self
+                    .layout
                     .key
                     .as_deref()
-                    .and_then(|k| cell_bytes(cell(&row, k))),
-                value: match layout.value() {
-                    KafkaValue::Json => Some(row_json(&row)),
-                    KafkaValue::Column(c) => cell_bytes(cell(&row, c)),
+                    .and_then(|k| cell_bytes(cell(k, row))),
+                value: match self.layout.value() {
+                    KafkaValue::Json => Some(row_json(columns.iter().map(|(n, c)| (*n, c[row])))),
+                    KafkaValue::Column(c) => cell_bytes(cell(c, row)),
                 },
-                headers: layout
+                headers: self
+                    .layout
                     .headers
                     .iter()
-                    .map(|h| (h.clone(), cell_bytes(cell(&row, h))))
+                    .map(|h| (h.clone(), cell_bytes(cell(h, row))))
                     .collect(),
             })
             .collect())
     }
-}
-
-/// The cell of column `name` in `row` (null if absent).
-fn cell<'a>(row: &[(&str, Value<'a>)], name: &str) -> Value<'a> {
-    row.iter()
-        .find(|(n, _)| *n == name)
-        .map_or(Value::Null, |(_, v)| *v)
 }
 
 /// A cell as record bytes: text and blobs as they are, numbers in
@@ -85,16 +89,11 @@ fn cell_bytes(v: Value<'_>) -> Option<Vec<u8>> {
     }
 }
 
-/// The row as one JSON object, its columns in name order.
-fn row_json(row: &[(&str, Value<'_>)]) -> Vec<u8> {
-    let mut cells: Vec<&(&str, Value<'_>)> = row.iter().collect();
-    // Name order whatever order the module wrote them in (and whether or
-    // not serde_json keeps insertion order).
-    cells.sort_by_key(|(n, _)| *n);
-    let object: Map<String, Json> = cells
-        .into_iter()
-        .map(|(n, v)| (n.to_string(), v.to_json()))
-        .collect();
+/// The row as one JSON object of `cells`, which come in name order (as
+/// `declared_columns` gives them), so the text is the same whether or not
+/// serde_json keeps insertion order.
+fn row_json<'a>(cells: impl Iterator<Item = (&'a str, Value<'a>)>) -> Vec<u8> {
+    let object: Map<String, Json> = cells.map(|(n, v)| (n.to_string(), v.to_json())).collect();
     serde_json::to_vec(&object).expect("JSON values serialize")
 }
 

@@ -59,7 +59,7 @@ pub struct KafkaSink {
     lineage_topic: String,
     /// Reads the group's committed offsets; its group metadata goes with
     /// every transaction's offsets.
-    offsets: Arc<BaseConsumer>,
+    offsets: BaseConsumer,
     group: ConsumerGroupMetadata,
     producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
 }
@@ -93,7 +93,7 @@ impl KafkaSink {
             targets,
             dead_letter_topic: config.dead_letter_topic(),
             lineage_topic: config.lineage_topic(),
-            offsets: Arc::new(offsets),
+            offsets,
             group,
             producers: Mutex::new(HashMap::new()),
         };

@@ -22,7 +22,7 @@
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::{Records, TopicPartition, describe};
 use sluice_core::config::StdoutFormat;
-use sluice_core::output::{Output, Value};
+use sluice_core::output::{Output, TargetRows, Value};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use std::collections::HashMap;
 use std::io::Write;
@@ -117,13 +117,25 @@ pub fn render_rows(c: &Commit<'_>, format: StdoutFormat) -> String {
     }
 }
 
+/// Each row of `rows` as (column name, cell) pairs, in row order.
+fn rows_of(rows: &TargetRows) -> Vec<Vec<(&str, Value<'_>)>> {
+    let columns: Vec<(&str, Vec<Value<'_>>)> = rows
+        .columns
+        .iter()
+        .map(|c| (c.name.as_str(), c.values().collect()))
+        .collect();
+    (0..rows.rows as usize)
+        .map(|i| columns.iter().map(|(n, v)| (*n, v[i])).collect())
+        .collect()
+}
+
 /// One line per row: `{"batch", "target", "row": {column: value}}`. A row
 /// is not tied to one record by the module contract, so the batch (its
 /// id and ranges are in the lineage) is what locates it.
 fn json_lines(c: &Commit<'_>) -> String {
     let mut text = String::new();
     for target in &c.output.targets {
-        for row in target.row_cells() {
+        for row in rows_of(target) {
             let cells: Map<String, Json> = row
                 .into_iter()
                 .map(|(n, v)| (n.to_string(), v.to_json()))
@@ -155,8 +167,7 @@ fn table(c: &Commit<'_>) -> String {
     );
     for target in &c.output.targets {
         let names: Vec<String> = target.columns.iter().map(|c| c.name.clone()).collect();
-        let cells: Vec<Vec<String>> = target
-            .row_cells()
+        let cells: Vec<Vec<String>> = rows_of(target)
             .into_iter()
             .map(|row| row.into_iter().map(|(_, v)| cell_text(v)).collect())
             .collect();
