@@ -6,10 +6,11 @@
 //! source) and the errors a user sees when a piece is missing. It must not
 //! hold batch logic: that is `pipeline`.
 
-use crate::config::PipelineConfig;
+use crate::config::{Guarantee, PipelineConfig, StdoutFormat};
 use crate::control::{self, ControlState, ServeLimits};
 use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats, StatusBoard};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, StoreVersions, WasmTransform};
+use crate::sink::kafka::KafkaProducer;
 use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
 use sluice_core::error::Chain;
@@ -134,7 +135,27 @@ pub async fn run(
             let sink = crate::sink::redis::open(&config.sink).await?;
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
-        SinkKind::Stdout => run_printing(config, module, until_caught_up, shutdown).await,
+        SinkKind::Stdout => {
+            let state = crate::state::state_sink(config)?;
+            tracing::info!(
+                state = %crate::sink::redact_url(&state.url),
+                "stdout sink: at-least-once (rows are printed, then the offsets move in the state \
+                 store; a crash in between prints that one batch again)"
+            );
+            let printing = Printing(config.sink.format.unwrap_or_default());
+            run_over_state(config, module, printing, until_caught_up, shutdown).await
+        }
+        SinkKind::Kafka if config.sink.guarantee == Guarantee::AtLeastOnce => {
+            let producer = tokio::task::block_in_place(|| KafkaProducer::open(config))?;
+            let state = crate::state::state_sink(config)?;
+            tracing::info!(
+                state = %crate::sink::redact_url(&state.url),
+                "kafka sink: at-least-once (an idempotent producer sends a batch's records, then \
+                 its offsets and lineage move in the state store; a crash in between sends that \
+                 batch again)"
+            );
+            run_over_state(config, module, producer, until_caught_up, shutdown).await
+        }
         SinkKind::Kafka => {
             let sink = crate::sink::kafka::KafkaSink::open(config).await?;
             tracing::info!(
@@ -146,36 +167,54 @@ pub async fn run(
     }
 }
 
-/// The stdout sink over the state store that keeps its checkpoints.
-async fn run_printing(
+/// A sink whose checkpoints and lineage are committed in `[state]`, built
+/// over whichever store that is.
+trait OverState {
+    type Over<S: Sink>: Sink;
+    fn over<S: Sink>(self, state: S) -> Self::Over<S>;
+}
+
+/// The stdout sink, printing in its format.
+struct Printing(StdoutFormat);
+
+impl OverState for Printing {
+    type Over<S: Sink> = crate::sink::stdout::StdoutSink<S>;
+    fn over<S: Sink>(self, state: S) -> Self::Over<S> {
+        crate::sink::stdout::StdoutSink::new(state, self.0)
+    }
+}
+
+impl OverState for KafkaProducer {
+    type Over<S: Sink> = crate::sink::kafka::KafkaAtLeastOnce<S>;
+    fn over<S: Sink>(self, state: S) -> Self::Over<S> {
+        KafkaProducer::over(self, state)
+    }
+}
+
+/// Runs `sink` over the pipeline's state store.
+async fn run_over_state<W: OverState>(
     config: &PipelineConfig,
     module: ConfiguredModule,
+    sink: W,
     until_caught_up: bool,
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
     let state = crate::state::state_sink(config)?;
-    let format = config.sink.format.unwrap_or_default();
-    tracing::info!(
-        state = %crate::sink::redact_url(&state.url),
-        "stdout sink: at-least-once (rows are printed, then the offsets move in the state \
-         store; a crash in between prints that one batch again)"
-    );
-    use crate::sink::stdout::StdoutSink as Print;
     match state.kind()? {
         SinkKind::Sqlite => {
-            let sink = Print::new(sqlite::open(&state).await?, format);
+            let sink = sink.over(sqlite::open(&state).await?);
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Postgres => {
-            let sink = Print::new(postgres::open(&state).await?, format);
+            let sink = sink.over(postgres::open(&state).await?);
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Mysql => {
-            let sink = Print::new(mysql::open(&state).await?, format);
+            let sink = sink.over(mysql::open(&state).await?);
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Redis => {
-            let sink = Print::new(crate::sink::redis::open(&state).await?, format);
+            let sink = sink.over(crate::sink::redis::open(&state).await?);
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
         kind @ (SinkKind::Stdout | SinkKind::Kafka) => {

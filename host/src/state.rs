@@ -1,8 +1,8 @@
 //! Opening a pipeline's state store: the module store and the lineage
 //! reader of the backend its sink kind keeps them in. The SQL sinks keep
 //! both in their own database, the Redis sink under its prefix in Redis,
-//! the Kafka sink its lineage in its lineage topic and its modules in
-//! `[state]` (a local SQLite file by default);
+//! the Kafka sink its lineage in its lineage topic (at-least-once: in
+//! `[state]`) and its modules in `[state]` (a local SQLite file by default);
 //! `[state]` moves the module store to another database or Redis. Lineage always stays where the sink commits: it is written in the
 //! sink's batch transaction.
 //!
@@ -10,7 +10,7 @@
 //! control plane, replay, version following) holds the core's traits. It
 //! must not read or write state itself.
 
-use crate::config::{PipelineConfig, SinkConfig};
+use crate::config::{Guarantee, PipelineConfig, SinkConfig};
 use sluice_core::sink::{SinkError, SinkKind};
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use sluice_kafka_sink::KafkaLineage;
@@ -56,9 +56,10 @@ pub fn state_sink(config: &PipelineConfig) -> Result<SinkConfig, SinkError> {
     }
 }
 
-/// The lineage of `config`'s pipeline (a Kafka sink's: its lineage topic).
+/// The lineage of `config`'s pipeline (an exactly-once Kafka sink's: its
+/// lineage topic).
 pub async fn lineage(config: &PipelineConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
-    if config.sink.kind()? == SinkKind::Kafka {
+    if config.sink.kind()? == SinkKind::Kafka && config.sink.guarantee == Guarantee::ExactlyOnce {
         return Ok(Arc::new(KafkaLineage::open(config)?));
     }
     let sink = state_sink(config)?;

@@ -254,6 +254,136 @@ async fn identity_into_kafka_lands_every_record_once_and_verify_replays_it() {
     );
 }
 
+/// `guarantee = "at-least-once"`: an idempotent producer without
+/// transactions, offsets and lineage in `[state]` (the default SQLite file
+/// next to the config). No lineage topic is needed and the group's offsets
+/// are not touched; a run without faults delivers each record once, a
+/// second run resumes from the state store, and `verify` replays the
+/// lineage kept there.
+#[tokio::test(flavor = "multi_thread")]
+async fn at_least_once_into_kafka_checkpoints_in_state_and_verify_replays_it() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("kafka-alo", "kafka-alo-in", "kafka-alo-out");
+    create_topic(brokers, input, PARTITIONS);
+    create_topic(brokers, output, PARTITIONS);
+    create_topic(brokers, &format!("{pipeline}.dead-letters"), 1);
+    produce(brokers, input, &numbered("plain", 2_000, PARTITIONS));
+    produce_transaction(
+        brokers,
+        input,
+        "kafka-alo-t1",
+        &numbered("aborted", 400, PARTITIONS),
+        false,
+    );
+    produce(brokers, input, &numbered("after", 600, PARTITIONS));
+    let dir = TempDir::new(pipeline);
+    let text = kafka_config(pipeline, brokers, input, output, "")
+        .replace("[sink]\n", "[sink]\nguarantee = \"at-least-once\"\n");
+    let config = write_config(dir.path(), &text);
+    run_ok(&config);
+    let expected = read_committed(brokers, input, PARTITIONS);
+    let out = read_consumed(brokers, output, PARTITIONS);
+    assert_output_exactly_once(&expected, &out);
+    run_ok(&config);
+    assert_eq!(
+        read_consumed(brokers, output, PARTITIONS).len(),
+        out.len(),
+        "a second run resumes from the state store"
+    );
+    // The checkpoints in the state store are the input's ends, and its
+    // lineage covers the input without a gap or an overlap.
+    let state = sqlite(&dir.path().join(".sluice-state.db")).await;
+    let mut ends: BTreeMap<i32, i64> = BTreeMap::new();
+    for s in &expected {
+        let end = ends.entry(s.partition).or_default();
+        *end = (*end).max(s.offset + 1);
+    }
+    assert_eq!(
+        checkpoints(&state, pipeline).await,
+        ends.into_iter().collect::<Vec<_>>()
+    );
+    assert_contiguous_lineage(&state, pipeline).await;
+    let group = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, PARTITIONS);
+    assert_eq!(
+        group.total(),
+        0,
+        "the group's offsets are not this mode's checkpoint"
+    );
+    let said = sluice_ok(&["verify", config.to_str().unwrap()]);
+    assert!(said.contains(" match, 0 differ"), "{said}");
+}
+
+/// At-least-once under SIGKILLs: nothing is lost and nothing foreign
+/// appears; a kill between a batch's delivery and its state commit sends
+/// that batch again, so duplicates are bounded by one batch per kill.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_into_kafka_at_least_once_loses_nothing_and_repeats_at_most_a_batch_per_kill() {
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    let (pipeline, input, output) = ("kalo-crash", "kalo-crash-in", "kalo-crash-out");
+    create_topic(brokers, input, PARTITIONS);
+    create_topic(brokers, output, PARTITIONS);
+    create_topic(brokers, &format!("{pipeline}.dead-letters"), 1);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0xa10);
+    produce(brokers, input, &numbered("plain", 40_000, PARTITIONS));
+    let dir = TempDir::new(pipeline);
+    let assign = format!("assign = {{ \"{input}\" = [0, 1, 2, 3] }}");
+    let text = kafka_config(pipeline, brokers, input, output, &assign)
+        .replace("[sink]\n", "[sink]\nguarantee = \"at-least-once\"\n");
+    let config = write_config(dir.path(), &text);
+    let state_file = dir.path().join(".sluice-state.db");
+    let committed = async || -> i64 {
+        if !state_file.exists() {
+            return 0;
+        }
+        let state = sqlite(&state_file).await;
+        let n = checkpoints(&state, pipeline)
+            .await
+            .iter()
+            .map(|(_, o)| o)
+            .sum();
+        state.close().await;
+        n
+    };
+    let (kills, _) = crash::kill_loop(&config, committed, 8, &mut rng).await;
+    run_ok(&config);
+    assert_contiguous_lineage(&sqlite(&state_file).await, pipeline).await;
+    let expected = read_committed(brokers, input, PARTITIONS);
+    let out = read_consumed(brokers, output, PARTITIONS);
+    let mut times: BTreeMap<(i32, i64), usize> = BTreeMap::new();
+    for o in &out {
+        let origin = (
+            o.headers["partition"].parse::<i32>().unwrap(),
+            o.headers["offset"].parse::<i64>().unwrap(),
+        );
+        *times.entry(origin).or_default() += 1;
+    }
+    for i in &expected {
+        assert!(
+            times.contains_key(&(i.partition, i.offset)),
+            "input record {}:{} is not in the output",
+            i.partition,
+            i.offset
+        );
+    }
+    assert_eq!(
+        times.len(),
+        expected.len(),
+        "output holds records not in the input"
+    );
+    let repeated = out.len() - expected.len();
+    // A batch holds at most max_records_per_partition (500) per partition.
+    let bound = kills * 500 * PARTITIONS as usize;
+    assert!(
+        repeated <= bound,
+        "{repeated} records repeated over {kills} kills (at most {bound})"
+    );
+    println!(
+        "{kills} SIGKILLs: {} records delivered, {repeated} of them again (bound {bound})",
+        expected.len()
+    );
+}
+
 /// SIGKILLs at random moments over 100k+ input records (committed and
 /// aborted input transactions), statically assigned so restarts are fast.
 /// Every kill mid-batch leaves an aborted output transaction, which Tansu
@@ -584,6 +714,13 @@ fn kafka_layouts_that_do_not_fit_their_columns_are_refused() {
         (
             base.replace("[sink]\n", "[sink]\nlineage_keep = 5\n"),
             "`sink.lineage_keep` is for Redis sinks",
+        ),
+        (
+            base.replace(
+                "[sink]\n",
+                "[sink]\nguarantee = \"at-least-once\"\nlineage_topic = \"l\"\n",
+            ),
+            "`sink.lineage_topic` is for an exactly-once Kafka sink",
         ),
         (
             kafka_config("kbad", "127.0.0.1:1", "in", "out", "")

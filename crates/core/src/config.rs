@@ -330,10 +330,12 @@ pub struct SinkConfig {
     #[serde(default)]
     pub schema: Option<String>,
     /// `exactly-once` (default): rows, dead letters, lineage and offsets in
-    /// one transaction (on Redis: one script). `at-least-once`: rows first,
-    /// offsets in a second transaction (a crash in between writes rows
-    /// twice); on SQL for comparison, on Redis (alias `idempotent`) for
-    /// idempotent commands only, whose replay writes the same values.
+    /// one transaction (on Redis: one script; on Kafka: one producer
+    /// transaction). `at-least-once`: rows first, offsets in a second
+    /// transaction (a crash in between writes rows twice); on SQL for
+    /// comparison, on Redis (alias `idempotent`) for idempotent commands
+    /// only, whose replay writes the same values; on Kafka an idempotent
+    /// producer without transactions, offsets and lineage in `[state]`.
     #[serde(default)]
     pub guarantee: Guarantee,
     /// How long, in milliseconds, one of this pipeline's transactions may
@@ -935,9 +937,10 @@ impl PipelineConfig {
             return invalid(format!("`sink.{field}` is for Kafka sinks"));
         }
         if kind == SinkKind::Kafka {
-            if self.sink.guarantee != Guarantee::ExactlyOnce {
+            if self.sink.guarantee == Guarantee::AtLeastOnce && self.sink.lineage_topic.is_some() {
                 return invalid(
-                    "a Kafka sink is exactly-once only: `sink.guarantee` must be `exactly-once`"
+                    "`sink.lineage_topic` is for an exactly-once Kafka sink: at-least-once keeps \
+                     lineage in `[state]`, with the offsets"
                         .into(),
                 );
             }
@@ -946,11 +949,18 @@ impl PipelineConfig {
             }
         }
         match self.sink.lineage_keep {
-            Some(_) if kind.is_sql() || kind == SinkKind::Kafka => {
+            Some(_) if kind.is_sql() => {
                 return invalid(format!(
                     "`sink.lineage_keep` is for Redis sinks; a {} sink keeps all lineage",
                     kind.as_str()
                 ));
+            }
+            Some(_) if kind == SinkKind::Kafka => {
+                return invalid(
+                    "`sink.lineage_keep` is for Redis sinks; a Kafka sink's lineage is kept as \
+                     long as its lineage topic's retention (at-least-once: `[state]`) keeps it"
+                        .into(),
+                );
             }
             Some(0) => return invalid("`sink.lineage_keep` must be at least 1".into()),
             _ => {}

@@ -161,6 +161,26 @@ pub struct Commit<'a> {
     pub output_digest: &'a str,
 }
 
+/// Commits everything of `c` but its rows in `state`: offsets, lineage
+/// (with the digest of the rows, which went elsewhere) and dead letters.
+/// For sinks whose rows go where no commit reaches (a terminal, a
+/// non-transactional producer) and whose checkpoints live in a state store.
+pub async fn commit_all_but_rows<S: Sink>(
+    state: &S,
+    c: &Commit<'_>,
+) -> Result<CommitOutcome, SinkError> {
+    let no_rows = Output {
+        targets: Vec::new(),
+        rejections: c.output.rejections.clone(),
+    };
+    state
+        .commit(&Commit {
+            output: &no_rows,
+            ..*c
+        })
+        .await
+}
+
 /// The result of a commit attempt that reached the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CommitOutcome {

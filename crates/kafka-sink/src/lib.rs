@@ -4,15 +4,20 @@
 //! group) are one producer transaction; see [`sink`] for the guarantee and
 //! how owners are fenced. Lineage is read back from its topic by
 //! [`lineage`], for `verify` and `shadow`; modules and activations live in
-//! the pipeline's `[state]` store, like the stdout sink's.
+//! the pipeline's `[state]` store, like the stdout sink's. Under
+//! `guarantee = "at-least-once"`, [`at_least_once`] sends records without a
+//! transaction and commits offsets and lineage in `[state]` afterwards.
 //!
 //! It must not depend on another sink or on the Kafka source: the source
 //! never commits group offsets; this sink is the one place that does.
 
+mod at_least_once;
+mod client;
 mod lineage;
 mod records;
 mod sink;
 
+pub use at_least_once::{KafkaAtLeastOnce, KafkaProducer};
+pub use client::brokers_of;
 pub use lineage::KafkaLineage;
-pub use records::OutRecord;
-pub use sink::{KafkaSink, brokers_of};
+pub use sink::KafkaSink;

@@ -7,7 +7,7 @@
 //!
 //! It must not write: entries are written only by the sink's commit.
 
-use crate::sink::brokers_of;
+use crate::client::brokers_of;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;

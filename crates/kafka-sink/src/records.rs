@@ -12,6 +12,7 @@ use sluice_core::contract::declared_columns;
 use sluice_core::output::{TargetRows, Value};
 use sluice_core::sink::{Commit, DeadLetter, SinkError};
 use sluice_core::store::LineageEntry;
+use std::collections::HashMap;
 
 /// One record to send, owned.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,9 +24,57 @@ pub struct OutRecord {
     pub headers: Vec<(String, Option<Vec<u8>>)>,
 }
 
+/// Where and how a pipeline's batches are laid out as records: each
+/// target's layout and the dead-letter topic.
+pub struct BatchLayout {
+    targets: HashMap<String, TargetLayout>,
+    dead_letter_topic: String,
+}
+
+impl BatchLayout {
+    pub fn new(targets: &[TargetConfig], dead_letter_topic: String) -> BatchLayout {
+        BatchLayout {
+            targets: targets
+                .iter()
+                .map(|t| (t.name.clone(), TargetLayout::new(t.clone())))
+                .collect(),
+            dead_letter_topic,
+        }
+    }
+
+    /// The topics rows and dead letters go to.
+    pub fn topics(&self) -> Vec<&str> {
+        let mut topics: Vec<&str> = self.targets.values().map(TargetLayout::topic).collect();
+        topics.push(&self.dead_letter_topic);
+        topics
+    }
+
+    /// Everything `c` sends, in order: rows, dead letters, and its lineage
+    /// entry if a `lineage_topic` is given.
+    pub fn records(
+        &self,
+        c: &Commit<'_>,
+        lineage_topic: Option<&str>,
+    ) -> Result<Vec<OutRecord>, SinkError> {
+        let mut out = Vec::with_capacity(c.output.row_count() as usize + 1);
+        for rows in &c.output.targets {
+            let layout = self.targets.get(&rows.target).ok_or_else(|| {
+                SinkError::Config(format!(
+                    "module wrote to target `{}`, which the sink does not declare",
+                    rows.target
+                ))
+            })?;
+            out.extend(layout.records(rows)?);
+        }
+        out.extend(dead_letters(c, &self.dead_letter_topic));
+        out.extend(lineage_topic.map(|topic| lineage(c, topic)));
+        Ok(out)
+    }
+}
+
 /// The layout of one target's records, checked against its columns.
 #[derive(Debug, Clone)]
-pub struct TargetLayout {
+struct TargetLayout {
     config: TargetConfig,
     layout: KafkaTargetConfig,
 }
@@ -101,7 +150,7 @@ fn row_json<'a>(cells: impl Iterator<Item = (&'a str, Value<'a>)>) -> Vec<u8> {
 /// key and value, with headers saying where it came from and why
 /// (`sluice.topic`, `sluice.partition`, `sluice.offset`, `sluice.kind`,
 /// `sluice.reason`, `sluice.batch`, `sluice.pipeline`).
-pub fn dead_letters(c: &Commit<'_>, topic: &str) -> Vec<OutRecord> {
+fn dead_letters(c: &Commit<'_>, topic: &str) -> Vec<OutRecord> {
     if c.dead_letters.is_empty() {
         return Vec::new();
     }
@@ -133,7 +182,7 @@ fn dead_letter(c: &Commit<'_>, d: &DeadLetter, r: &RecordRef<'_>, topic: &str) -
 
 /// The batch's lineage entry, to `topic`, keyed by the pipeline so one
 /// partition holds a pipeline's lineage in commit order.
-pub fn lineage(c: &Commit<'_>, topic: &str) -> OutRecord {
+fn lineage(c: &Commit<'_>, topic: &str) -> OutRecord {
     OutRecord {
         topic: topic.to_string(),
         key: Some(c.plan.pipeline.as_bytes().to_vec()),

@@ -26,11 +26,11 @@
 //! It must not read input or decide ranges: that is the source and the
 //! loop. It never imports another sink.
 
-use crate::records::{self, OutRecord, TargetLayout};
+use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, send};
+use crate::records::BatchLayout;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_core::batch::{OffsetRange, TopicPartition};
 use sluice_core::config::PipelineConfig;
@@ -41,8 +41,6 @@ use std::time::{Duration, Instant};
 
 type TxnProducer = ThreadedProducer<DefaultProducerContext>;
 
-/// How long one broker call (init, offsets, commit) may take.
-const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an abort may take: one that does not finish leaves the
 /// producer unusable, and it is replaced.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -54,8 +52,7 @@ const COMMIT_RETRY_FOR: Duration = Duration::from_secs(60);
 pub struct KafkaSink {
     brokers: String,
     pipeline: String,
-    targets: HashMap<String, TargetLayout>,
-    dead_letter_topic: String,
+    layout: BatchLayout,
     lineage_topic: String,
     /// Reads the group's committed offsets; its group metadata goes with
     /// every transaction's offsets.
@@ -71,12 +68,6 @@ impl KafkaSink {
     pub async fn open(config: &PipelineConfig) -> Result<KafkaSink, SinkError> {
         let brokers = brokers_of(&config.sink.url)?;
         let group_id = config.group_id();
-        let targets: HashMap<String, TargetLayout> = config
-            .sink
-            .targets
-            .iter()
-            .map(|t| (t.name.clone(), TargetLayout::new(t.clone())))
-            .collect();
         let offsets: BaseConsumer = ClientConfig::new()
             .set("bootstrap.servers", &brokers)
             .set("group.id", &group_id)
@@ -90,8 +81,7 @@ impl KafkaSink {
         let sink = KafkaSink {
             brokers,
             pipeline: config.pipeline.clone(),
-            targets,
-            dead_letter_topic: config.dead_letter_topic(),
+            layout: BatchLayout::new(&config.sink.targets, config.dead_letter_topic()),
             lineage_topic: config.lineage_topic(),
             offsets,
             group,
@@ -101,29 +91,11 @@ impl KafkaSink {
         Ok(sink)
     }
 
-    /// Every topic this sink writes exists (the sink never creates one:
-    /// partitions, retention and compaction are the operator's choice).
+    /// Every topic this sink writes exists.
     fn check_topics(&self) -> Result<(), SinkError> {
-        let metadata = self
-            .offsets
-            .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| SinkError::unavailable(format!("Kafka brokers {}", self.brokers), e))?;
-        let exists = |name: &str| {
-            metadata
-                .topics()
-                .iter()
-                .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
-        };
-        let mut wanted: Vec<&str> = self.targets.values().map(TargetLayout::topic).collect();
-        wanted.extend([self.dead_letter_topic.as_str(), self.lineage_topic.as_str()]);
-        match wanted.into_iter().find(|t| !exists(t)) {
-            Some(missing) => Err(SinkError::Config(format!(
-                "topic `{missing}` does not exist on {}: create it (the Kafka sink never creates \
-                 topics; the lineage topic should be time-retained, not compacted)",
-                self.brokers
-            ))),
-            None => Ok(()),
-        }
+        let mut wanted = self.layout.topics();
+        wanted.push(&self.lineage_topic);
+        check_topics(self.offsets.client(), &self.brokers, &wanted)
     }
 
     /// The transactional id fencing owners of `tp`.
@@ -199,23 +171,6 @@ impl KafkaSink {
             .collect())
     }
 
-    /// Everything `c` sends, in order: rows, dead letters, lineage.
-    fn records_of(&self, c: &Commit<'_>) -> Result<Vec<OutRecord>, SinkError> {
-        let mut out = Vec::with_capacity(c.output.row_count() as usize + 1);
-        for rows in &c.output.targets {
-            let layout = self.targets.get(&rows.target).ok_or_else(|| {
-                SinkError::Config(format!(
-                    "module wrote to target `{}`, which the sink does not declare",
-                    rows.target
-                ))
-            })?;
-            out.extend(layout.records(rows)?);
-        }
-        out.extend(records::dead_letters(c, &self.dead_letter_topic));
-        out.push(records::lineage(c, &self.lineage_topic));
-        Ok(out)
-    }
-
     /// One transaction: begin, send, offsets, commit.
     fn transact(&self, c: &Commit<'_>, range: &OffsetRange) -> Result<CommitOutcome, SinkError> {
         let tp = range.topic_partition();
@@ -228,7 +183,7 @@ impl KafkaSink {
             .ok_or_else(|| {
                 SinkError::Config(format!("batch for {tp}, whose checkpoint was never read"))
             })?;
-        let records = self.records_of(c)?;
+        let records = self.layout.records(c, Some(&self.lineage_topic))?;
         let fenced = || CommitOutcome::Fenced {
             partition: tp.to_string(),
             expected: range.from,
@@ -399,34 +354,6 @@ fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), 
     }
 }
 
-/// Queues `r` on `producer`, waiting while its queue is full.
-fn send(producer: &TxnProducer, r: &OutRecord) -> Result<(), KafkaError> {
-    let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
-    for (name, value) in &r.headers {
-        headers = headers.insert(Header {
-            key: name,
-            value: value.as_deref(),
-        });
-    }
-    let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).headers(headers);
-    if let Some(key) = &r.key {
-        record = record.key(key.as_slice());
-    }
-    if let Some(value) = &r.value {
-        record = record.payload(value.as_slice());
-    }
-    loop {
-        match producer.send(record) {
-            Ok(()) => return Ok(()),
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                record = back;
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err((e, _)) => return Err(e),
-        }
-    }
-}
-
 /// A broker call that failed: retriable ones make the sink unavailable
 /// (the loop retries), fatal ones stop the pipeline.
 fn broker_error(what: String, e: KafkaError) -> SinkError {
@@ -438,39 +365,5 @@ fn broker_error(what: String, e: KafkaError) -> SinkError {
         SinkError::unavailable(what, e)
     } else {
         SinkError::database(what, e)
-    }
-}
-
-/// The bootstrap servers a `kafka://host:port[,host:port]` URL names.
-pub fn brokers_of(url: &str) -> Result<String, SinkError> {
-    let brokers = url
-        .strip_prefix("kafka://")
-        .map(|rest| rest.trim_end_matches('/'))
-        .unwrap_or("");
-    if brokers.is_empty() || brokers.contains('/') || brokers.contains('@') {
-        return Err(SinkError::Config(format!(
-            "`{url}` is not a Kafka sink URL: use kafka://HOST:PORT (comma-separated for several)"
-        )));
-    }
-    Ok(brokers.to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::brokers_of;
-
-    #[test]
-    fn a_kafka_url_names_its_brokers() {
-        assert_eq!(brokers_of("kafka://a:9092").unwrap(), "a:9092");
-        assert_eq!(brokers_of("kafka://a:1,b:2/").unwrap(), "a:1,b:2");
-        for bad in [
-            "kafka://",
-            "kafka://user@a:1",
-            "kafka://a:1/db",
-            "redis://a:1",
-        ] {
-            let e = brokers_of(bad).unwrap_err().to_string();
-            assert!(e.contains("not a Kafka sink URL"), "{bad}: {e}");
-        }
     }
 }

@@ -22,8 +22,8 @@
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::{Records, TopicPartition, describe};
 use sluice_core::config::StdoutFormat;
-use sluice_core::output::{Output, TargetRows, Value};
-use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use sluice_core::output::{TargetRows, Value};
+use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError, commit_all_but_rows};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Mutex;
@@ -92,20 +92,7 @@ impl<S: Sink> Sink for StdoutSink<S> {
 
     async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         self.print(c)?;
-        // The state store gets everything but the rows: offsets, lineage
-        // (with the digest of the rows printed) and dead letters.
-        let no_rows = Output {
-            targets: Vec::new(),
-            rejections: c.output.rejections.clone(),
-        };
-        let state = Commit {
-            plan: c.plan,
-            records: c.records,
-            output: &no_rows,
-            dead_letters: c.dead_letters,
-            output_digest: c.output_digest,
-        };
-        self.state.commit(&state).await
+        commit_all_but_rows(&self.state, c).await
     }
 }
 

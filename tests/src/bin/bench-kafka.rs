@@ -1,0 +1,233 @@
+//! Kafka → Wasm (identity) → Kafka throughput, as ratios measured in one
+//! run on one machine, interleaved rounds over the same input topic:
+//!
+//! 1. a raw consume + produce loop written directly with rdkafka (a
+//!    `read_committed` consumer assigned to every partition, a producer
+//!    with the same batching as sluice's, each record's key and value
+//!    copied with its origin in two headers; no transactions, no offsets:
+//!    the fastest a hand-written job can be);
+//! 2. sluice, exactly-once (the default): one producer transaction per
+//!    batch and partition, offsets sent in it;
+//! 3. sluice, `guarantee = "at-least-once"`: an idempotent producer without
+//!    transactions, offsets committed afterwards (in the state store).
+//!
+//! Each is timed as a whole: the raw loop from creating its clients to its
+//! last record acknowledged, sluice from process start to exit
+//! (`run --until-caught-up`, partitions statically assigned, so no group
+//! join; the module compiled from the cache after the first round). Every
+//! round writes fresh output topics, and each output is checked to hold
+//! every input record.
+//!
+//! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
+//!       -p sluice-tests --bin bench-kafka && SLUICE_BIN=$CARGO_TARGET_DIR/release/sluice \
+//!       $CARGO_TARGET_DIR/release/bench-kafka [RECORDS] [ROUNDS]`
+
+use rdkafka::ClientConfig;
+use rdkafka::consumer::Consumer;
+use rdkafka::error::KafkaError;
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use sluice_tests::*;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const PARTITIONS: i32 = 4;
+
+/// The hand-written job: consume everything committed, produce each record
+/// to `output`, wait for every acknowledgement. Returns the records copied.
+fn raw_copy(brokers: &str, input: &str, output: &str) -> usize {
+    let consumer = committed_reader(brokers, input, PARTITIONS);
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .expect("producer");
+    let (mut copied, mut ended) = (0, 0);
+    while ended < PARTITIONS {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => {
+                let (partition, offset) = (m.partition().to_string(), m.offset().to_string());
+                let headers = OwnedHeaders::new_with_capacity(2)
+                    .insert(Header {
+                        key: "partition",
+                        value: Some(&partition),
+                    })
+                    .insert(Header {
+                        key: "offset",
+                        value: Some(&offset),
+                    });
+                let mut record: BaseRecord<'_, [u8], [u8]> =
+                    BaseRecord::to(output).headers(headers);
+                if let Some(k) = m.key() {
+                    record = record.key(k);
+                }
+                if let Some(v) = m.payload() {
+                    record = record.payload(v);
+                }
+                while let Err((e, back)) = producer.send(record) {
+                    assert!(
+                        matches!(
+                            e,
+                            KafkaError::MessageProduction(
+                                rdkafka::types::RDKafkaErrorCode::QueueFull
+                            )
+                        ),
+                        "{e}"
+                    );
+                    record = back;
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                copied += 1;
+            }
+            Some(Err(KafkaError::PartitionEOF(_))) => ended += 1,
+            Some(Err(e)) => panic!("{e}"),
+            None => {}
+        }
+    }
+    producer.flush(Duration::from_secs(120)).expect("flush");
+    copied
+}
+
+/// The sum of `topic`'s high watermarks (records, and on a transactional
+/// output its COMMIT markers too).
+fn high_watermarks(brokers: &str, topic: &str) -> i64 {
+    let c = committed_reader(brokers, topic, PARTITIONS);
+    (0..PARTITIONS)
+        .map(|p| {
+            c.fetch_watermarks(topic, p, Duration::from_secs(10))
+                .expect("watermarks")
+                .1
+        })
+        .sum()
+}
+
+/// An identity pipeline from `input` into `output`, partitions assigned.
+fn pipeline_config(
+    name: &str,
+    brokers: &str,
+    input: &str,
+    output: &str,
+    guarantee: &str,
+) -> String {
+    format!(
+        r#"
+pipeline = "{name}"
+[source]
+brokers = "{brokers}"
+topics = ["{input}"]
+assign = {{ "{input}" = [0, 1, 2, 3] }}
+[module]
+path = "{module}"
+[sink]
+url = "kafka://{brokers}"
+guarantee = "{guarantee}"
+[[sink.targets]]
+name = "records"
+columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
+[sink.targets.kafka]
+topic = "{output}"
+key = "key"
+value = "value"
+headers = ["partition", "offset"]
+"#,
+        module = plugin("identity").display()
+    )
+}
+
+/// Runs sluice over `input` once; returns its whole-process time.
+fn run_sluice(dir: &Path, brokers: &str, input: &str, name: &str, guarantee: &str) -> Duration {
+    let output = format!("{name}-out");
+    create_topic(brokers, &output, PARTITIONS);
+    create_topic(brokers, &format!("{name}.dead-letters"), 1);
+    create_topic(brokers, &format!("{name}.lineage"), 1);
+    let run_dir = dir.join(name);
+    std::fs::create_dir_all(&run_dir).expect("run dir");
+    let config = write_config(
+        &run_dir,
+        &pipeline_config(name, brokers, input, &output, guarantee)
+            // Every round shares one compiled-module cache.
+            .replace(
+                "[module]\n",
+                &format!(
+                    "[module]\ncache_dir = \"{}\"\n",
+                    dir.join("cache").display()
+                ),
+            ),
+    );
+    let started = Instant::now();
+    run_ok(&config);
+    let took = started.elapsed();
+    let written = high_watermarks(brokers, &output);
+    assert!(
+        written >= input_len(brokers, input),
+        "{name}: {written} records out"
+    );
+    took
+}
+
+fn input_len(brokers: &str, input: &str) -> i64 {
+    high_watermarks(brokers, input)
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let records: usize = args.next().map_or(400_000, |a| a.parse().expect("RECORDS"));
+    let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    let input = "bench-in";
+    create_topic(brokers, input, PARTITIONS);
+    produce(brokers, input, &bench::purchase_events(records, PARTITIONS));
+    let dir = TempDir::new("bench-kafka");
+    let rate = |d: Duration| records as f64 / d.as_secs_f64();
+    let (mut raw, mut eo, mut alo) = (Vec::new(), Vec::new(), Vec::new());
+    println!("{records} records of ~76 bytes over {PARTITIONS} partitions, {rounds} rounds");
+    for round in 0..rounds {
+        let output = format!("raw-{round}-out");
+        create_topic(brokers, &output, PARTITIONS);
+        let started = Instant::now();
+        assert_eq!(raw_copy(brokers, input, &output), records);
+        let r = rate(started.elapsed());
+        let e = rate(run_sluice(
+            dir.path(),
+            brokers,
+            input,
+            &format!("eo-{round}"),
+            "exactly-once",
+        ));
+        let a = rate(run_sluice(
+            dir.path(),
+            brokers,
+            input,
+            &format!("alo-{round}"),
+            "at-least-once",
+        ));
+        println!(
+            "round {round}: raw loop {r:>8.0}/s  sluice exactly-once {e:>8.0}/s  \
+             at-least-once {a:>8.0}/s  EO/ALO {:.2}  EO/raw {:.2}",
+            e / a,
+            e / r
+        );
+        raw.push(r);
+        eo.push(e);
+        alo.push(a);
+    }
+    let (r, e, a) = (median(raw), median(eo), median(alo));
+    println!(
+        "median records/s, whole process: raw rdkafka loop {r:.0}, sluice exactly-once {e:.0}, \
+         sluice at-least-once {a:.0}"
+    );
+    println!(
+        "exactly-once / at-least-once: {:.2} (bar 0.70); exactly-once / raw loop: {:.2} (bar 0.50); \
+         at-least-once / raw loop: {:.2}",
+        e / a,
+        e / r,
+        a / r
+    );
+}
