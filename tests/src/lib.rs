@@ -570,6 +570,42 @@ pub fn identity_config(
     identity_config_into(pipeline, brokers, topic, &sink, max_records)
 }
 
+/// An identity pipeline from `input` into the Kafka topic `output`: key
+/// and value as they came, the source partition and offset as headers.
+/// `source` and `sink` are extra lines of those sections.
+pub fn kafka_identity_config(
+    pipeline: &str,
+    brokers: &str,
+    input: &str,
+    output: &str,
+    source: &str,
+    sink: &str,
+) -> String {
+    format!(
+        r#"
+pipeline = "{pipeline}"
+[source]
+brokers = "{brokers}"
+topics = ["{input}"]
+{source}
+[module]
+path = "{module}"
+[sink]
+url = "kafka://{brokers}"
+{sink}
+[[sink.targets]]
+name = "records"
+columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
+[sink.targets.kafka]
+topic = "{output}"
+key = "key"
+value = "value"
+headers = ["partition", "offset"]
+"#,
+        module = plugin("identity").display()
+    )
+}
+
 /// [`identity_config`] with the `[sink]` connection lines given (see
 /// [`sinks::SinkDb::sink_toml`]).
 pub fn identity_config_into(

@@ -102,39 +102,6 @@ fn high_watermarks(brokers: &str, topic: &str) -> i64 {
         .sum()
 }
 
-/// An identity pipeline from `input` into `output`, partitions assigned.
-fn pipeline_config(
-    name: &str,
-    brokers: &str,
-    input: &str,
-    output: &str,
-    guarantee: &str,
-) -> String {
-    format!(
-        r#"
-pipeline = "{name}"
-[source]
-brokers = "{brokers}"
-topics = ["{input}"]
-assign = {{ "{input}" = [0, 1, 2, 3] }}
-[module]
-path = "{module}"
-[sink]
-url = "kafka://{brokers}"
-guarantee = "{guarantee}"
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-[sink.targets.kafka]
-topic = "{output}"
-key = "key"
-value = "value"
-headers = ["partition", "offset"]
-"#,
-        module = plugin("identity").display()
-    )
-}
-
 /// Runs sluice over `input` once; returns its whole-process time.
 fn run_sluice(dir: &Path, brokers: &str, input: &str, name: &str, guarantee: &str) -> Duration {
     let output = format!("{name}-out");
@@ -145,15 +112,22 @@ fn run_sluice(dir: &Path, brokers: &str, input: &str, name: &str, guarantee: &st
     std::fs::create_dir_all(&run_dir).expect("run dir");
     let config = write_config(
         &run_dir,
-        &pipeline_config(name, brokers, input, &output, guarantee)
-            // Every round shares one compiled-module cache.
-            .replace(
-                "[module]\n",
-                &format!(
-                    "[module]\ncache_dir = \"{}\"\n",
-                    dir.join("cache").display()
-                ),
+        &kafka_identity_config(
+            name,
+            brokers,
+            input,
+            &output,
+            &format!("assign = {{ \"{input}\" = [0, 1, 2, 3] }}"),
+            &format!("guarantee = \"{guarantee}\""),
+        )
+        // Every round shares one compiled-module cache.
+        .replace(
+            "[module]\n",
+            &format!(
+                "[module]\ncache_dir = \"{}\"\n",
+                dir.join("cache").display()
             ),
+        ),
     );
     let started = Instant::now();
     run_ok(&config);
