@@ -46,7 +46,7 @@ pub fn check_topics<C: ClientContext>(
 /// Queues `r` on `producer`, waiting while its queue is full.
 pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
     producer: &ThreadedProducer<C>,
-    r: &OutRecord,
+    r: &OutRecord<'_>,
 ) -> Result<(), KafkaError> {
     let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
     for (name, value) in &r.headers {
@@ -55,12 +55,12 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
             value: value.as_deref(),
         });
     }
-    let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(&r.topic).headers(headers);
+    let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(r.topic).headers(headers);
     if let Some(key) = &r.key {
-        record = record.key(key.as_slice());
+        record = record.key(key);
     }
     if let Some(value) = &r.value {
-        record = record.payload(value.as_slice());
+        record = record.payload(value);
     }
     loop {
         match producer.send(record) {

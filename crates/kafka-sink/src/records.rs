@@ -12,16 +12,18 @@ use sluice_core::contract::declared_columns;
 use sluice_core::output::{TargetRows, Value};
 use sluice_core::sink::{Commit, DeadLetter, SinkError};
 use sluice_core::store::LineageEntry;
+use std::borrow::Cow;
 use std::collections::HashMap;
 
-/// One record to send, owned.
+/// One record to send, borrowing what it can from the batch and the
+/// layout (librdkafka copies it when it is queued).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutRecord {
-    pub topic: String,
-    pub key: Option<Vec<u8>>,
-    pub value: Option<Vec<u8>>,
+pub struct OutRecord<'a> {
+    pub topic: &'a str,
+    pub key: Option<Cow<'a, [u8]>>,
+    pub value: Option<Cow<'a, [u8]>>,
     /// (name, value); a `None` value is a null header.
-    pub headers: Vec<(String, Option<Vec<u8>>)>,
+    pub headers: Vec<(&'a str, Option<Cow<'a, [u8]>>)>,
 }
 
 /// Where and how a pipeline's batches are laid out as records: each
@@ -51,11 +53,11 @@ impl BatchLayout {
 
     /// Everything `c` sends, in order: rows, dead letters, and its lineage
     /// entry if a `lineage_topic` is given.
-    pub fn records(
-        &self,
-        c: &Commit<'_>,
-        lineage_topic: Option<&str>,
-    ) -> Result<Vec<OutRecord>, SinkError> {
+    pub fn records<'a>(
+        &'a self,
+        c: &'a Commit<'a>,
+        lineage_topic: Option<&'a str>,
+    ) -> Result<Vec<OutRecord<'a>>, SinkError> {
         let mut out = Vec::with_capacity(c.output.row_count() as usize + 1);
         for rows in &c.output.targets {
             let layout = self.targets.get(&rows.target).ok_or_else(|| {
@@ -90,35 +92,39 @@ impl TargetLayout {
     }
 
     /// The records of `rows`, one per row, in row order.
-    pub fn records(&self, rows: &TargetRows) -> Result<Vec<OutRecord>, SinkError> {
+    fn records<'a>(&'a self, rows: &'a TargetRows) -> Result<Vec<OutRecord<'a>>, SinkError> {
         // The declared columns in name order, each checked against the target.
-        let columns: Vec<(&str, Vec<Value<'_>>)> = declared_columns(&self.config, rows)?
+        let columns: Vec<(&str, Vec<Value<'a>>)> = declared_columns(&self.config, rows)?
             .into_iter()
             .map(|(c, _)| (c.name.as_str(), c.values().collect()))
             .collect();
-        let cell = |name: &str, row: usize| {
-            columns
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map_or(Value::Null, |(_, cells)| cells[row])
+        // Where each part of a record comes from, found once per batch.
+        let index = |name: &str| columns.iter().position(|(n, _)| *n == name);
+        let key = self.layout.key.as_deref().and_then(index);
+        let value = match self.layout.value() {
+            KafkaValue::Json => None,
+            KafkaValue::Column(c) => Some(index(c)),
         };
+        let headers: Vec<(&str, Option<usize>)> = self
+            .layout
+            .headers
+            .iter()
+            .map(|h| (h.as_str(), index(h)))
+            .collect();
+        let cell = |at: Option<usize>, row: usize| at.map_or(Value::Null, |i| columns[i].1[row]);
         Ok((0..rows.rows as usize)
             .map(|row| OutRecord {
-                topic: self.topic().to_string(),
-                key: self
-                    .layout
-                    .key
-                    .as_deref()
-                    .and_then(|k| cell_bytes(cell(k, row))),
-                value: match self.layout.value() {
-                    KafkaValue::Json => Some(row_json(columns.iter().map(|(n, c)| (*n, c[row])))),
-                    KafkaValue::Column(c) => cell_bytes(cell(c, row)),
+                topic: self.topic(),
+                key: cell_bytes(cell(key, row)),
+                value: match value {
+                    None => Some(Cow::Owned(row_json(
+                        columns.iter().map(|(n, c)| (*n, c[row])),
+                    ))),
+                    Some(at) => cell_bytes(cell(at, row)),
                 },
-                headers: self
-                    .layout
-                    .headers
+                headers: headers
                     .iter()
-                    .map(|h| (h.clone(), cell_bytes(cell(h, row))))
+                    .map(|&(name, at)| (name, cell_bytes(cell(at, row))))
                     .collect(),
             })
             .collect())
@@ -127,14 +133,15 @@ impl TargetLayout {
 
 /// A cell as record bytes: text and blobs as they are, numbers in
 /// decimal, booleans as `true`/`false`; null is none.
-fn cell_bytes(v: Value<'_>) -> Option<Vec<u8>> {
+fn cell_bytes(v: Value<'_>) -> Option<Cow<'_, [u8]>> {
+    let owned = |s: String| Some(Cow::Owned(s.into_bytes()));
     match v {
         Value::Null => None,
-        Value::Int(i) => Some(i.to_string().into_bytes()),
-        Value::Float(f) => Some(f.to_string().into_bytes()),
-        Value::Text(t) => Some(t.as_bytes().to_vec()),
-        Value::Bytes(b) => Some(b.to_vec()),
-        Value::Bool(b) => Some(b.to_string().into_bytes()),
+        Value::Int(i) => owned(i.to_string()),
+        Value::Float(f) => owned(f.to_string()),
+        Value::Text(t) => Some(Cow::Borrowed(t.as_bytes())),
+        Value::Bytes(b) => Some(Cow::Borrowed(b)),
+        Value::Bool(b) => owned(b.to_string()),
     }
 }
 
@@ -150,19 +157,24 @@ fn row_json<'a>(cells: impl Iterator<Item = (&'a str, Value<'a>)>) -> Vec<u8> {
 /// key and value, with headers saying where it came from and why
 /// (`sluice.topic`, `sluice.partition`, `sluice.offset`, `sluice.kind`,
 /// `sluice.reason`, `sluice.batch`, `sluice.pipeline`).
-fn dead_letters(c: &Commit<'_>, topic: &str) -> Vec<OutRecord> {
+fn dead_letters<'a>(c: &'a Commit<'a>, topic: &'a str) -> Vec<OutRecord<'a>> {
     if c.dead_letters.is_empty() {
         return Vec::new();
     }
-    let records: Vec<RecordRef<'_>> = c.records.iter().collect();
+    let records: Vec<RecordRef<'a>> = c.records.iter().collect();
     c.dead_letters
         .iter()
         .filter_map(|d| Some(dead_letter(c, d, records.get(d.index)?, topic)))
         .collect()
 }
 
-fn dead_letter(c: &Commit<'_>, d: &DeadLetter, r: &RecordRef<'_>, topic: &str) -> OutRecord {
-    let text = |name: &str, value: String| (name.to_string(), Some(value.into_bytes()));
+fn dead_letter<'a>(
+    c: &'a Commit<'a>,
+    d: &DeadLetter,
+    r: &RecordRef<'a>,
+    topic: &'a str,
+) -> OutRecord<'a> {
+    let text = |name: &'a str, value: String| (name, Some(Cow::Owned(value.into_bytes())));
     let headers = vec![
         text("sluice.pipeline", c.plan.pipeline.clone()),
         text("sluice.batch", c.plan.batch_id.clone()),
@@ -173,20 +185,20 @@ fn dead_letter(c: &Commit<'_>, d: &DeadLetter, r: &RecordRef<'_>, topic: &str) -
         text("sluice.reason", d.reason.clone()),
     ];
     OutRecord {
-        topic: topic.to_string(),
-        key: r.key.map(<[u8]>::to_vec),
-        value: r.value.map(<[u8]>::to_vec),
+        topic,
+        key: r.key.map(Cow::Borrowed),
+        value: r.value.map(Cow::Borrowed),
         headers,
     }
 }
 
 /// The batch's lineage entry, to `topic`, keyed by the pipeline so one
 /// partition holds a pipeline's lineage in commit order.
-fn lineage(c: &Commit<'_>, topic: &str) -> OutRecord {
+fn lineage<'a>(c: &'a Commit<'a>, topic: &'a str) -> OutRecord<'a> {
     OutRecord {
-        topic: topic.to_string(),
-        key: Some(c.plan.pipeline.as_bytes().to_vec()),
-        value: Some(LineageEntry::of(c).to_json().into_bytes()),
+        topic,
+        key: Some(Cow::Borrowed(c.plan.pipeline.as_bytes())),
+        value: Some(Cow::Owned(LineageEntry::of(c).to_json().into_bytes())),
         headers: Vec::new(),
     }
 }

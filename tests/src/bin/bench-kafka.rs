@@ -102,8 +102,34 @@ fn high_watermarks(brokers: &str, topic: &str) -> i64 {
         .sum()
 }
 
-/// Runs sluice over `input` once; returns its whole-process time.
-fn run_sluice(dir: &Path, brokers: &str, input: &str, name: &str, guarantee: &str) -> Duration {
+/// Records per second from the first to the last batch commit in an
+/// exactly-once run's lineage topic (the first batch's records left out).
+fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
+    let mut commits: Vec<(i64, i64)> = read_consumed(brokers, &format!("{name}.lineage"), 1)
+        .iter()
+        .map(|e| {
+            let entry: serde_json::Value = serde_json::from_str(&e.value).expect("lineage");
+            (
+                entry["committed_at_ms"].as_i64().expect("committed_at_ms"),
+                entry["records"].as_i64().expect("records"),
+            )
+        })
+        .collect();
+    commits.sort();
+    let (first, last) = (commits[0], commits[commits.len() - 1]);
+    let after_first: i64 = commits[1..].iter().map(|(_, n)| n).sum();
+    after_first as f64 / ((last.0 - first.0).max(1) as f64 / 1000.0)
+}
+
+/// Runs sluice over `input` once; returns its whole-process time and its
+/// steady rate from its lineage.
+async fn run_sluice(
+    dir: &Path,
+    brokers: &str,
+    input: &str,
+    name: &str,
+    guarantee: &str,
+) -> (Duration, f64) {
     let output = format!("{name}-out");
     create_topic(brokers, &output, PARTITIONS);
     create_topic(brokers, &format!("{name}.dead-letters"), 1);
@@ -132,12 +158,19 @@ fn run_sluice(dir: &Path, brokers: &str, input: &str, name: &str, guarantee: &st
     let started = Instant::now();
     run_ok(&config);
     let took = started.elapsed();
+    let steady = if guarantee == "exactly-once" {
+        lineage_topic_rate(brokers, name)
+    } else {
+        bench::lineage_rate(&sinks::SinkDb::Sqlite(run_dir.join(".sluice-state.db")))
+            .await
+            .0
+    };
     let written = high_watermarks(brokers, &output);
     assert!(
         written >= input_len(brokers, input),
         "{name}: {written} records out"
     );
-    took
+    (took, steady)
 }
 
 fn input_len(brokers: &str, input: &str) -> i64 {
@@ -149,7 +182,8 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
-fn main() {
+#[tokio::main]
+async fn main() {
     let mut args = std::env::args().skip(1);
     let records: usize = args.next().map_or(400_000, |a| a.parse().expect("RECORDS"));
     let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
@@ -161,6 +195,7 @@ fn main() {
     let dir = TempDir::new("bench-kafka");
     let rate = |d: Duration| records as f64 / d.as_secs_f64();
     let (mut raw, mut eo, mut alo) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut eo_steady, mut alo_steady) = (Vec::new(), Vec::new());
     println!("{records} records of ~76 bytes over {PARTITIONS} partitions, {rounds} rounds");
     for round in 0..rounds {
         let output = format!("raw-{round}-out");
@@ -168,40 +203,38 @@ fn main() {
         let started = Instant::now();
         assert_eq!(raw_copy(brokers, input, &output), records);
         let r = rate(started.elapsed());
-        let e = rate(run_sluice(
-            dir.path(),
-            brokers,
-            input,
-            &format!("eo-{round}"),
-            "exactly-once",
-        ));
-        let a = rate(run_sluice(
-            dir.path(),
-            brokers,
-            input,
-            &format!("alo-{round}"),
-            "at-least-once",
-        ));
+        let name = format!("eo-{round}");
+        let (took, es) = run_sluice(dir.path(), brokers, input, &name, "exactly-once").await;
+        let e = rate(took);
+        let name = format!("alo-{round}");
+        let (took, als) = run_sluice(dir.path(), brokers, input, &name, "at-least-once").await;
+        let a = rate(took);
         println!(
-            "round {round}: raw loop {r:>8.0}/s  sluice exactly-once {e:>8.0}/s  \
-             at-least-once {a:>8.0}/s  EO/ALO {:.2}  EO/raw {:.2}",
+            "round {round}: raw loop {r:>8.0}/s  sluice exactly-once {e:>8.0}/s (steady {es:.0})  \
+             at-least-once {a:>8.0}/s (steady {als:.0})  EO/ALO {:.2}  EO/raw {:.2}",
             e / a,
             e / r
         );
         raw.push(r);
         eo.push(e);
         alo.push(a);
+        eo_steady.push(es);
+        alo_steady.push(als);
     }
     let (r, e, a) = (median(raw), median(eo), median(alo));
+    let (es, als) = (median(eo_steady), median(alo_steady));
     println!(
         "median records/s, whole process: raw rdkafka loop {r:.0}, sluice exactly-once {e:.0}, \
-         sluice at-least-once {a:.0}"
+         sluice at-least-once {a:.0}; steady state (lineage): exactly-once {es:.0}, \
+         at-least-once {als:.0}"
     );
     println!(
-        "exactly-once / at-least-once: {:.2} (bar 0.70); exactly-once / raw loop: {:.2} (bar 0.50); \
-         at-least-once / raw loop: {:.2}",
+        "exactly-once / at-least-once: {:.2} (bar 0.70), steady {:.2}; exactly-once / raw loop: \
+         {:.2} (bar 0.50), steady {:.2}; at-least-once / raw loop: {:.2}",
         e / a,
+        es / als,
         e / r,
+        es / r,
         a / r
     );
 }
