@@ -599,6 +599,84 @@ async fn module_lifecycle_works_on_kafka() {
 /// their output with librdkafka's `read_committed` on this broker (see
 /// docs/kafka.md). If this test starts failing, the broker was fixed:
 /// update docs/kafka.md and docs/ARCHITECTURE.md and delete it.
+/// A module that floods its output (2 million boolean rows from one
+/// record, one Kafka record each): the sink lays out and sends one record
+/// at a time into a bounded producer queue, so the host's peak memory
+/// stays within twice the module's cap plus a fixed allowance (it once
+/// held every record a second time, ~150 bytes each, plus up to a million
+/// in librdkafka's queue); every row lands, in one transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flooding_module_does_not_blow_up_the_host_through_the_kafka_sink() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("kafka-flood", "kafka-flood-in", "kafka-flood-out");
+    let rows = 2_000_000i64;
+    let cap_mib = 64;
+    create_topic(brokers, input, 1);
+    create_sink_topics(brokers, pipeline, output);
+    produce(
+        brokers,
+        input,
+        &[Produce {
+            partition: 0,
+            key: None,
+            value: format!("flood:{rows}"),
+        }],
+    );
+    let dir = TempDir::new(pipeline);
+    let text = format!(
+        r#"
+pipeline = "{pipeline}"
+[source]
+brokers = "{brokers}"
+topics = ["{input}"]
+[module]
+path = "{module}"
+params = {{ mode = "flood" }}
+[limits]
+max_memory_mib = {cap_mib}
+[sink]
+url = "kafka://{brokers}"
+[[sink.targets]]
+name = "flood"
+columns = {{ flag = "boolean" }}
+[sink.targets.kafka]
+topic = "{output}"
+"#,
+        module = plugin("hostile").display()
+    );
+    let config = write_config(dir.path(), &text);
+    let run = run_measured(&config, "info");
+    assert!(run.success, "{}", run.log);
+    let lineage = read_consumed(brokers, &format!("{pipeline}.lineage"), 1);
+    let entry: serde_json::Value = serde_json::from_str(&lineage[0].value).expect("lineage");
+    assert_eq!((lineage.len(), entry["rows"].as_i64()), (1, Some(rows)));
+    // The output's end: every row, plus one COMMIT marker per partition
+    // the transaction wrote to.
+    let reader = committed_reader(brokers, output, PARTITIONS);
+    let end: i64 = (0..PARTITIONS)
+        .map(|p| {
+            reader
+                .fetch_watermarks(output, p, Duration::from_secs(10))
+                .unwrap()
+                .1
+        })
+        .sum();
+    assert!(
+        (rows..=rows + PARTITIONS as i64).contains(&end),
+        "{end} records and markers for {rows} rows"
+    );
+    let allowance = 128;
+    assert!(
+        run.peak_rss_mib <= 2 * cap_mib + allowance,
+        "host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB for {rows} Kafka records",
+        run.peak_rss_mib
+    );
+    println!(
+        "kafka flood: {rows} records from one input record, host peak RSS {} MiB (cap {cap_mib} MiB)",
+        run.peak_rss_mib
+    );
+}
+
 #[test]
 fn broker_defect_an_abort_by_the_next_owner_is_visible_to_read_committed() {
     let brokers = shared_broker();

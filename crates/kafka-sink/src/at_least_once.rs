@@ -17,9 +17,8 @@
 //! It must not read input or decide ranges, and it never imports another
 //! sink: the state store comes in as a trait.
 
-use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, send};
+use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send};
 use crate::records::BatchLayout;
-use rdkafka::ClientConfig;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::DeliveryResult;
@@ -72,12 +71,8 @@ impl KafkaProducer {
     /// it writes (targets and dead letters) exists.
     pub fn open(config: &PipelineConfig) -> Result<KafkaProducer, SinkError> {
         let brokers = brokers_of(&config.sink.url)?;
-        let producer: ThreadedProducer<Deliveries> = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
+        let producer: ThreadedProducer<Deliveries> = producer_config(&brokers)
             .set("enable.idempotence", "true")
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "1000000")
             .create_with_context(Deliveries::default())
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
         let sink = KafkaProducer {
@@ -105,10 +100,9 @@ impl KafkaProducer {
         let _only_batch = self.sending.lock().expect("sending lock");
         // A failure left over from a batch that was given up on.
         self.producer.context().take_failure();
-        for r in &records {
-            send(&self.producer, r)
-                .map_err(|e| self.failed(format!("producing to {}", r.topic), e))?;
-        }
+        records.send_each(|r| {
+            send(&self.producer, r).map_err(|e| self.failed(format!("producing to {}", r.topic), e))
+        })?;
         self.producer.flush(BROKER_TIMEOUT).map_err(|e| {
             self.failed(
                 "waiting for the batch's records to be acknowledged".into(),

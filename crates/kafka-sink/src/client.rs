@@ -6,16 +6,31 @@
 //! counts as committed (that is each sink).
 
 use crate::records::OutRecord;
-use rdkafka::ClientContext;
 use rdkafka::client::Client;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext};
 use sluice_core::sink::SinkError;
 use std::time::Duration;
 
 /// How long one broker call (metadata, init, offsets, commit) may take.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The settings every producer of the sink shares: partitioning by key
+/// as the Java client does, a short linger, and a bounded queue, so a
+/// module that floods its output is held back (`send` waits while the
+/// queue is full) instead of queueing it all in the host's memory.
+pub fn producer_config(brokers: &str) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", brokers)
+        .set("partitioner", "murmur2_random")
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "100000")
+        .set("queue.buffering.max.kbytes", "65536");
+    config
+}
 
 /// Every topic in `wanted` exists on the brokers `client` talks to (the
 /// sink never creates one: partitions, retention and compaction are the

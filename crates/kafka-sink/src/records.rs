@@ -3,13 +3,14 @@
 //! where it came from and why in `sluice.*` headers) and its lineage entry.
 //!
 //! Owns the byte layout of every record the sink writes. It must not talk
-//! to a broker: `sink` sends what this builds.
+//! to a broker (`sink` and `at_least_once` send what this lays out), nor
+//! hold a batch's records all at once.
 
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::RecordRef;
 use sluice_core::config::{KafkaTargetConfig, KafkaValue, TargetConfig};
 use sluice_core::contract::declared_columns;
-use sluice_core::output::{TargetRows, Value};
+use sluice_core::output::{Column, TargetRows, Value};
 use sluice_core::sink::{Commit, DeadLetter, SinkError};
 use sluice_core::store::LineageEntry;
 use std::borrow::Cow;
@@ -52,25 +53,110 @@ impl BatchLayout {
     }
 
     /// Everything `c` sends, in order: rows, dead letters, and its lineage
-    /// entry if a `lineage_topic` is given.
+    /// entry if a `lineage_topic` is given; checked against the layouts
+    /// here, laid out one record at a time by [`BatchRecords::send_each`].
     pub fn records<'a>(
         &'a self,
         c: &'a Commit<'a>,
         lineage_topic: Option<&'a str>,
-    ) -> Result<Vec<OutRecord<'a>>, SinkError> {
-        let mut out = Vec::with_capacity(c.output.row_count() as usize + 1);
-        for rows in &c.output.targets {
-            let layout = self.targets.get(&rows.target).ok_or_else(|| {
-                SinkError::Config(format!(
-                    "module wrote to target `{}`, which the sink does not declare",
-                    rows.target
-                ))
-            })?;
-            out.extend(layout.records(rows)?);
+    ) -> Result<BatchRecords<'a>, SinkError> {
+        let targets = c
+            .output
+            .targets
+            .iter()
+            .map(|rows| {
+                let layout = self.targets.get(&rows.target).ok_or_else(|| {
+                    SinkError::Config(format!(
+                        "module wrote to target `{}`, which the sink does not declare",
+                        rows.target
+                    ))
+                })?;
+                layout.rows(rows)
+            })
+            .collect::<Result<_, SinkError>>()?;
+        Ok(BatchRecords {
+            commit: c,
+            targets,
+            dead_letter_topic: &self.dead_letter_topic,
+            lineage_topic,
+        })
+    }
+}
+
+/// A batch's records, checked, to be laid out and sent one at a time: a
+/// batch's output is never held a second time as records (a module that
+/// floods its output costs the host its typed columns, not a copy per row).
+pub struct BatchRecords<'a> {
+    commit: &'a Commit<'a>,
+    targets: Vec<TargetRecords<'a>>,
+    dead_letter_topic: &'a str,
+    lineage_topic: Option<&'a str>,
+}
+
+impl BatchRecords<'_> {
+    /// Calls `send` with each record in order, stopping at its first error.
+    pub fn send_each<E>(
+        &self,
+        mut send: impl FnMut(&OutRecord<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for target in &self.targets {
+            target.send_each(&mut send)?;
         }
-        out.extend(dead_letters(c, &self.dead_letter_topic));
-        out.extend(lineage_topic.map(|topic| lineage(c, topic)));
-        Ok(out)
+        for record in dead_letters(self.commit, self.dead_letter_topic) {
+            send(&record)?;
+        }
+        match self.lineage_topic {
+            Some(topic) => send(&lineage(self.commit, topic)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// One target's rows with where each part of a record comes from.
+struct TargetRecords<'a> {
+    topic: &'a str,
+    rows: &'a TargetRows,
+    /// The declared columns in name order, checked against the target.
+    columns: Vec<(&'a str, &'a Column)>,
+    key: Option<usize>,
+    /// `None`: the row as JSON; else the column holding the value.
+    value: Option<Option<usize>>,
+    headers: Vec<(&'a str, Option<usize>)>,
+}
+
+impl TargetRecords<'_> {
+    /// Lays out one row at a time (the columns are walked in step) and
+    /// calls `send` with it.
+    fn send_each<E>(
+        &self,
+        send: &mut impl FnMut(&OutRecord<'_>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut cells: Vec<_> = self.columns.iter().map(|(_, c)| c.values()).collect();
+        let mut row: Vec<Value<'_>> = Vec::with_capacity(cells.len());
+        fn at<'v>(row: &[Value<'v>], i: Option<usize>) -> Value<'v> {
+            i.map_or(Value::Null, |i| row[i])
+        }
+        for _ in 0..self.rows.rows {
+            row.clear();
+            row.extend(cells.iter_mut().map(|c| c.next().unwrap_or(Value::Null)));
+            let record = OutRecord {
+                topic: self.topic,
+                key: cell_bytes(at(&row, self.key)),
+                value: match self.value {
+                    None => Some(Cow::Owned(row_json(
+                        self.columns.iter().zip(&row).map(|((n, _), v)| (*n, *v)),
+                    ))),
+                    Some(i) => cell_bytes(at(&row, i)),
+                },
+                headers: self
+                    .headers
+                    .iter()
+                    .map(|&(name, i)| (name, cell_bytes(at(&row, i))))
+                    .collect(),
+            };
+            send(&record)?;
+        }
+        Ok(())
     }
 }
 
@@ -91,43 +177,29 @@ impl TargetLayout {
         self.config.topic()
     }
 
-    /// The records of `rows`, one per row, in row order.
-    fn records<'a>(&'a self, rows: &'a TargetRows) -> Result<Vec<OutRecord<'a>>, SinkError> {
-        // The declared columns in name order, each checked against the target.
-        let columns: Vec<(&str, Vec<Value<'a>>)> = declared_columns(&self.config, rows)?
+    /// `rows` checked against this target's columns, ready to lay out.
+    fn rows<'a>(&'a self, rows: &'a TargetRows) -> Result<TargetRecords<'a>, SinkError> {
+        let columns: Vec<(&str, &Column)> = declared_columns(&self.config, rows)?
             .into_iter()
-            .map(|(c, _)| (c.name.as_str(), c.values().collect()))
+            .map(|(c, _)| (c.name.as_str(), c))
             .collect();
-        // Where each part of a record comes from, found once per batch.
         let index = |name: &str| columns.iter().position(|(n, _)| *n == name);
-        let key = self.layout.key.as_deref().and_then(index);
-        let value = match self.layout.value() {
-            KafkaValue::Json => None,
-            KafkaValue::Column(c) => Some(index(c)),
-        };
-        let headers: Vec<(&str, Option<usize>)> = self
-            .layout
-            .headers
-            .iter()
-            .map(|h| (h.as_str(), index(h)))
-            .collect();
-        let cell = |at: Option<usize>, row: usize| at.map_or(Value::Null, |i| columns[i].1[row]);
-        Ok((0..rows.rows as usize)
-            .map(|row| OutRecord {
-                topic: self.topic(),
-                key: cell_bytes(cell(key, row)),
-                value: match value {
-                    None => Some(Cow::Owned(row_json(
-                        columns.iter().map(|(n, c)| (*n, c[row])),
-                    ))),
-                    Some(at) => cell_bytes(cell(at, row)),
-                },
-                headers: headers
-                    .iter()
-                    .map(|&(name, at)| (name, cell_bytes(cell(at, row))))
-                    .collect(),
-            })
-            .collect())
+        Ok(TargetRecords {
+            topic: self.topic(),
+            rows,
+            key: self.layout.key.as_deref().and_then(index),
+            value: match self.layout.value() {
+                KafkaValue::Json => None,
+                KafkaValue::Column(c) => Some(index(c)),
+            },
+            headers: self
+                .layout
+                .headers
+                .iter()
+                .map(|h| (h.as_str(), index(h)))
+                .collect(),
+            columns,
+        })
     }
 }
 

@@ -26,7 +26,7 @@
 //! It must not read input or decide ranges: that is the source and the
 //! loop. It never imports another sink.
 
-use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, send};
+use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send};
 use crate::records::BatchLayout;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -107,12 +107,8 @@ impl KafkaSink {
     /// producer under its id (a previous owner, or this one's own last)
     /// is fenced and its open transaction aborted.
     fn fence(&self, tp: &TopicPartition) -> Result<Arc<TxnProducer>, SinkError> {
-        let producer: TxnProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
+        let producer: TxnProducer = producer_config(&self.brokers)
             .set("transactional.id", self.transactional_id(tp))
-            .set("partitioner", "murmur2_random")
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "1000000")
             .create()
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
         producer
@@ -194,9 +190,9 @@ impl KafkaSink {
         };
         let sent = (|| {
             step("begin_transaction", producer.begin_transaction())?;
-            for r in &records {
-                send(&producer, r).map_err(|e| (format!("producing to {}", r.topic), e))?;
-            }
+            records.send_each(|r| {
+                send(&producer, r).map_err(|e| (format!("producing to {}", r.topic), e))
+            })?;
             let mut offsets = TopicPartitionList::new();
             offsets
                 .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(range.until))
@@ -288,10 +284,15 @@ fn after_failure(producer: &TxnProducer, what: String, e: KafkaError) -> Step {
 /// background, so the error a call returns may only say "erroneous
 /// state"): fenced means replace it, anything else stops the pipeline.
 fn fatal(producer: &TxnProducer, what: &str, e: &KafkaError) -> Option<Step> {
+    // The broker's codes, and librdkafka's local one for a fence it
+    // learned of in the background (say, adding a partition to the
+    // transaction): the same fact, whichever call meets it first.
     let fenced_by = |code: RDKafkaErrorCode| {
         matches!(
             code,
-            RDKafkaErrorCode::ProducerFenced | RDKafkaErrorCode::InvalidProducerEpoch
+            RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::Fenced
         )
     };
     let code = match producer.client().fatal_error() {

@@ -16,7 +16,8 @@
 //! (`run --until-caught-up`, partitions statically assigned, so no group
 //! join; the module compiled from the cache after the first round). Every
 //! round writes fresh output topics, and each output is checked to hold
-//! every input record.
+//! every input record. `BENCH_RAW_PRODUCER=name=value,...` adds settings
+//! to the raw loop's producer (e.g. `enable.idempotence=true`).
 //!
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-kafka && SLUICE_BIN=$CARGO_TARGET_DIR/release/sluice \
@@ -37,12 +38,21 @@ const PARTITIONS: i32 = 4;
 /// to `output`, wait for every acknowledgement. Returns the records copied.
 fn raw_copy(brokers: &str, input: &str, output: &str) -> usize {
     let consumer = committed_reader(brokers, input, PARTITIONS);
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers)
         .set("linger.ms", "5")
-        .set("queue.buffering.max.messages", "1000000")
-        .create()
-        .expect("producer");
+        .set("queue.buffering.max.messages", "1000000");
+    // Extra producer settings, `name=value,name=value`, to try.
+    for setting in std::env::var("BENCH_RAW_PRODUCER")
+        .unwrap_or_default()
+        .split(',')
+    {
+        if let Some((name, value)) = setting.split_once('=') {
+            config.set(name, value);
+        }
+    }
+    let producer: ThreadedProducer<DefaultProducerContext> = config.create().expect("producer");
     let (mut copied, mut ended) = (0, 0);
     while ended < PARTITIONS {
         match consumer.poll(Duration::from_millis(100)) {
