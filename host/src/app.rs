@@ -136,24 +136,11 @@ pub async fn run(
             run_with(config, module, sink, until_caught_up, shutdown).await
         }
         SinkKind::Stdout => {
-            let state = crate::state::state_sink(config)?;
-            tracing::info!(
-                state = %crate::sink::redact_url(&state.url),
-                "stdout sink: at-least-once (rows are printed, then the offsets move in the state \
-                 store; a crash in between prints that one batch again)"
-            );
             let printing = Printing(config.sink.format.unwrap_or_default());
             run_over_state(config, module, printing, until_caught_up, shutdown).await
         }
         SinkKind::Kafka if config.sink.guarantee == Guarantee::AtLeastOnce => {
             let producer = tokio::task::block_in_place(|| KafkaProducer::open(config))?;
-            let state = crate::state::state_sink(config)?;
-            tracing::info!(
-                state = %crate::sink::redact_url(&state.url),
-                "kafka sink: at-least-once (an idempotent producer sends a batch's records, then \
-                 its offsets and lineage move in the state store; a crash in between sends that \
-                 batch again)"
-            );
             run_over_state(config, module, producer, until_caught_up, shutdown).await
         }
         SinkKind::Kafka => {
@@ -170,6 +157,8 @@ pub async fn run(
 /// A sink whose checkpoints and lineage are committed in `[state]`, built
 /// over whichever store that is.
 trait OverState {
+    /// The delivery guarantee, as the log says it at start.
+    const GUARANTEE: &str;
     type Over<S: Sink>: Sink;
     fn over<S: Sink>(self, state: S) -> Self::Over<S>;
 }
@@ -178,6 +167,8 @@ trait OverState {
 struct Printing(StdoutFormat);
 
 impl OverState for Printing {
+    const GUARANTEE: &str = "stdout sink: at-least-once (rows are printed, then the offsets move \
+                             in the state store; a crash in between prints that one batch again)";
     type Over<S: Sink> = crate::sink::stdout::StdoutSink<S>;
     fn over<S: Sink>(self, state: S) -> Self::Over<S> {
         crate::sink::stdout::StdoutSink::new(state, self.0)
@@ -185,6 +176,9 @@ impl OverState for Printing {
 }
 
 impl OverState for KafkaProducer {
+    const GUARANTEE: &str = "kafka sink: at-least-once (an idempotent producer sends a batch's \
+                             records, then its offsets and lineage move in the state store; a \
+                             crash in between sends that batch again)";
     type Over<S: Sink> = crate::sink::kafka::KafkaAtLeastOnce<S>;
     fn over<S: Sink>(self, state: S) -> Self::Over<S> {
         KafkaProducer::over(self, state)
@@ -200,6 +194,7 @@ async fn run_over_state<W: OverState>(
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
     let state = crate::state::state_sink(config)?;
+    tracing::info!(state = %crate::sink::redact_url(&state.url), "{}", W::GUARANTEE);
     match state.kind()? {
         SinkKind::Sqlite => {
             let sink = sink.over(sqlite::open(&state).await?);

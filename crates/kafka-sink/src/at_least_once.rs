@@ -17,7 +17,9 @@
 //! It must not read input or decide ranges, and it never imports another
 //! sink: the state store comes in as a trait.
 
-use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send};
+use crate::client::{
+    BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
+};
 use crate::records::BatchLayout;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
@@ -81,7 +83,12 @@ impl KafkaProducer {
             producer,
             sending: Mutex::new(()),
         };
-        check_topics(sink.producer.client(), &sink.brokers, &sink.layout.topics())?;
+        check_topics(
+            sink.producer.client(),
+            &sink.brokers,
+            &sink.layout.topics(),
+            None,
+        )?;
         Ok(sink)
     }
 
@@ -103,7 +110,7 @@ impl KafkaProducer {
         records.send_each(|r| {
             send(&self.producer, r).map_err(|e| self.failed(format!("producing to {}", r.topic), e))
         })?;
-        self.producer.flush(BROKER_TIMEOUT).map_err(|e| {
+        wait_delivered(&self.producer, BROKER_TIMEOUT).map_err(|e| {
             self.failed(
                 "waiting for the batch's records to be acknowledged".into(),
                 e,

@@ -1,6 +1,6 @@
 //! The librdkafka plumbing both Kafka sinks share: the broker list of a
-//! `kafka://` URL, the check that every topic written exists, and queueing
-//! one record on a producer.
+//! `kafka://` URL, the check that every topic written exists, queueing
+//! one record on a producer and waiting for every record's acknowledgement.
 //!
 //! It must not decide what a batch sends (that is `records`) or when it
 //! counts as committed (that is each sink).
@@ -9,10 +9,10 @@ use crate::records::OutRecord;
 use rdkafka::client::Client;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext};
 use sluice_core::sink::SinkError;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long one broker call (metadata, init, offsets, commit) may take.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -32,13 +32,14 @@ pub fn producer_config(brokers: &str) -> ClientConfig {
     config
 }
 
-/// Every topic in `wanted` exists on the brokers `client` talks to (the
-/// sink never creates one: partitions, retention and compaction are the
-/// operator's choice).
+/// Every topic in `wanted`, and the `lineage` topic if given, exists on
+/// the brokers `client` talks to (the sink never creates one: partitions,
+/// retention and compaction are the operator's choice).
 pub fn check_topics<C: ClientContext>(
     client: &Client<C>,
     brokers: &str,
     wanted: &[&str],
+    lineage: Option<&str>,
 ) -> Result<(), SinkError> {
     let metadata = client
         .fetch_metadata(None, BROKER_TIMEOUT)
@@ -49,10 +50,17 @@ pub fn check_topics<C: ClientContext>(
             .iter()
             .any(|t| t.name() == name && t.error().is_none() && !t.partitions().is_empty())
     };
-    match wanted.iter().find(|t| !exists(t)) {
-        Some(missing) => Err(SinkError::Config(format!(
-            "topic `{missing}` does not exist on {brokers}: create it (the Kafka sink never \
-             creates topics; the lineage topic should be time-retained, not compacted)"
+    if let Some(topic) = wanted.iter().find(|t| !exists(t)) {
+        return Err(SinkError::Config(format!(
+            "topic `{topic}` does not exist on {brokers}: create it (the Kafka sink never \
+             creates topics)"
+        )));
+    }
+    match lineage.filter(|t| !exists(t)) {
+        Some(topic) => Err(SinkError::Config(format!(
+            "the lineage topic `{topic}` does not exist on {brokers}: create it, time-retained \
+             rather than compacted (its entries are keyed by pipeline, so compaction would keep \
+             only the newest batch's; the Kafka sink never creates topics)"
         ))),
         None => Ok(()),
     }
@@ -87,6 +95,30 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
             Err((e, _)) => return Err(e),
         }
     }
+}
+
+/// Waits until every record queued on `producer` is acknowledged or has
+/// failed (its delivery report served by the producer's polling thread).
+///
+/// This stands in for rdkafka's `flush`, which, with anything outstanding,
+/// polls in slices that each last their whole 100 ms: every batch's
+/// flush, and the one `commit_transaction` starts with, took at least
+/// 100 ms, whatever the batch (a 200-record transaction committed in ~100
+/// ms on a broker that commits it in ~5). Once this returns, the
+/// `commit_transaction` flush finds nothing outstanding and goes straight
+/// to the commit. The 0.5 ms step bounds what waiting here adds.
+pub fn wait_delivered<C: ProducerContext>(
+    producer: &ThreadedProducer<C>,
+    timeout: Duration,
+) -> Result<(), KafkaError> {
+    let started = Instant::now();
+    while producer.in_flight_count() > 0 {
+        if started.elapsed() > timeout {
+            return Err(KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut));
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    Ok(())
 }
 
 /// The bootstrap servers a `kafka://host:port[,host:port]` URL names.

@@ -118,10 +118,19 @@ struct TargetRecords<'a> {
     rows: &'a TargetRows,
     /// The declared columns in name order, checked against the target.
     columns: Vec<(&'a str, &'a Column)>,
+    /// Where each part comes from: the index of its column in `columns`
+    /// (`None`: the column is not in this batch's rows, so null).
     key: Option<usize>,
-    /// `None`: the row as JSON; else the column holding the value.
-    value: Option<Option<usize>>,
+    value: ValueFrom,
     headers: Vec<(&'a str, Option<usize>)>,
+}
+
+/// Where a target's record values come from.
+enum ValueFrom {
+    /// The whole row as a JSON object.
+    Json,
+    /// One column (`None`: not in this batch's rows, so null).
+    Column(Option<usize>),
 }
 
 impl TargetRecords<'_> {
@@ -143,10 +152,10 @@ impl TargetRecords<'_> {
                 topic: self.topic,
                 key: cell_bytes(at(&row, self.key)),
                 value: match self.value {
-                    None => Some(Cow::Owned(row_json(
+                    ValueFrom::Json => Some(Cow::Owned(row_json(
                         self.columns.iter().zip(&row).map(|((n, _), v)| (*n, *v)),
                     ))),
-                    Some(i) => cell_bytes(at(&row, i)),
+                    ValueFrom::Column(i) => cell_bytes(at(&row, i)),
                 },
                 headers: self
                     .headers
@@ -189,8 +198,8 @@ impl TargetLayout {
             rows,
             key: self.layout.key.as_deref().and_then(index),
             value: match self.layout.value() {
-                KafkaValue::Json => None,
-                KafkaValue::Column(c) => Some(index(c)),
+                KafkaValue::Json => ValueFrom::Json,
+                KafkaValue::Column(c) => ValueFrom::Column(index(c)),
             },
             headers: self
                 .layout

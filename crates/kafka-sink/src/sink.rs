@@ -26,7 +26,9 @@
 //! It must not read input or decide ranges: that is the source and the
 //! loop. It never imports another sink.
 
-use crate::client::{BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send};
+use crate::client::{
+    BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
+};
 use crate::records::BatchLayout;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -93,9 +95,12 @@ impl KafkaSink {
 
     /// Every topic this sink writes exists.
     fn check_topics(&self) -> Result<(), SinkError> {
-        let mut wanted = self.layout.topics();
-        wanted.push(&self.lineage_topic);
-        check_topics(self.offsets.client(), &self.brokers, &wanted)
+        check_topics(
+            self.offsets.client(),
+            &self.brokers,
+            &self.layout.topics(),
+            Some(&self.lineage_topic),
+        )
     }
 
     /// The transactional id fencing owners of `tp`.
@@ -111,10 +116,30 @@ impl KafkaSink {
             .set("transactional.id", self.transactional_id(tp))
             .create()
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
+        self.connect(&producer, tp)?;
         producer
             .init_transactions(BROKER_TIMEOUT)
             .map_err(|e| broker_error(format!("init_transactions for {tp}"), e))?;
         Ok(Arc::new(producer))
+    }
+
+    /// Connects `producer` to a broker the cluster names (not just the
+    /// bootstrap address) before it asks for a producer id: librdkafka
+    /// asks only once such a broker is up, and else retries on a 500 ms
+    /// timer. A first metadata answer comes over the bootstrap connection,
+    /// which librdkafka then drops; the next comes from a named broker. On
+    /// Tansu this cut a fence from ~510 ms to ~55 ms.
+    fn connect(&self, producer: &TxnProducer, tp: &TopicPartition) -> Result<(), SinkError> {
+        for _ in 0..3 {
+            let metadata = producer
+                .client()
+                .fetch_metadata(Some(&self.lineage_topic), BROKER_TIMEOUT)
+                .map_err(|e| broker_error(format!("connecting the producer for {tp}"), e))?;
+            if metadata.orig_broker_id() >= 0 {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Fences every other owner of `partitions` (in parallel: each is a
@@ -200,6 +225,11 @@ impl KafkaSink {
             step(
                 "send_offsets_to_transaction",
                 producer.send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT),
+            )?;
+            // Before the commit, whose own flush would wait 100 ms more.
+            step(
+                "waiting for the batch's records to be acknowledged",
+                wait_delivered(&producer, BROKER_TIMEOUT),
             )
         })();
         if let Err((what, e)) = sent {
@@ -244,6 +274,24 @@ impl Sink for KafkaSink {
 
     fn one_partition_per_batch(&self) -> bool {
         true
+    }
+}
+
+impl Drop for KafkaSink {
+    /// Closes the producers side by side. Closing one waits out its
+    /// polling thread's current 100 ms poll, then librdkafka's shutdown;
+    /// one after another, a pipeline of 4 partitions took ~0.4 s to exit.
+    fn drop(&mut self) {
+        let producers = std::mem::take(
+            self.producers
+                .get_mut()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+        std::thread::scope(|scope| {
+            for (_, producer) in producers {
+                scope.spawn(move || drop(producer));
+            }
+        });
     }
 }
 

@@ -29,6 +29,10 @@ const READ_LIMIT: Duration = Duration::from_secs(60);
 /// How long the broker may hold a fetch that finds nothing new.
 const REPLAY_FETCH_WAIT_MS: &str = "10";
 
+/// How long reading may make no progress before the lagging partitions
+/// are sought again.
+const STALL_AFTER: Duration = Duration::from_secs(5);
+
 /// How long one poll waits when librdkafka has nothing queued.
 const POLL_WAIT: Duration = Duration::from_millis(100);
 
@@ -196,12 +200,20 @@ impl RangeReader {
     /// Polls until every range's partition has been read past its `until`.
     fn read_until(&mut self, ranges: &[OffsetRange]) -> Result<(), SourceError> {
         let deadline = Instant::now() + READ_LIMIT;
+        let mut progress = (self.read_so_far(), Instant::now());
         while !self.all_read(ranges)? {
             if Instant::now() > deadline {
                 return Err(SourceError::kafka_says(format!(
                     "could not read back {} within {READ_LIMIT:?}",
                     crate::batch::describe(ranges)
                 )));
+            }
+            let read = self.read_so_far();
+            if read != progress.0 {
+                progress = (read, Instant::now());
+            } else if progress.1.elapsed() > STALL_AFTER {
+                self.seek_lagging(ranges)?;
+                progress.1 = Instant::now();
             }
             let mut wait = POLL_WAIT;
             'drain: loop {
@@ -218,6 +230,41 @@ impl RangeReader {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// How far every cursor has read, summed: it moves while reading works.
+    fn read_so_far(&self) -> i64 {
+        self.cursors.values().map(|c| c.position).sum()
+    }
+
+    /// Seeks every partition not yet read past its range to where its
+    /// cursor stands. Under a loaded broker a replay consumer was seen
+    /// reading nothing more for a minute (once in ~10 runs of the Kafka
+    /// sink tests, each sharing one broker); a seek restarts the
+    /// partition's fetching from a known state and loses nothing (the
+    /// cursor keeps what was read, and older offsets are dropped).
+    fn seek_lagging(&mut self, ranges: &[OffsetRange]) -> Result<(), SourceError> {
+        let mut lagging = TopicPartitionList::new();
+        for r in ranges {
+            let c = &self.cursors[&r.topic_partition()];
+            if c.position < r.until {
+                lagging
+                    .add_partition_offset(&r.topic, r.partition, Offset::Offset(c.position))
+                    .map_err(|e| SourceError::kafka("", e))?;
+            }
+        }
+        if lagging.count() == 0 {
+            return Ok(());
+        }
+        tracing::warn!(
+            "replay: nothing read for {STALL_AFTER:?} from {}; seeking there again",
+            crate::batch::describe(ranges)
+        );
+        self.consumer
+            .seek_partitions(lagging.clone(), BROKER_TIMEOUT)
+            .map_err(|e| SourceError::kafka("seek to a batch's ranges", e))?;
+        wake_fetcher(&self.consumer, &lagging);
         Ok(())
     }
 
