@@ -90,6 +90,11 @@ impl Broker {
         Broker::start_with(false)
     }
 
+    /// The broker process's id (benchmarks sample its memory and CPU).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn start_with(die_with_parent: bool) -> Broker {
         use std::os::unix::process::CommandExt;
         let bin = tansu_bin();
@@ -214,14 +219,20 @@ pub fn producer(
     brokers: &str,
     transactional_id: Option<&str>,
 ) -> ThreadedProducer<DefaultProducerContext> {
-    let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", brokers)
-        .set("linger.ms", "5")
-        .set("enable.idempotence", "true");
+    let mut c = producer_config(brokers, 5);
     if let Some(id) = transactional_id {
         c.set("transactional.id", id);
     }
     c.create().expect("producer")
+}
+
+/// The test producers' settings, batching for `linger_ms`.
+pub fn producer_config(brokers: &str, linger_ms: u64) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers)
+        .set("linger.ms", linger_ms.to_string())
+        .set("enable.idempotence", "true");
+    c
 }
 
 /// Queues one record, waiting while the producer's queue is full.

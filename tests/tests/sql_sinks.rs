@@ -122,9 +122,11 @@ async fn sigkill_cycles(which: Db, name: &str) {
     );
     let db = which.fresh(name).await;
     let dir = TempDir::new(name);
+    // Small batches: each restart gets a few in before its kill, so the
+    // input outlasts the kills (with 200 a loaded run once finished after 19).
     let config = write_config(
         dir.path(),
-        &identity_config_into(name, &broker.brokers, name, &db.sink_toml(), 200),
+        &identity_config_into(name, &broker.brokers, name, &db.sink_toml(), 100),
     );
     let (kills, batches) =
         crash::kill_loop(&config, async || db.committed_batches().await, 22, &mut rng).await;

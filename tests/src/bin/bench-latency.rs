@@ -21,10 +21,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 const PARTITIONS: i32 = 4;
+/// The load's producer batching: as sluice's own producers, and in a soak.
+const LINGER_MS: u64 = 5;
+const SOAK_LINGER_MS: u64 = 100;
 
 fn now_ms() -> i64 {
     SystemTime::now()
@@ -60,19 +63,25 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
     )
 }
 
-/// Produces `rate` records/s (in 1 ms ticks) until `stop`; each value
-/// carries its send time in ms. Returns how many were sent.
+/// Produces `rate` records/s (in 1 ms ticks, batched by the producer for
+/// `linger_ms`) until `stop`; each value carries its send time in ms.
+/// Counts what it sent in `counted`, and returns how many were sent.
 fn steady_producer(
     brokers: String,
     topic: String,
     rate: u64,
+    linger_ms: u64,
     stop: Arc<AtomicBool>,
+    counted: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
-        let p = producer(&brokers, None);
+        let p: rdkafka::producer::ThreadedProducer<_> = producer_config(&brokers, linger_ms)
+            .create()
+            .expect("producer");
         let started = Instant::now();
         let mut sent = 0u64;
         while !stop.load(Ordering::Relaxed) {
+            counted.store(sent, Ordering::Relaxed);
             let due = started.elapsed().as_micros() as u64 * rate / 1_000_000;
             while sent < due {
                 let r = Produce {
@@ -111,13 +120,76 @@ fn stop(child: &mut Child) {
     assert!(status.success(), "sluice exited with {status}");
 }
 
-fn rss_mib(pid: u32) -> f64 {
+fn rss_mib(pid: impl std::fmt::Display) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// CPU seconds (user + system) process `pid` has used so far.
+fn cpu_seconds(pid: impl std::fmt::Display) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime, fields 14 and 15 of stat(5), in 100 Hz ticks.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Records the pipeline has committed so far, by its lineage.
+async fn committed_records(pool: &sqlx::SqlitePool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT CAST(COALESCE(sum(until_offset - from_offset), 0) AS INTEGER) \
+         FROM sluice_batch_ranges",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap_or(0)
+}
+
+/// One soak sample: where memory, CPU and the lag are at `at`.
+struct Sample {
+    at: Duration,
+    sluice_rss: f64,
+    broker_rss: f64,
+    sluice_cpu: f64,
+    broker_cpu: f64,
+    bench_cpu: f64,
+    sent: u64,
+    committed: i64,
+}
+
+impl Sample {
+    /// The sample as a line, CPU as a share of one core since `before`.
+    fn line(&self, before: &Sample) -> String {
+        let secs = (self.at - before.at).as_secs_f64().max(0.001);
+        let share = |now: f64, then: f64| 100.0 * (now - then) / secs;
+        format!(
+            "{:>5.0} s  RSS sluice {:>6.1} MiB, broker {:>7.1} MiB  CPU sluice {:>3.0}%, broker \
+             {:>3.0}%, producer {:>3.0}%  sent {:>9}, committed {:>9}, lag {:>7}",
+            self.at.as_secs_f64(),
+            self.sluice_rss,
+            self.broker_rss,
+            share(self.sluice_cpu, before.sluice_cpu),
+            share(self.broker_cpu, before.broker_cpu),
+            share(self.bench_cpu, before.bench_cpu),
+            self.sent,
+            self.committed,
+            self.sent as i64 - self.committed,
+        )
+    }
 }
 
 async fn wait_for_rows(pool: &sqlx::SqlitePool, rows: i64, limit: Duration) {
@@ -135,8 +207,9 @@ async fn wait_for_rows(pool: &sqlx::SqlitePool, rows: i64, limit: Duration) {
     }
 }
 
-/// The maximum rate: the steady state of the same pipeline over a backlog.
-async fn max_rate(brokers: &str, dir: &Path) -> f64 {
+/// The maximum rate: the steady state of the same pipeline over a
+/// backlog; and the process's peak RSS in MiB while it read the backlog.
+async fn max_rate(brokers: &str, dir: &Path) -> (f64, u64) {
     let topic = "backlog";
     create_topic(brokers, topic, PARTITIONS);
     produce(brokers, topic, &bench::purchase_events(400_000, PARTITIONS));
@@ -145,7 +218,8 @@ async fn max_rate(brokers: &str, dir: &Path) -> f64 {
     std::fs::write(&path, config(brokers, topic, &db, 200)).expect("config");
     let run = run_measured(&path, "warn");
     assert!(run.success, "{}", run.log);
-    bench::lineage_rate(&sinks::SinkDb::Sqlite(db)).await.0
+    let rate = bench::lineage_rate(&sinks::SinkDb::Sqlite(db)).await.0;
+    (rate, run.peak_rss_mib)
 }
 
 struct Latencies {
@@ -222,6 +296,7 @@ async fn latencies(pool: &sqlx::SqlitePool, warm_up: u64) -> Latencies {
 /// RSS samples after the first minute.
 async fn steady_run(
     brokers: &str,
+    broker_pid: u32,
     dir: &Path,
     name: &str,
     interval_ms: u64,
@@ -250,15 +325,45 @@ async fn steady_run(
     let pool = sqlite(&db).await;
     wait_for_rows(&pool, 1, Duration::from_secs(60)).await;
     let halt = Arc::new(AtomicBool::new(false));
-    let producing = steady_producer(brokers.into(), topic.clone(), rate, Arc::clone(&halt));
+    let counted = Arc::new(AtomicU64::new(0));
+    // A soak's producer batches for longer: the broker's memory storage
+    // pays per stored batch on every fetch, so 5 ms batches (~200 a second
+    // per partition) saturate it within a minute or two, and then every
+    // consumer falls behind whatever it does.
+    let soak = seconds >= 120;
+    let linger_ms = if soak { SOAK_LINGER_MS } else { LINGER_MS };
+    let producing = steady_producer(
+        brokers.into(),
+        topic.clone(),
+        rate,
+        linger_ms,
+        Arc::clone(&halt),
+        Arc::clone(&counted),
+    );
     let started = Instant::now();
     let mut rss = Vec::new();
+    let sample = |committed: i64| Sample {
+        at: started.elapsed(),
+        sluice_rss: rss_mib(child.id()),
+        broker_rss: rss_mib(broker_pid),
+        sluice_cpu: cpu_seconds(child.id()),
+        broker_cpu: cpu_seconds(broker_pid),
+        bench_cpu: cpu_seconds("self"),
+        sent: counted.load(Ordering::Relaxed),
+        committed,
+    };
+    let mut before = sample(committed_records(&pool).await);
     while started.elapsed() < Duration::from_secs(seconds) {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let sample = rss_mib(child.id());
-        if started.elapsed() > Duration::from_secs(60) || seconds < 120 {
-            rss.push(sample);
+        let now = sample(committed_records(&pool).await);
+        // A long run prints where memory, CPU and the lag go.
+        if soak {
+            println!("{}", now.line(&before));
         }
+        if started.elapsed() > Duration::from_secs(60) || !soak {
+            rss.push(now.sluice_rss);
+        }
+        before = now;
     }
     halt.store(true, Ordering::Relaxed);
     let sent = producing.join().expect("producer");
@@ -277,7 +382,14 @@ fn raw_consumer_latency(brokers: &str, rate: u64, seconds: u64) -> (i64, i64) {
     create_topic(brokers, topic, PARTITIONS);
     let consumer = committed_reader(brokers, topic, PARTITIONS);
     let halt = Arc::new(AtomicBool::new(false));
-    let producing = steady_producer(brokers.into(), topic.into(), rate, Arc::clone(&halt));
+    let producing = steady_producer(
+        brokers.into(),
+        topic.into(),
+        rate,
+        LINGER_MS,
+        Arc::clone(&halt),
+        Arc::default(),
+    );
     let started = Instant::now();
     let warm_up = rate * seconds / 4;
     let mut lat = Vec::new();
@@ -302,16 +414,26 @@ async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let broker = Broker::start();
     let dir = TempDir::new("bench-latency");
-    let max = max_rate(&broker.brokers, dir.path()).await;
+    let (max, backlog_rss) = max_rate(&broker.brokers, dir.path()).await;
     let rate = std::env::var("BENCH_RATE")
         .ok()
         .map_or((max / 2.0) as u64, |r| r.parse().expect("BENCH_RATE"));
     println!(
-        "maximum (steady state over a 400k backlog): {max:.0} records/s; load: {rate} records/s"
+        "maximum (steady state over a 400k backlog): {max:.0} records/s, peak RSS \
+         {backlog_rss} MiB; load: {rate} records/s"
     );
     if let ["soak", seconds] = args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
         let seconds: u64 = seconds.parse().expect("SECONDS");
-        let (lat, rss) = steady_run(&broker.brokers, dir.path(), "soak", 200, rate, seconds).await;
+        let (lat, rss) = steady_run(
+            &broker.brokers,
+            broker.pid(),
+            dir.path(),
+            "soak",
+            200,
+            rate,
+            seconds,
+        )
+        .await;
         let (lo, hi) = rss
             .iter()
             .fold((f64::MAX, 0f64), |(lo, hi), &r| (lo.min(r), hi.max(r)));
@@ -331,7 +453,16 @@ async fn main() {
     let (raw_p50, raw_p99) = raw_consumer_latency(&broker.brokers, rate, 40);
     println!("raw rdkafka consumer, no sink:    p50 {raw_p50:>4} ms, p99 {raw_p99:>4} ms");
     for (name, interval) in [("default", 200), ("low-latency", 10)] {
-        let (lat, rss) = steady_run(&broker.brokers, dir.path(), name, interval, rate, 40).await;
+        let (lat, rss) = steady_run(
+            &broker.brokers,
+            broker.pid(),
+            dir.path(),
+            name,
+            interval,
+            rate,
+            40,
+        )
+        .await;
         let bound = 2 * interval as i64 + lat.commit_ms;
         println!(
             "batch_interval_ms = {interval:>3}: p50 {:>4} ms, p99 {:>4} ms, max {:>4} ms over {} records \
