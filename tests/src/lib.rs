@@ -304,7 +304,18 @@ pub struct Seen {
 /// A `read_committed` consumer assigned to every partition of `topic` from
 /// the start, reporting partition ends; no consumer group offsets involved.
 pub fn committed_reader(brokers: &str, topic: &str, partitions: i32) -> BaseConsumer {
-    let c: BaseConsumer = ClientConfig::new()
+    committed_reader_with(brokers, topic, partitions, &[])
+}
+
+/// A [`committed_reader`] with `extra` librdkafka properties.
+pub fn committed_reader_with(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    extra: &[(&str, &str)],
+) -> BaseConsumer {
+    let mut config = ClientConfig::new();
+    config
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("verify-{}", std::process::id()))
         .set("isolation.level", "read_committed")
@@ -313,9 +324,11 @@ pub fn committed_reader(brokers: &str, topic: &str, partitions: i32) -> BaseCons
         .set("max.partition.fetch.bytes", "8388608")
         .set("fetch.queue.backoff.ms", "10")
         .set("enable.partition.eof", "true")
-        .set("enable.auto.commit", "false")
-        .create()
-        .expect("consumer");
+        .set("enable.auto.commit", "false");
+    for (k, v) in extra {
+        config.set(*k, *v);
+    }
+    let c: BaseConsumer = config.create().expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
         tpl.add_partition_offset(topic, p, Offset::Beginning)

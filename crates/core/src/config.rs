@@ -168,7 +168,9 @@ pub struct SourceConfig {
     /// Extra librdkafka properties, passed through as given (for example
     /// `"security.protocol" = "ssl"`). sluice defaults `session.timeout.ms`
     /// to 10000, `heartbeat.interval.ms` to 1000, `max.partition.fetch.bytes`
-    /// to 8388608 and `fetch.queue.backoff.ms` to 10; all may be set here.
+    /// to 8388608, `fetch.queue.backoff.ms` to 10 and `fetch.wait.max.ms` to
+    /// `batch_interval_ms` within 10..=100 (how long the broker may hold a
+    /// fetch that finds nothing new); all may be set here.
     /// Properties sluice relies on for exactly-once (see
     /// [`RESERVED_PROPERTIES`]) are refused.
     #[serde(default)]

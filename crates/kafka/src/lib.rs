@@ -41,7 +41,8 @@ const DRAIN_PER_CLOCK_CHECK: usize = 256;
 /// an error. The cache is only refreshed by fetch responses, so for a
 /// partition that comes back to this instance it may still hold the log end
 /// of when it was last fetched here; fetches (long polls of at most
-/// `fetch.wait.max.ms`, 500 ms by default) refresh it well within this.
+/// `fetch.wait.max.ms`, at most 100 ms by default) refresh it well within
+/// this.
 const BEYOND_END_CONFIRM: Duration = Duration::from_secs(3);
 
 /// How long [`KafkaSource::hold`] waits before pausing the partitions (a
@@ -574,8 +575,13 @@ fn client_config(config: &SourceConfig, group_id: &str) -> ClientConfig {
     // queue is over its threshold (which one 8 MiB fetch of small records
     // is), retry the fetch after 10 ms instead of librdkafka's 1 s, which
     // stalled a busy pipeline for up to a second per partition chunk
-    // (measured: 0.23 -> 0.62 of a raw consume, BENCHMARKS.md).
+    // (measured: 0.23 -> 0.62 of a raw consume, BENCHMARKS.md). And a
+    // fetch that finds nothing new waits at most `fetch_wait_ms`.
     client
+        .set(
+            "fetch.wait.max.ms",
+            fetch_wait_ms(config.batch_interval_ms).to_string(),
+        )
         .set("session.timeout.ms", "10000")
         .set("heartbeat.interval.ms", "1000")
         .set("max.partition.fetch.bytes", "8388608")
@@ -597,6 +603,21 @@ fn client_config(config: &SourceConfig, group_id: &str) -> ClientConfig {
         .set("auto.offset.reset", "error")
         .set("enable.partition.eof", "false");
     client
+}
+
+/// How long the broker may hold a fetch that finds nothing new: the batch
+/// interval, within 10..=100 ms (librdkafka's default is 500).
+///
+/// Apache Kafka answers a held fetch as soon as a record arrives, so there
+/// this only sets how often an idle consumer asks again. A broker that
+/// instead polls its log while it holds a fetch (Tansu looks at once, then
+/// sleeps half the time left, again and again) answers late by up to half
+/// of it, and that lands on every record's latency: with the default 500 ms
+/// a plain consumer's p99 was 289 ms at 5,000 records/s, with 50 ms 69 ms
+/// (BENCHMARKS.md). Waiting longer than a batch interval gains a batch
+/// nothing.
+fn fetch_wait_ms(batch_interval_ms: u64) -> u64 {
+    batch_interval_ms.clamp(10, 100)
 }
 
 /// Appends a fetched record to its partition's buffer (ignored for

@@ -8,7 +8,9 @@
 //! (written in the commit's transaction, so the row is visible a COMMIT
 //! later). It is measured with the default `batch_interval_ms` (200) and
 //! with a low-latency one (10), after a warm-up; p50, p99 and max are
-//! printed with the batches' median commit time. With `soak SECONDS` it
+//! printed with the batches' median commit time, after the baseline: a
+//! plain rdkafka consumer of the same load, with librdkafka's default fetch
+//! wait (500 ms) and with the shortest sluice sets (10 ms). With `soak SECONDS` it
 //! instead runs the default config for that long and samples the host's
 //! RSS every 5 s: the first minute is warm-up, the rest must stay flat.
 //!
@@ -374,13 +376,17 @@ async fn steady_run(
 }
 
 /// The baseline: a plain `read_committed` rdkafka consumer (sluice's fetch
-/// settings) reading the same kind of load, latency = receive time minus
-/// the producer's stamp, after the same warm-up.
-fn raw_consumer_latency(brokers: &str, rate: u64, seconds: u64) -> (i64, i64) {
+/// settings, the broker holding an empty fetch up to `fetch_wait_ms`)
+/// reading the same kind of load, latency = receive time minus the
+/// producer's stamp, after the same warm-up.
+fn raw_consumer_latency(brokers: &str, fetch_wait_ms: u64, rate: u64, seconds: u64) -> (i64, i64) {
     use rdkafka::message::Message;
-    let topic = "steady-raw";
+    let topic = format!("steady-raw-{fetch_wait_ms}");
+    let topic = topic.as_str();
     create_topic(brokers, topic, PARTITIONS);
-    let consumer = committed_reader(brokers, topic, PARTITIONS);
+    let wait = fetch_wait_ms.to_string();
+    let consumer =
+        committed_reader_with(brokers, topic, PARTITIONS, &[("fetch.wait.max.ms", &wait)]);
     let halt = Arc::new(AtomicBool::new(false));
     let producing = steady_producer(
         brokers.into(),
@@ -450,8 +456,14 @@ async fn main() {
         );
         return;
     }
-    let (raw_p50, raw_p99) = raw_consumer_latency(&broker.brokers, rate, 40);
-    println!("raw rdkafka consumer, no sink:    p50 {raw_p50:>4} ms, p99 {raw_p99:>4} ms");
+    // librdkafka's default fetch wait, and the shortest sluice sets.
+    for fetch_wait_ms in [500, 10] {
+        let (raw_p50, raw_p99) = raw_consumer_latency(&broker.brokers, fetch_wait_ms, rate, 40);
+        println!(
+            "raw rdkafka consumer, no sink, fetch.wait.max.ms = {fetch_wait_ms:>3}: p50 {raw_p50:>4} \
+             ms, p99 {raw_p99:>4} ms"
+        );
+    }
     for (name, interval) in [("default", 200), ("low-latency", 10)] {
         let (lat, rss) = steady_run(
             &broker.brokers,
