@@ -501,6 +501,64 @@ async fn a_zombie_resumed_after_its_session_expired_is_fenced_and_the_output_sta
     );
 }
 
+/// A rebalance hands partitions from A to B while input keeps coming: A
+/// closes the producers of the partitions it no longer owns (kept, each
+/// would hold its threads and connections until exit, one for every
+/// partition A ever owned), B fences their transactional ids and goes on
+/// from their checkpoints, and the output holds every record once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rebalance_closes_the_producers_of_the_partitions_handed_over() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("khandover", "khandover-in", "khandover-out");
+    create_topic(brokers, input, PARTITIONS);
+    create_sink_topics(brokers, pipeline, output);
+    let dir = TempDir::new(pipeline);
+    let config = write_config(
+        dir.path(),
+        &kafka_config(pipeline, brokers, input, output, ""),
+    );
+    let logs = |a: &Host, b: &Host| format!("\nA:\n{}\nB:\n{}", a.log(), b.log());
+    let producing = Producer::start(brokers, input, PARTITIONS);
+    let a = Host::start(&config, &dir.path().join("a.log"));
+    a.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    let b = Host::start(&config, &dir.path().join("b.log"));
+    b.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    const CLOSING: &str = "closing the producers of partitions this instance no longer owns";
+    a.wait_for_log(CLOSING, 1, Duration::from_secs(60));
+    let sent = producing.stop() as i64;
+    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, PARTITIONS);
+    offsets
+        .wait_for(sent, Duration::from_secs(120), || logs(&a, &b))
+        .await;
+    // A closed the producer of a partition B then committed.
+    let (a_log, b_log) = (a.log(), b.log());
+    let closed: Vec<String> = a_log
+        .lines()
+        .filter(|l| l.contains(CLOSING))
+        .flat_map(|l| {
+            (0..PARTITIONS)
+                .map(|p| format!("{input}[{p}]"))
+                .filter(|tp| l.contains(tp.as_str()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        closed
+            .iter()
+            .any(|tp| b_log.contains(&format!("ranges={tp} "))),
+        "A closed {closed:?}, none of which B committed{}",
+        logs(&a, &b)
+    );
+    a.stop();
+    b.stop();
+    assert_lineage_contiguous(brokers, pipeline, By::Markers);
+    let expected = read_committed(brokers, input, PARTITIONS);
+    assert_eq!(expected.len() as i64, sent);
+    let out = read_committed_by_markers(brokers, output, PARTITIONS);
+    assert_output_exactly_once(&expected, &out);
+    println!("{sent} records exactly once across the handover; A closed {closed:?}");
+}
+
 /// Deploy, hot swap under load, rollback, `status`, `verify` and `shadow`
 /// on a Kafka pipeline: modules in `[state]` (the local SQLite default),
 /// lineage in its topic. Every record once, as the version its batch ran
@@ -686,6 +744,39 @@ topic = "{output}"
     );
 }
 
+/// A transactional producer under `id` that sent `values` to partition 0
+/// of `topic` in a transaction it leaves open, and the next owner under the
+/// same id, whose `init_transactions` fenced it (and aborted the
+/// transaction).
+fn fenced_mid_transaction(
+    brokers: &str,
+    topic: &str,
+    id: &str,
+    values: &[String],
+) -> (
+    rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+    rdkafka::producer::ThreadedProducer<rdkafka::producer::DefaultProducerContext>,
+) {
+    let first = producer(brokers, Some(id));
+    first
+        .init_transactions(Duration::from_secs(30))
+        .expect("init");
+    first.begin_transaction().expect("begin");
+    for value in values {
+        let r = Produce {
+            partition: 0,
+            key: None,
+            value: value.clone(),
+        };
+        send(&first, topic, &r);
+    }
+    first.flush(Duration::from_secs(30)).expect("flush");
+    let next = producer(brokers, Some(id));
+    next.init_transactions(Duration::from_secs(30))
+        .expect("the next owner fences");
+    (first, next)
+}
+
 /// Tansu closes the connection on the commit (EndTxn) of a producer a
 /// newer owner fenced, instead of answering PRODUCER_FENCED: librdkafka
 /// sends it again and the commit times out, retriable. The sink then
@@ -696,25 +787,12 @@ fn broker_defect_a_fenced_producers_commit_times_out_instead_of_failing_fenced()
     let brokers = shared_broker();
     let topic = "kafka-defect-fenced-commit";
     create_topic(brokers, topic, 1);
-    let id = "kafka-defect-fenced-commit-owner";
-    let zombie = producer(brokers, Some(id));
-    zombie
-        .init_transactions(Duration::from_secs(30))
-        .expect("init");
-    zombie.begin_transaction().expect("begin");
-    send(
-        &zombie,
+    let (zombie, _next) = fenced_mid_transaction(
+        brokers,
         topic,
-        &Produce {
-            partition: 0,
-            key: None,
-            value: "zombie".into(),
-        },
+        "kafka-defect-fenced-commit-owner",
+        &["zombie".into()],
     );
-    zombie.flush(Duration::from_secs(30)).expect("flush");
-    let next = producer(brokers, Some(id));
-    next.init_transactions(Duration::from_secs(30))
-        .expect("the next owner fences");
     let e = zombie
         .commit_transaction(Duration::from_secs(5))
         .expect_err("a fenced producer's commit must fail");
@@ -741,26 +819,10 @@ fn broker_defect_an_abort_by_the_next_owner_is_visible_to_read_committed() {
     let brokers = shared_broker();
     let topic = "kafka-defect-abort";
     create_topic(brokers, topic, 1);
-    let id = "kafka-defect-abort-owner";
-    let dead = producer(brokers, Some(id));
-    dead.init_transactions(Duration::from_secs(30))
-        .expect("init");
-    dead.begin_transaction().expect("begin");
-    let records: Vec<Produce> = (0..100)
-        .map(|i| Produce {
-            partition: 0,
-            key: None,
-            value: format!("aborted-{i}"),
-        })
-        .collect();
-    for r in &records {
-        send(&dead, topic, r);
-    }
-    dead.flush(Duration::from_secs(30)).expect("flush");
-    std::mem::forget(dead); // dies mid-transaction: nothing ends it
-    let next = producer(brokers, Some(id));
-    next.init_transactions(Duration::from_secs(30))
-        .expect("the next owner fences");
+    let aborted: Vec<String> = (0..100).map(|i| format!("aborted-{i}")).collect();
+    let (dead, _next) =
+        fenced_mid_transaction(brokers, topic, "kafka-defect-abort-owner", &aborted);
+    std::mem::forget(dead); // died mid-transaction: nothing but the fence ends it
     produce_transaction(
         brokers,
         topic,

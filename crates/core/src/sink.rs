@@ -29,6 +29,12 @@ pub trait Sink {
     fn one_partition_per_batch(&self) -> bool {
         false
     }
+    /// This instance no longer owns `partitions` (revoked, or lost with its
+    /// session): a sink may let go of what it keeps for each of them (the
+    /// Kafka sink: a producer per partition). A batch of one of them still
+    /// to commit must then come back fenced, never fail fatally; a later
+    /// `checkpoints` of one takes it up again.
+    fn released(&self, _partitions: &[TopicPartition]) {}
 }
 
 /// Why a sink operation failed. Callers act on the variant.

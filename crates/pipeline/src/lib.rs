@@ -44,7 +44,7 @@ use sluice_core::source::{PollSignals, Source, SourceError};
 use sluice_core::transform::{RunError, Transform};
 use sluice_core::versions::{Swap, VersionError, Versions};
 use std::cell::Cell;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -108,6 +108,9 @@ pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
     /// The token `run` was given: it also cuts a poll short, so a long
     /// `batch_interval` does not delay shutdown.
     shutdown: CancellationToken,
+    /// The partitions owned when last looked: the sink is told of those
+    /// that leave it.
+    owned: BTreeSet<TopicPartition>,
 }
 
 /// The outcome of reading ahead during a commit: how long the poll took and
@@ -143,6 +146,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             stats: RunStats::default(),
             status,
             shutdown: CancellationToken::new(),
+            owned: BTreeSet::new(),
         };
         pipeline.publish_version();
         pipeline
@@ -205,6 +209,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 None => (self.poll().await?, None),
             };
             self.start_unstarted().await?;
+            self.release_lost();
             let prepared = self.follow_active_version(prepared).await?;
             let batch = match prepared {
                 Some(batch) => batch,
@@ -351,6 +356,32 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         self.restart(&fresh).await
     }
 
+    /// Tells the sink of the partitions this instance owned when last
+    /// looked and owns no more.
+    fn release_lost(&mut self) {
+        let owned: BTreeSet<TopicPartition> = self.owned_partitions().into_iter().collect();
+        if owned == self.owned {
+            return;
+        }
+        let lost: Vec<TopicPartition> = self.owned.difference(&owned).cloned().collect();
+        self.owned = owned;
+        if !lost.is_empty() {
+            self.sink.released(&lost);
+        }
+    }
+
+    /// The partitions the source owns now.
+    fn owned_partitions(&mut self) -> Vec<TopicPartition> {
+        self.source()
+            .progress()
+            .into_iter()
+            .map(|p| TopicPartition {
+                topic: p.topic,
+                partition: p.partition,
+            })
+            .collect()
+    }
+
     /// Re-reads checkpoints of `partitions` and restarts reading there.
     async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
         let checkpoints = self.checkpoints_with_retry(partitions).await?;
@@ -438,15 +469,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         self.ahead = None;
         // Only partitions still owned: reading a lost one's checkpoint
         // could fence its new owner (the Kafka sink fences as it reads).
-        let owned: Vec<TopicPartition> = self
-            .source()
-            .progress()
-            .into_iter()
-            .map(|p| TopicPartition {
-                topic: p.topic,
-                partition: p.partition,
-            })
-            .collect();
+        let owned = self.owned_partitions();
         let partitions: Vec<TopicPartition> = batch
             .plan
             .ranges

@@ -238,6 +238,9 @@ async fn a_partition_revoked_mid_batch_and_given_back_resumes_from_its_checkpoin
         without_2,
         "batches ran without partition 2 while it was revoked"
     );
+    // The sink heard once that partition 2 left (and let go of what it
+    // kept for it); taking it back read its checkpoint again.
+    assert_eq!(sink.released(), vec![tp(2)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -388,6 +388,8 @@ struct Stored {
     checkpoints: HashMap<TopicPartition, i64>,
     landed: Vec<Landed>,
     attempts: usize,
+    /// What the loop said this instance no longer owns, in order.
+    released: Vec<TopicPartition>,
 }
 
 /// A sink in memory with the offset compare-and-set of the real ones, and
@@ -419,6 +421,11 @@ impl FaultySink {
 
     pub fn attempts(&self) -> usize {
         self.stored.lock().unwrap().attempts
+    }
+
+    /// The partitions the loop released, in order.
+    pub fn released(&self) -> Vec<TopicPartition> {
+        self.stored.lock().unwrap().released.clone()
     }
 
     /// The CAS and the write, as one step under the lock.
@@ -527,6 +534,14 @@ impl Sink for FaultySink {
                 Ok(self.apply(commit))
             }
         }
+    }
+
+    fn released(&self, partitions: &[TopicPartition]) {
+        self.stored
+            .lock()
+            .unwrap()
+            .released
+            .extend_from_slice(partitions);
     }
 }
 
