@@ -507,7 +507,7 @@ fn children_of(pid: i32) -> Vec<i32> {
 }
 
 /// A field of `/proc/PID/status` in KiB, if the process is still there.
-fn status_kib(pid: i32, field: &str) -> Option<u64> {
+pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()

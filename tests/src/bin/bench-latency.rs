@@ -18,6 +18,7 @@
 //!       -p sluice-tests --bin bench-latency && target/release/bench-latency [soak SECONDS]`
 
 use rdkafka::producer::Producer;
+use sluice_tests::control::status_kib;
 use sluice_tests::*;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -122,13 +123,9 @@ fn stop(child: &mut Child) {
     assert!(status.success(), "sluice exited with {status}");
 }
 
-fn rss_mib(pid: impl std::fmt::Display) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
-        .map_or(0.0, |kb| kb / 1024.0)
+/// Process `pid`'s resident memory now, in MiB (0 once it is gone).
+fn rss_mib(pid: u32) -> f64 {
+    status_kib(pid as i32, "VmRSS:").map_or(0.0, |kib| kib as f64 / 1024.0)
 }
 
 /// CPU seconds (user + system) process `pid` has used so far.
