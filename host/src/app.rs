@@ -13,6 +13,7 @@ use crate::runtime::{Limits, ModuleError, RunError, Runtime, StoreVersions, Wasm
 use crate::sink::kafka::KafkaProducer;
 use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, sqlite};
 use crate::source::{KafkaSource, SourceError};
+use sluice_core::contract::OutputContract;
 use sluice_core::error::Chain;
 use sluice_core::store::{StoreError, Version};
 use sluice_core::transform::Transform;
@@ -276,6 +277,7 @@ async fn run_with<S: Sink>(
             batch_interval: Duration::from_millis(config.source.batch_interval_ms),
             on_poison: config.limits.on_poison,
             until_caught_up,
+            contract: output_contract(config),
         };
         let pipeline = Pipeline::new(options, source, sink, versions, transform, status.clone());
         Ok(pipeline.run(shutdown.clone()).await?)
@@ -286,6 +288,16 @@ async fn run_with<S: Sink>(
         let _ = server.await;
     }
     result
+}
+
+/// The targets every run's output must fit before its batch commits (so a
+/// record whose rows break them is isolated as a `contract` poison): the
+/// sink's, except on stdout, which prints any rows.
+pub fn output_contract(config: &PipelineConfig) -> OutputContract {
+    match config.sink.kind() {
+        Ok(SinkKind::Stdout) => OutputContract::any(),
+        _ => OutputContract::of(&config.sink.targets),
+    }
 }
 
 /// How often a host that cannot run the active version asks again.

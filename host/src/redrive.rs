@@ -229,7 +229,8 @@ async fn active_preparer(
                 source,
             }
         })?;
-    let preparer = Preparer::new(config.pipeline.clone(), config.limits.on_poison, transform);
+    let preparer = Preparer::new(config.pipeline.clone(), config.limits.on_poison, transform)
+        .with_contract(crate::app::output_contract(config));
     Ok((version, preparer))
 }
 

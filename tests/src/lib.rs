@@ -268,6 +268,27 @@ pub fn produce(brokers: &str, topic: &str, records: &[Produce]) {
     p.flush(Duration::from_secs(60)).expect("flush");
 }
 
+/// Produces `values` (any bytes, UTF-8 or not) to partition 0 of `topic`
+/// without a transaction and waits until acknowledged.
+pub fn produce_values(brokers: &str, topic: &str, values: &[Vec<u8>]) {
+    let p = producer(brokers, None);
+    for value in values {
+        let mut rec = BaseRecord::<[u8], [u8]>::to(topic)
+            .partition(0)
+            .payload(value);
+        while let Err((e, back)) = p.send(rec) {
+            match e {
+                KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull) => {
+                    rec = back;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                e => panic!("produce: {e}"),
+            }
+        }
+    }
+    p.flush(Duration::from_secs(60)).expect("flush");
+}
+
 /// Produces `records` in one transaction, committed or aborted.
 pub fn produce_transaction(
     brokers: &str,

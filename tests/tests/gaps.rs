@@ -1,9 +1,13 @@
-//! Offset gaps and impossible checkpoints, through the `sluice` binary.
+//! Offset gaps, impossible checkpoints and hostile records and modules,
+//! through the `sluice` binary.
 //!
 //! Ranges end by consumer position, so empty partitions, ranges ending on a
 //! transaction marker, aborted records in the middle and ranges with zero
 //! records all commit correctly; a checkpoint outside the log fails loudly,
-//! naming partition and offsets, with nothing written.
+//! naming partition and offsets, with nothing written. A record that fails
+//! the module on its own becomes one dead letter of its kind; a module that
+//! fails on every record is stopped within its isolation budget; shutdown
+//! interrupts an isolation at once; the host's memory stays bounded.
 
 use sluice_tests::control::sluice_ok;
 use sluice_tests::*;
@@ -282,6 +286,13 @@ const FLOOD: Mode = Mode {
     columns: r#"{ flag = "boolean" }"#,
 };
 
+/// Writes a text cell of N bytes to `wide` for a record `wide:N`.
+const WIDE: Mode = Mode {
+    name: "wide",
+    target: "wide",
+    columns: r#"{ text = "text" }"#,
+};
+
 /// A hostile module's config into SQLite, in `mode`, under `limits`.
 fn hostile_config(
     pipeline: &str,
@@ -290,12 +301,25 @@ fn hostile_config(
     mode: &Mode,
     limits: &str,
 ) -> String {
+    hostile_config_with(pipeline, topic, db, mode, limits, "")
+}
+
+/// [`hostile_config`] with more `[source]` settings.
+fn hostile_config_with(
+    pipeline: &str,
+    topic: &str,
+    db: &std::path::Path,
+    mode: &Mode,
+    limits: &str,
+    source: &str,
+) -> String {
     format!(
         r#"
 pipeline = "{pipeline}"
 [source]
 brokers = "{brokers}"
 topics = ["{topic}"]
+{source}
 [module]
 path = "{module}"
 params = {{ mode = "{mode}" }}
@@ -488,6 +512,14 @@ async fn a_record_past_the_deadline_on_every_try_becomes_a_deadline_dead_letter(
         "{dead:?}"
     );
     assert!(dead[0].2.contains("deadline of 300 ms"), "{dead:?}");
+    // The whole batch and the record are tried twice, each part between
+    // once: ceil(log2 100) + 3 deadlines, plus the parts that pass.
+    let took = transform_ms_of_batch_with_dead_letters(&h.run.log);
+    let bound = 300 * (7 + 3) + 2_000;
+    assert!(took <= bound, "isolating took {took} ms, over {bound} ms");
+    let tries = h.run.log.matches("trying once more").count();
+    assert_eq!(tries, 2, "{}", h.run.log);
+    println!("a stalled record in 100 at a 300 ms deadline: isolated in {took} ms");
 }
 
 /// A record that recurses without end under the largest stack a config may
@@ -631,4 +663,466 @@ async fn output_over_the_budget_is_isolated_or_refused_with_the_remedy() {
     );
     let committed = h.rows("sluice_checkpoints").await;
     assert_eq!(committed, 0, "nothing is committed");
+}
+
+/// The module digest sluice records for a component file.
+fn digest_of(path: &std::path::Path) -> String {
+    sluice::batch::sha256_hex(&std::fs::read(path).expect("read module"))
+}
+
+/// `after N runs` in a module-at-fault error.
+fn runs_in(log: &str) -> u32 {
+    log.split("after ")
+        .filter_map(|rest| rest.split(" runs").next()?.parse().ok())
+        .next()
+        .unwrap_or_else(|| panic!("no run count in:\n{log}"))
+}
+
+/// A module that fails on every record of a 2,000-record batch (it loops:
+/// fuel; it allocates and keeps it: memory; it stalls: the deadline) is the
+/// module's fault, not the records': the run stops naming the module and
+/// the kind, after no more runs than its isolation budget allows
+/// (`isolation_budget` x (ceil(log2 2000) + 2) plus the batch's two tries)
+/// and within two minutes, committing nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_that_fails_on_every_record_stops_within_its_isolation_budget() {
+    let cases = [
+        (
+            "every-spin",
+            "spin",
+            "fuel_per_batch = 300000000",
+            "fuel",
+            4,
+        ),
+        ("every-bomb", "bomb", "max_memory_mib = 64", "memory", 4),
+        (
+            "every-stall",
+            "spin",
+            "fuel_per_batch = 1000000000000\nbatch_timeout_ms = 1500\nisolation_budget = 1",
+            "deadline",
+            1,
+        ),
+    ];
+    let module = digest_of(&plugin("hostile"));
+    for (topic, mode, limits, kind, budget) in cases {
+        let started = std::time::Instant::now();
+        let mode = Mode {
+            name: mode,
+            ..POISON
+        };
+        let h = run_mode(topic, &numbered("ok", 2_000, 1), &mode, limits).await;
+        let took = started.elapsed();
+        assert!(!h.run.success, "{}", h.run.log);
+        let log = &h.run.log;
+        assert!(
+            log.contains(&format!("module {module} is at fault, not the records")),
+            "{log}"
+        );
+        assert!(log.contains(&format!("the last as `{kind}`")), "{log}");
+        assert!(log.contains("`limits.isolation_budget`"), "{log}");
+        let runs = runs_in(log);
+        assert!(runs <= budget * 13 + 2, "{topic}: {runs} runs");
+        assert!(took < Duration::from_secs(120), "{topic}: {took:?}");
+        assert_eq!(
+            h.rows("sluice_checkpoints").await,
+            0,
+            "nothing is committed"
+        );
+        println!("{topic}: every record fails as {kind}: stopped after {runs} runs in {took:?}");
+    }
+}
+
+/// More than `max_poison_share` of a batch's records trapping is the
+/// module's fault: the run stops with the share named, committing nothing;
+/// with the share at 1 the same batch is isolated and committed.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_mostly_of_poison_is_the_modules_fault_unless_the_share_allows_it() {
+    let poison: Vec<(usize, &str)> = (0..200)
+        .filter(|i| i % 4 != 0)
+        .map(|i| (i, "poison"))
+        .collect();
+    let mut records = numbered("ok", 200, 1);
+    for &(i, value) in &poison {
+        records[i].value = value.into();
+    }
+    let h = run_mode("poison-share", &records, &POISON, "").await;
+    assert!(!h.run.success, "{}", h.run.log);
+    assert!(
+        h.run.log.contains(
+            "more than 100 of the batch's records fail on their own (`limits.max_poison_share`)"
+        ),
+        "{}",
+        h.run.log
+    );
+    assert_eq!(
+        h.rows("sluice_checkpoints").await,
+        0,
+        "nothing is committed"
+    );
+
+    let h = run_mode(
+        "poison-share-all",
+        &records,
+        &POISON,
+        "max_poison_share = 1",
+    )
+    .await;
+    assert!(h.run.success, "{}", h.run.log);
+    assert_eq!(h.rows("echo").await, 50);
+    assert_eq!(h.dead_letters().await.len(), 150);
+}
+
+/// SIGTERM while a module that fails on every record is being isolated
+/// (looping, allocating, stalling; a budget that would last for hours)
+/// ends the process within a few seconds, cleanly, committing nothing of
+/// the batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_interrupts_an_isolation_at_once() {
+    let cases = [
+        ("term-spin", "spin", "fuel_per_batch = 300000000"),
+        ("term-bomb", "bomb", "max_memory_mib = 64"),
+        (
+            "term-stall",
+            "spin",
+            "fuel_per_batch = 1000000000000\nbatch_timeout_ms = 1500",
+        ),
+    ];
+    for (topic, mode, limits) in cases {
+        create_topic(shared_broker(), topic, 1);
+        produce(shared_broker(), topic, &numbered("ok", 2_000, 1));
+        let dir = TempDir::new(topic);
+        let db = dir.path().join("out.db");
+        let mode = Mode {
+            name: mode,
+            ..POISON
+        };
+        let limits = format!("{limits}\nisolation_budget = 1000\nmax_poison_share = 1");
+        let config = write_config(
+            dir.path(),
+            &hostile_config_with(
+                topic,
+                topic,
+                &db,
+                &mode,
+                &limits,
+                &format!("assign = {{ \"{topic}\" = [0] }}"),
+            ),
+        );
+        let mut host = sluice_tests::control::Host::start(&config, &dir.path().join("run.log"));
+        host.wait_for_log("bisecting the batch", 1, Duration::from_secs(120));
+        std::thread::sleep(Duration::from_millis(500));
+        let asked = std::time::Instant::now();
+        host.signal(libc::SIGTERM);
+        while host.is_running() {
+            assert!(
+                asked.elapsed() < Duration::from_secs(5),
+                "{topic}: still running 5 s after SIGTERM; log:\n{}",
+                host.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let took = asked.elapsed();
+        assert!(
+            host.log().contains("abandoned the batch being prepared"),
+            "{}",
+            host.log()
+        );
+        let pool = sqlite(&db).await;
+        assert_eq!(
+            sqlite_count(&pool, "SELECT count(*) FROM sluice_checkpoints").await,
+            0
+        );
+        println!("{topic}: SIGTERM during isolation ended the process in {took:?}");
+    }
+}
+
+/// SIGTERM during the isolation of a second batch (every record of it
+/// loops) keeps the first batch's commit and nothing of the second; a
+/// restart resumes from the checkpoint and, with a budget that lets it,
+/// isolates the second batch: every record once, as a row or a dead letter.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restart_after_sigterm_in_isolation_resumes_from_the_checkpoint() {
+    let topic = "term-resume";
+    create_topic(shared_broker(), topic, 1);
+    let mut records = numbered("ok", 1_000, 1);
+    for r in &mut records[500..] {
+        r.value = "poison-spin: loops".into();
+    }
+    produce(shared_broker(), topic, &records);
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let source = format!("max_records_per_partition = 500\nassign = {{ \"{topic}\" = [0] }}");
+    let config = |limits: &str| {
+        write_config(
+            dir.path(),
+            &hostile_config_with(topic, topic, &db, &POISON, limits, &source),
+        )
+    };
+    let config_path =
+        config("fuel_per_batch = 300000000\nisolation_budget = 1000\nmax_poison_share = 1");
+    let mut host = sluice_tests::control::Host::start(&config_path, &dir.path().join("run.log"));
+    host.wait_for_log("bisecting the batch", 1, Duration::from_secs(120));
+    let asked = std::time::Instant::now();
+    host.signal(libc::SIGTERM);
+    while host.is_running() {
+        assert!(asked.elapsed() < Duration::from_secs(5), "{}", host.log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pool = sqlite(&db).await;
+    let checkpoint = "SELECT next_offset FROM sluice_checkpoints";
+    assert_eq!(sqlite_count(&pool, checkpoint).await, 500);
+    assert_eq!(sqlite_count(&pool, "SELECT count(*) FROM echo").await, 500);
+
+    // Little fuel: each looping record is found in a few milliseconds.
+    let config_path =
+        config("fuel_per_batch = 20000000\nisolation_budget = 1000\nmax_poison_share = 1");
+    run_ok(&config_path);
+    assert_eq!(sqlite_count(&pool, checkpoint).await, 1_000);
+    let rows = "SELECT count(DISTINCT \"offset\") FROM echo WHERE \"offset\" < 500";
+    assert_eq!(sqlite_count(&pool, rows).await, 500);
+    assert_eq!(sqlite_count(&pool, "SELECT count(*) FROM echo").await, 500);
+    let dead = "SELECT count(DISTINCT \"offset\") FROM sluice_dead_letters WHERE kind = 'fuel' AND \"offset\" >= 500";
+    assert_eq!(sqlite_count(&pool, dead).await, 500);
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(*) FROM sluice_dead_letters").await,
+        500
+    );
+    assert_contiguous_lineage(&pool, topic).await;
+}
+
+/// One record whose value is not UTF-8, among 5,000, written into a text
+/// column unchecked (the Rust SDK's `Row::bytes`; the C template, which
+/// upper-cases the value's bytes) breaks the output contract on its own:
+/// it becomes one `contract` dead letter and the other 4,999 commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_record_whose_output_breaks_the_contract_becomes_a_contract_dead_letter() {
+    let dir = TempDir::new("contract-c");
+    let project = dir.path().join("upper");
+    sluice_ok(&["new", "--lang", "c", project.to_str().unwrap()]);
+    sluice_ok(&["build", project.to_str().unwrap()]);
+    let c_module = project.join("dist/upper.wasm");
+    let guests = [
+        (
+            "contract-rust",
+            plugin("hostile"),
+            r#"{ mode = "raw" }"#,
+            "echo",
+        ),
+        ("contract-c", c_module, "{}", "out"),
+    ];
+    for (topic, module, params, target) in guests {
+        create_topic(shared_broker(), topic, 1);
+        let mut values: Vec<Vec<u8>> = (0..5_000).map(|i| format!("ok-{i}").into_bytes()).collect();
+        values[3_210] = vec![b'b', 0xff, 0xfe, b'd'];
+        produce_values(shared_broker(), topic, &values);
+        let dir = TempDir::new(topic);
+        let db = dir.path().join("out.db");
+        let config = write_config(
+            dir.path(),
+            &format!(
+                r#"
+pipeline = "{topic}"
+[source]
+brokers = "{brokers}"
+topics = ["{topic}"]
+[module]
+path = "{module}"
+params = {params}
+[sink]
+url = "sqlite://{db}"
+[[sink.targets]]
+name = "{target}"
+columns = {{ offset = "integer", value = "text" }}
+"#,
+                brokers = shared_broker(),
+                module = module.display(),
+                db = db.display(),
+            ),
+        );
+        run_ok(&config);
+        let pool = sqlite(&db).await;
+        assert_eq!(
+            sqlite_count(&pool, &format!("SELECT count(*) FROM {target}")).await,
+            4_999
+        );
+        let dead: Vec<(i64, String, String)> =
+            sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        assert_eq!(dead.len(), 1, "{topic}: {dead:?}");
+        assert_eq!(
+            (dead[0].0, dead[0].1.as_str()),
+            (3_210, "contract"),
+            "{dead:?}"
+        );
+        assert!(dead[0].2.contains("not UTF-8"), "{dead:?}");
+        let said = sluice_ok(&["verify", config.to_str().unwrap()]);
+        assert!(said.contains("0 differ"), "{said}");
+    }
+}
+
+/// A module that logs an 8 MiB line for each of 60 records: the host keeps
+/// each line cut to 4 KiB, not the lifted message behind it, so its peak
+/// memory stays within twice the module's cap plus a fixed allowance.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_log_flood_costs_the_host_its_cut_lines_only() {
+    let cap_mib = 64;
+    let mode = Mode {
+        name: "shout",
+        ..POISON
+    };
+    let h = run_mode(
+        "log-flood",
+        &numbered("ok", 60, 1),
+        &mode,
+        &format!("max_memory_mib = {cap_mib}"),
+    )
+    .await;
+    assert!(h.run.success, "{}", h.run.log);
+    assert_eq!(h.rows("echo").await, 60);
+    let allowance = 128;
+    assert!(
+        h.run.peak_rss_mib <= 2 * cap_mib + allowance,
+        "host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB",
+        h.run.peak_rss_mib
+    );
+    println!(
+        "log flood: 60 lines of 8 MiB, host peak RSS {} MiB (cap {cap_mib} MiB)",
+        h.run.peak_rss_mib
+    );
+}
+
+/// A running pipeline whose version fails on every record of a batch
+/// stalls instead of exiting: nothing of the batch is committed, `status`
+/// names the version and the reason, `sluice_stalled` is 1, the control API
+/// stays up. Activating a fixed version (the same module in `echo` mode)
+/// ends the stall at the next batch boundary and the same records commit,
+/// once, under the new version.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_pipeline_stalls_on_a_version_at_fault_until_another_is_activated() {
+    use sluice_tests::control::{Host, cli_ok, control_port, control_toml, raw_request};
+    let topic = "stall-service";
+    create_topic(shared_broker(), topic, 1);
+    produce(shared_broker(), topic, &numbered("ok", 300, 1));
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let (port, url) = control_port();
+    let mode = Mode {
+        name: "spin",
+        ..POISON
+    };
+    let text = hostile_config_with(
+        topic,
+        topic,
+        &db,
+        &mode,
+        "fuel_per_batch = 100000000\nisolation_budget = 1",
+        &format!("assign = {{ \"{topic}\" = [0] }}"),
+    );
+    let config = write_config(
+        dir.path(),
+        &format!("{text}\n{}", control_toml(port, 32 << 20)),
+    );
+    let host = Host::start(&config, &dir.path().join("run.log"));
+    host.wait_for_api(port);
+    host.wait_for_log(
+        "stalled until another version is activated",
+        1,
+        Duration::from_secs(120),
+    );
+    let status: serde_json::Value = serde_json::from_str(&cli_ok(&url, &["status"])).unwrap();
+    let stalled = &status["running"]["stalled"];
+    assert_eq!(
+        stalled["module_digest"],
+        digest_of(&plugin("hostile")),
+        "{status}"
+    );
+    assert!(
+        stalled["reason"]
+            .as_str()
+            .unwrap()
+            .contains("the last as `fuel`"),
+        "{status}"
+    );
+    let metrics = raw_request(port, "GET /metrics HTTP/1.1", b"").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sluice_stalled{") && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    let pool = sqlite(&db).await;
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(*) FROM sluice_checkpoints").await,
+        0
+    );
+
+    let hostile = plugin("hostile");
+    cli_ok(
+        &url,
+        &[
+            "deploy",
+            hostile.to_str().unwrap(),
+            "--params",
+            r#"{"mode":"echo"}"#,
+            "--activate",
+        ],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while sqlite_count(&pool, "SELECT count(*) FROM echo").await < 300 {
+        assert!(std::time::Instant::now() < deadline, "{}", host.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let status: serde_json::Value = serde_json::from_str(&cli_ok(&url, &["status"])).unwrap();
+    assert!(status["running"]["stalled"].is_null(), "{status}");
+    let metrics = raw_request(port, "GET /metrics HTTP/1.1", b"").body;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("sluice_stalled{") && l.ends_with(" 0")),
+        "{metrics}"
+    );
+    host.stop();
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(DISTINCT \"offset\") FROM echo").await,
+        300
+    );
+    assert_eq!(sqlite_count(&pool, "SELECT count(*) FROM echo").await, 300);
+    assert_eq!(
+        sqlite_count(&pool, "SELECT count(*) FROM sluice_dead_letters").await,
+        0
+    );
+    assert_eq!(
+        sqlite_count(&pool, "SELECT next_offset FROM sluice_checkpoints").await,
+        300
+    );
+}
+
+/// Under a 256 MiB cap, a module's largest outputs: 20 million boolean rows
+/// from one record, and one 100 MiB text cell. The host's peak memory stays
+/// within twice the cap plus a fixed allowance, and every row lands.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_largest_outputs_a_256_mib_module_can_make_cost_the_host_a_bounded_multiple() {
+    let cap_mib = 256;
+    let allowance = 128;
+    let limits = format!("max_memory_mib = {cap_mib}");
+    let cases = [
+        ("big-flood", "flood:20000000", &FLOOD, 20_000_000),
+        ("big-cell", "wide:104857600", &WIDE, 1),
+    ];
+    for (topic, value, mode, rows) in cases {
+        let h = run_mode(topic, &[one(0, value)], mode, &limits).await;
+        assert!(h.run.success, "{}", h.run.log);
+        assert_eq!(h.rows(mode.target).await, rows);
+        assert!(
+            h.run.peak_rss_mib <= 2 * cap_mib + allowance,
+            "{topic}: host peak RSS {} MiB over 2 x {cap_mib} + {allowance} MiB",
+            h.run.peak_rss_mib
+        );
+        println!(
+            "{topic}: {value}, host peak RSS {} MiB (cap {cap_mib} MiB)",
+            h.run.peak_rss_mib
+        );
+    }
 }

@@ -278,6 +278,26 @@ pub struct LimitsConfig {
     /// refused.
     #[serde(default = "default_compile_memory")]
     pub compile_memory_mib: u64,
+    /// How much isolating one batch's poison records may cost before the
+    /// host decides the module, not the records, is at fault (1 to 1000).
+    /// Counted in isolations of a record that exhausts a limit on its own
+    /// (fuel, memory or the deadline): in a batch of n records that takes
+    /// about log2(n) + 2 runs, each spending a whole batch budget; a run
+    /// that ends otherwise (passes, traps, breaks the output contract)
+    /// counts the share of `batch_timeout_ms` it took. Past the budget the
+    /// batch is not committed and the pipeline stalls (see
+    /// `max_poison_share`).
+    #[serde(default = "default_isolation_budget")]
+    pub isolation_budget: u32,
+    /// Most of a batch's records that may be isolated as poison, as a share
+    /// (over 0, at most 1). A batch where more of the records fail on their
+    /// own is not committed: the module is at fault. A running pipeline
+    /// then stalls (nothing of the batch is committed; `status`, the status
+    /// page and `sluice_stalled` say why, naming the version) until another
+    /// version is activated (`sluice rollback`); `run --until-caught-up`
+    /// exits with the reason. 1 never decides by share.
+    #[serde(default = "default_max_poison_share")]
+    pub max_poison_share: f64,
 }
 
 /// What to do with records that fail the module on their own.
@@ -300,6 +320,8 @@ impl Default for LimitsConfig {
             max_output_mib: None,
             compile_timeout_ms: default_compile_timeout(),
             compile_memory_mib: default_compile_memory(),
+            isolation_budget: default_isolation_budget(),
+            max_poison_share: default_max_poison_share(),
         }
     }
 }
@@ -725,6 +747,12 @@ fn default_compile_memory() -> u64 {
 fn default_stack() -> u64 {
     1024
 }
+fn default_isolation_budget() -> u32 {
+    4
+}
+fn default_max_poison_share() -> f64 {
+    0.5
+}
 fn default_prefix() -> String {
     "sluice_".to_string()
 }
@@ -910,6 +938,18 @@ impl PipelineConfig {
             return invalid(format!(
                 "`limits.compile_memory_mib` = {} is outside 128..=65536",
                 self.limits.compile_memory_mib
+            ));
+        }
+        if !(1..=1000).contains(&self.limits.isolation_budget) {
+            return invalid(format!(
+                "`limits.isolation_budget` = {} is outside 1..=1000",
+                self.limits.isolation_budget
+            ));
+        }
+        let share = self.limits.max_poison_share;
+        if !(share > 0.0 && share <= 1.0) {
+            return invalid(format!(
+                "`limits.max_poison_share` = {share} must be over 0 and at most 1"
             ));
         }
         let kind = self

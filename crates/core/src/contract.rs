@@ -7,12 +7,19 @@
 //! values: each sink does that its own way.
 
 use crate::config::{ColumnType, TargetConfig};
-use crate::output::{Column, ColumnData, TargetRows};
+use crate::output::{Column, ColumnData, Output, TargetRows};
 
 /// Why a module's rows do not fit their target. Fatal for the batch: the
 /// module or the config must change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ContractError {
+    #[error(
+        "module wrote to target `{target}`, which the sink does not declare (declared: {declared:?})"
+    )]
+    UnknownTarget {
+        target: String,
+        declared: Vec<String>,
+    },
     #[error(
         "module wrote column `{column}` to target `{target}`, which declares only {declared:?}"
     )]
@@ -30,6 +37,48 @@ pub enum ContractError {
         declared: ColumnType,
         written: &'static str,
     },
+}
+
+/// The targets a sink declares, which every run's output must fit before
+/// the batch goes on to commit, so a record whose rows break them is
+/// isolated like any poison record. A sink that takes any rows (stdout)
+/// checks nothing.
+#[derive(Debug, Clone, Default)]
+pub struct OutputContract {
+    /// `None`: any target and columns.
+    targets: Option<std::sync::Arc<[TargetConfig]>>,
+}
+
+impl OutputContract {
+    /// Rows must fit `targets`.
+    pub fn of(targets: &[TargetConfig]) -> OutputContract {
+        OutputContract {
+            targets: Some(targets.into()),
+        }
+    }
+
+    /// Any rows fit.
+    pub fn any() -> OutputContract {
+        OutputContract::default()
+    }
+
+    /// Checks every target of `output` is declared and its rows fit it.
+    pub fn check(&self, output: &Output) -> Result<(), ContractError> {
+        let Some(targets) = &self.targets else {
+            return Ok(());
+        };
+        for rows in &output.targets {
+            let target = targets
+                .iter()
+                .find(|t| t.name == rows.target)
+                .ok_or_else(|| ContractError::UnknownTarget {
+                    target: rows.target.clone(),
+                    declared: targets.iter().map(|t| t.name.clone()).collect(),
+                })?;
+            declared_columns(target, rows)?;
+        }
+        Ok(())
+    }
 }
 
 /// The module's columns for `target`, in the target's declared (name)

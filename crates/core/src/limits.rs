@@ -66,6 +66,39 @@ pub struct Limits {
     pub compile_timeout: Duration,
     /// Address-space budget of that child, in MiB.
     pub compile_memory_mib: u64,
+    /// What isolating one batch's poison records may cost.
+    pub isolation: IsolationBudget,
+}
+
+/// Poison records a batch may always have, whatever its size: a batch of
+/// a few records that all fail says little against the module.
+pub const ALWAYS_ISOLATED: usize = 8;
+
+/// How far the host goes isolating a batch's poison records before it
+/// decides the module, not the records, is at fault
+/// (`limits.isolation_budget`, `limits.max_poison_share`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct IsolationBudget {
+    /// In isolations of a record that exhausts a limit on its own.
+    pub records: u32,
+    /// Most of a batch's records that may be poison.
+    pub max_poison_share: f64,
+}
+
+impl IsolationBudget {
+    /// The budget for a batch of `records`, in batch budgets (runs that
+    /// spend a whole batch's fuel, memory or deadline): `records` times
+    /// what isolating one such record takes, log2(n) rounded up plus 2.
+    pub fn batch_budgets(&self, records: usize) -> f64 {
+        let depth = usize::BITS - records.saturating_sub(1).leading_zeros();
+        f64::from(self.records) * f64::from(depth + 2)
+    }
+
+    /// Most records of a batch of `records` that may be isolated: its
+    /// share, but never fewer than [`ALWAYS_ISOLATED`].
+    pub fn max_poison(&self, records: usize) -> usize {
+        ((records as f64 * self.max_poison_share).floor() as usize).max(ALWAYS_ISOLATED)
+    }
 }
 
 impl Limits {
@@ -78,6 +111,10 @@ impl Limits {
             max_output_bytes: (c.max_output_mib.unwrap_or(c.max_memory_mib) as usize) << 20,
             compile_timeout: Duration::from_millis(c.compile_timeout_ms),
             compile_memory_mib: c.compile_memory_mib,
+            isolation: IsolationBudget {
+                records: c.isolation_budget,
+                max_poison_share: c.max_poison_share,
+            },
         }
     }
 
@@ -138,5 +175,26 @@ impl Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits::from_config(&LimitsConfig::default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IsolationBudget;
+
+    #[test]
+    fn the_isolation_budget_grows_with_the_depth_of_the_bisection() {
+        let budget = IsolationBudget {
+            records: 4,
+            max_poison_share: 0.5,
+        };
+        // log2 rounded up, plus the leaf's confirmation and slack.
+        assert_eq!(budget.batch_budgets(1), 8.0);
+        assert_eq!(budget.batch_budgets(2), 12.0);
+        assert_eq!(budget.batch_budgets(2_000), 4.0 * 13.0);
+        assert_eq!(budget.batch_budgets(2_048), 4.0 * 13.0);
+        assert_eq!(budget.batch_budgets(2_049), 4.0 * 14.0);
+        assert_eq!(budget.max_poison(5_000), 2_500);
+        assert_eq!(budget.max_poison(1), super::ALWAYS_ISOLATED);
     }
 }

@@ -123,11 +123,15 @@ pub enum DeadLetterKind {
     NonFinite,
     /// Its output alone is over `limits.max_output_mib`.
     Output,
+    /// Its output alone breaks the output contract: text that is not
+    /// UTF-8, a column with more or fewer values than rows, a target or
+    /// column the sink does not declare, a type that does not fit.
+    Contract,
 }
 
 impl DeadLetterKind {
     /// Every kind, in the order they are documented.
-    pub const ALL: [DeadLetterKind; 7] = [
+    pub const ALL: [DeadLetterKind; 8] = [
         DeadLetterKind::Rejected,
         DeadLetterKind::Trap,
         DeadLetterKind::Fuel,
@@ -135,6 +139,7 @@ impl DeadLetterKind {
         DeadLetterKind::Deadline,
         DeadLetterKind::NonFinite,
         DeadLetterKind::Output,
+        DeadLetterKind::Contract,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -146,6 +151,7 @@ impl DeadLetterKind {
             DeadLetterKind::Deadline => "deadline",
             DeadLetterKind::NonFinite => "non-finite",
             DeadLetterKind::Output => "output",
+            DeadLetterKind::Contract => "contract",
         }
     }
 }

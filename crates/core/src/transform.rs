@@ -29,6 +29,12 @@ pub trait Transform: Send + Sync + 'static {
     fn settle(&self, _batch_id: &str) -> Option<u64> {
         None
     }
+    /// The host is shutting down: every run of this transform in progress
+    /// stops at once and every later one fails, with
+    /// [`RunError::Interrupted`]. For good: a batch being prepared is
+    /// abandoned (its ranges were never committed, so whoever owns them
+    /// next reads them again).
+    fn interrupt(&self) {}
 }
 
 /// Why a batch did not produce output. Callers act on the variant.
@@ -74,6 +80,50 @@ pub enum RunError {
     /// The host could not instantiate the module.
     #[error("cannot instantiate module: {0}")]
     Instantiate(String),
+    /// The host is shutting down and stopped the run: the batch is
+    /// abandoned, never committed or recorded.
+    #[error("stopped: the host is shutting down")]
+    Interrupted,
+    /// Isolating the batch's poison records was given up: the module, not
+    /// the records, is at fault. Nothing of the batch is committed.
+    #[error(transparent)]
+    ModuleAtFault(Box<ModuleAtFault>),
+}
+
+/// Why the host decided a batch's failures are the module's.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "module {module} is at fault, not the records: {why}; {isolated} of {records} records \
+     failed on their own after {runs} runs, the last as `{kind}`: {last}. Nothing of the batch \
+     is committed: roll back (`sluice rollback`) or activate a fixed version"
+)]
+pub struct ModuleAtFault {
+    /// The version's module digest.
+    pub module: String,
+    pub why: GaveUp,
+    /// Records isolated as poison when it gave up.
+    pub isolated: usize,
+    /// Records in the batch.
+    pub records: usize,
+    /// Runs of the isolation.
+    pub runs: u32,
+    /// The dead-letter kind of the last failure (`trap`, `fuel`, ...).
+    pub kind: String,
+    /// The last failure.
+    pub last: String,
+}
+
+/// Which bound isolating a batch passed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum GaveUp {
+    #[error(
+        "more than {max_poison} of the batch's records fail on their own (`limits.max_poison_share`)"
+    )]
+    Share { max_poison: usize },
+    #[error(
+        "isolating its poison records cost over {budgets} batch budgets (`limits.isolation_budget` = {records})"
+    )]
+    Budget { budgets: u64, records: u32 },
 }
 
 impl RunError {

@@ -31,17 +31,18 @@ mod status;
 pub use metrics::Metrics;
 pub use prepare::{Batch, Preparer};
 pub use status::{
-    Bucket, LastBatch, PartitionStatus, RecentBatch, RecentDeadLetter, Status, StatusBoard,
+    Bucket, LastBatch, PartitionStatus, RecentBatch, RecentDeadLetter, Stall, Status, StatusBoard,
 };
 
 use sluice_core::{batch, config};
 
 use crate::batch::{OffsetRange, Plan, TopicPartition, describe, now_ms};
 use crate::config::OnPoison;
+use sluice_core::contract::OutputContract;
 use sluice_core::error::Chain;
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use sluice_core::source::{PollSignals, Source, SourceError};
-use sluice_core::transform::{RunError, Transform};
+use sluice_core::transform::{ModuleAtFault, RunError, Transform};
 use sluice_core::versions::{Swap, VersionError, Versions};
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap};
@@ -53,6 +54,8 @@ use tokio_util::sync::CancellationToken;
 const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long an unreachable sink is retried before the pipeline stops.
 const SINK_RETRY_FOR: Duration = Duration::from_secs(300);
+/// Shortest wait between two asks for another version while stalled.
+const STALL_RECHECK: Duration = Duration::from_millis(250);
 
 /// Why the pipeline stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -76,7 +79,11 @@ pub struct RunOptions {
     pub batch_interval: Duration,
     pub on_poison: OnPoison,
     /// Stop (successfully) once caught up with the log ends seen at start.
+    /// A version at fault then stops the run with the reason instead of
+    /// stalling it.
     pub until_caught_up: bool,
+    /// The sink's targets every run's output must fit.
+    pub contract: OutputContract,
 }
 
 /// Counters for the caller (and the end-of-run log line).
@@ -102,6 +109,11 @@ pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
     /// A newer version found (and loaded) while the last batch committed.
     pending_swap: Option<Swap<V::Transform>>,
     preparer: Arc<Preparer<V::Transform>>,
+    /// The preparer in use, for the task that interrupts it at shutdown.
+    current: tokio::sync::watch::Sender<Arc<Preparer<V::Transform>>>,
+    /// The module digest of the version the pipeline stalls on (it failed
+    /// too many records of a batch): nothing is prepared with it.
+    stalled: Option<String>,
     picker: Arc<RangePicker>,
     stats: RunStats,
     status: StatusBoard,
@@ -131,8 +143,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         transform: V::Transform,
         status: StatusBoard,
     ) -> Self {
-        let preparer = Preparer::new(options.pipeline.clone(), options.on_poison, transform);
+        let preparer = Arc::new(
+            Preparer::new(options.pipeline.clone(), options.on_poison, transform)
+                .with_contract(options.contract.clone()),
+        );
         let picker = Arc::new(RangePicker::new(sink.one_partition_per_batch()));
+        let (current, _) = tokio::sync::watch::channel(Arc::clone(&preparer));
         let pipeline = Pipeline {
             options,
             source: Some(source),
@@ -142,7 +158,9 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             versions,
             version_checked: Cell::new(Instant::now()),
             pending_swap: None,
-            preparer: Arc::new(preparer),
+            preparer,
+            current,
+            stalled: None,
             stats: RunStats::default(),
             status,
             shutdown: CancellationToken::new(),
@@ -169,6 +187,15 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         self.status.update(|s| s.version_problem = problem);
     }
 
+    /// Another version is active: a stall on the one before is over.
+    fn unstall(&mut self) {
+        if self.stalled.take().is_some() {
+            tracing::info!("another version is active; no longer stalled");
+            self.status.metrics().stalled(false);
+            self.status.update(|s| s.stalled = None);
+        }
+    }
+
     /// Puts the version batches are now prepared with on the status board.
     fn publish_version(&self) {
         let transform = self.preparer.transform();
@@ -190,6 +217,29 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     /// until caught up.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
         self.shutdown = shutdown.clone();
+        let interrupter = self.interrupt_on(shutdown.clone());
+        let result = self.run_batches(&shutdown).await;
+        interrupter.abort();
+        let stats = result?;
+        tracing::info!(stats = ?stats, "pipeline stopped");
+        Ok(stats)
+    }
+
+    /// Once `shutdown` fires, interrupts the preparer in use: a batch being
+    /// transformed or isolated is abandoned at once (it was never
+    /// committed); a commit in flight is not touched.
+    fn interrupt_on(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
+        let mut current = self.current.subscribe();
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            current.borrow_and_update().interrupt();
+        })
+    }
+
+    async fn run_batches(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<RunStats, PipelineError> {
         let started = Instant::now();
         let mut warned_unassigned = false;
         loop {
@@ -204,8 +254,9 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 );
             }
             let (poll_ms, prepared) = match self.ahead.take() {
-                Some(ahead) => (ahead.poll_ms, ahead.batch?),
+                Some(ahead) => (ahead.poll_ms, self.settle_prepared(ahead.batch)?),
                 None if shutdown.is_cancelled() => break,
+                None if self.stalled.is_some() => (self.wait_stalled().await, None),
                 None => (self.poll().await?, None),
             };
             self.start_unstarted().await?;
@@ -214,6 +265,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             let batch = match prepared {
                 Some(batch) => batch,
                 None if shutdown.is_cancelled() => break,
+                None if self.stalled.is_some() => continue,
                 None => {
                     let offered = self.source().plan_ranges();
                     let ranges = self.picker.pick(offered);
@@ -226,14 +278,82 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                     }
                     // CPU-bound: keep the async workers free for signals and timers.
                     let source = self.source.as_ref().expect("source present");
-                    tokio::task::block_in_place(|| self.preparer.prepare(source, ranges))?
+                    let prepared =
+                        tokio::task::block_in_place(|| self.preparer.prepare(source, ranges));
+                    match self.settle_prepared(prepared.map(Some))? {
+                        Some(batch) => batch,
+                        None => continue,
+                    }
                 }
             };
             self.commit_batch(batch, poll_ms, !shutdown.is_cancelled())
                 .await?;
         }
-        tracing::info!(stats = ?self.stats, "pipeline stopped");
-        Ok(self.stats)
+        Ok(self.stats.clone())
+    }
+
+    /// What becomes of a batch that failed to prepare for a reason that is
+    /// not an error of the run: interrupted by shutdown, it is abandoned
+    /// (`None`); failed by a version at fault, the pipeline stalls on that
+    /// version (`None`), unless it runs `until_caught_up`.
+    fn settle_prepared(
+        &mut self,
+        prepared: Result<Option<Batch>, PipelineError>,
+    ) -> Result<Option<Batch>, PipelineError> {
+        match prepared {
+            Err(PipelineError::Transform {
+                error: RunError::Interrupted,
+                batch_id,
+                ..
+            }) => {
+                tracing::info!(batch = %batch_id, "shutting down: abandoned the batch being prepared (nothing of it was committed)");
+                Ok(None)
+            }
+            Err(PipelineError::Transform {
+                batch_id,
+                ranges,
+                error: RunError::ModuleAtFault(fault),
+            }) if !self.options.until_caught_up => {
+                self.stall(batch_id, ranges, &fault);
+                Ok(None)
+            }
+            other => other,
+        }
+    }
+
+    /// Stops preparing batches with the version at fault and says so.
+    fn stall(&mut self, batch_id: String, ranges: String, fault: &ModuleAtFault) {
+        let reason = fault.to_string();
+        tracing::error!(batch = %batch_id, %ranges, "{reason}; stalled until another version is activated");
+        self.stalled = Some(fault.module.clone());
+        self.status.metrics().stalled(true);
+        let stall = Stall {
+            module_digest: fault.module.clone(),
+            batch_id,
+            ranges,
+            reason,
+            since_ms: now_ms(),
+        };
+        self.status.update(|s| s.stalled = Some(stall));
+    }
+
+    /// While stalled: keeps the group membership for a quarter batch
+    /// interval (at least [`STALL_RECHECK`]) or until shutdown, so the loop
+    /// then asks for another version. Returns 0 (no poll was made).
+    async fn wait_stalled(&mut self) -> u64 {
+        let source = self.source.take().expect("source present");
+        let shutdown = self.shutdown.clone();
+        let pause = (self.options.batch_interval / 4).max(STALL_RECHECK);
+        let wait = async move {
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        };
+        let (source, (), (), swap) = self.on_source_watching(source, |_, _| (), wait).await;
+        self.source = Some(source);
+        self.pending_swap = swap.or(self.pending_swap.take());
+        0
     }
 
     /// At a batch boundary: switches to the version found during the last
@@ -279,17 +399,23 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             self.options.pipeline.clone(),
             self.options.on_poison,
             swap.transform,
-        );
+        )
+        .with_contract(self.options.contract.clone());
         self.preparer = Arc::new(preparer);
+        self.current.send_replace(Arc::clone(&self.preparer));
+        if self.shutdown.is_cancelled() {
+            self.preparer.interrupt();
+        }
         self.status.metrics().swapped();
         self.publish_version();
+        self.unstall();
         let Some(stale) = prepared else {
             return Ok(None);
         };
         let source = self.source.as_ref().expect("source present");
         let batch =
-            tokio::task::block_in_place(|| self.preparer.prepare(source, stale.plan.ranges))?;
-        Ok(Some(batch))
+            tokio::task::block_in_place(|| self.preparer.prepare(source, stale.plan.ranges));
+        self.settle_prepared(batch.map(Some))
     }
 
     /// Reads from Kafka for up to one batch interval (less if another

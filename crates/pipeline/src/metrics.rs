@@ -43,6 +43,7 @@ pub struct Metrics {
     log_end: IntGaugeVec,
     assigned: IntGauge,
     module: IntGaugeVec,
+    stalled: IntGauge,
 }
 
 impl Default for Metrics {
@@ -87,7 +88,7 @@ impl Metrics {
             dead_letters: IntCounterVec::new(
                 Opts::new(
                     "sluice_dead_letters_total",
-                    "Dead letters committed, per kind (rejected, trap, fuel, memory, deadline, non-finite, output).",
+                    "Dead letters committed, per kind (rejected, trap, fuel, memory, deadline, non-finite, output, contract).",
                 ),
                 &["kind"],
             )
@@ -154,6 +155,11 @@ impl Metrics {
                 &["module_digest", "params_digest"],
             )
             .expect("valid gauge"),
+            stalled: IntGauge::new(
+                "sluice_stalled",
+                "1 while the pipeline stalls: the running version failed too many records of a batch (limits.max_poison_share, limits.isolation_budget); it waits for another version.",
+            )
+            .expect("valid gauge"),
             registry,
         };
         metrics.register_all();
@@ -161,7 +167,7 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 17] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
             Box::new(self.records_in.clone()),
             Box::new(self.rows_out.clone()),
             Box::new(self.dead_letters.clone()),
@@ -179,6 +185,7 @@ impl Metrics {
             Box::new(self.log_end.clone()),
             Box::new(self.assigned.clone()),
             Box::new(self.module.clone()),
+            Box::new(self.stalled.clone()),
         ];
         for collector in collectors {
             self.registry
@@ -221,6 +228,11 @@ impl Metrics {
 
     pub(crate) fn commit_retried(&self) {
         self.commit_retries.inc();
+    }
+
+    /// Whether the pipeline stalls on a version at fault.
+    pub(crate) fn stalled(&self, stalled: bool) {
+        self.stalled.set(i64::from(stalled));
     }
 
     pub(crate) fn swapped(&self) {

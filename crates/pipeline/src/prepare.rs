@@ -1,9 +1,12 @@
 //! Preparing a batch: plan its ranges, take their records from the source's
 //! buffers and run the transform under the retry and poison policy: retry
-//! what may pass on another try (a deadline, a retryable declared error, a
-//! trap once), then bisect down to the records that fail the module on
-//! their own (trap, fuel, memory, deadline) and dead-letter them. The
-//! pipeline runs this on a blocking thread while the previous batch commits.
+//! what may pass on another try (a retryable declared error; a deadline or
+//! a trap once), then bisect down to the records that fail the module on
+//! their own (trap, fuel, memory, deadline, output size or contract) and
+//! dead-letter them, within a bound: past `limits.max_poison_share` or
+//! `limits.isolation_budget` the module, not the records, is at fault.
+//! The pipeline runs this on a blocking thread while the previous batch
+//! commits; shutdown interrupts it at once.
 //!
 //! It must not commit, mark ranges committed or seek: a prepared batch is
 //! only a proposal until the sink's offset compare-and-set accepts it.
@@ -11,14 +14,17 @@
 use super::PipelineError;
 use crate::batch::{OffsetRange, Plan, Records, describe, now_ms, sha256_hex};
 use crate::config::OnPoison;
+use sluice_core::contract::OutputContract;
 use sluice_core::output::Output;
 use sluice_core::sink::{DeadLetter, DeadLetterKind, digest};
 use sluice_core::source::Source;
-use sluice_core::transform::{RunError, Transform};
+use sluice_core::transform::{GaveUp, ModuleAtFault, RunError, Transform};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-/// Times a retryable transform failure (timeout, retryable declared error)
-/// is retried before the pipeline stops.
+/// Times a retryable failure that is not a record's (an instance the pool
+/// could not give, a retryable declared error) is retried before the
+/// pipeline stops.
 const TRANSFORM_RETRIES: u32 = 3;
 
 /// Wait before retrying a batch whose instance could not be made, times the
@@ -49,6 +55,10 @@ pub struct Preparer<T: Transform> {
     params_digest: String,
     /// [`Plan::settings`] of every batch prepared here.
     settings: String,
+    /// The sink's targets every run's output must fit.
+    contract: OutputContract,
+    /// Set by [`Preparer::interrupt`]: no run starts any more.
+    interrupted: AtomicBool,
 }
 
 impl<T: Transform> Preparer<T> {
@@ -61,7 +71,23 @@ impl<T: Transform> Preparer<T> {
             transform,
             params_digest,
             settings,
+            contract: OutputContract::any(),
+            interrupted: AtomicBool::new(false),
         }
+    }
+
+    /// Checks every run's output against `contract` (the sink's targets),
+    /// so a record whose rows break it is isolated as a `contract` poison.
+    pub fn with_contract(mut self, contract: OutputContract) -> Self {
+        self.contract = contract;
+        self
+    }
+
+    /// Stops the run in progress at once and every later one: the batch
+    /// being prepared fails with [`RunError::Interrupted`] (shutdown).
+    pub fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::Relaxed);
+        self.transform.interrupt();
     }
 
     /// The transform batches are prepared with.
@@ -134,11 +160,13 @@ impl<T: Transform> Preparer<T> {
             ranges: describe(&plan.ranges),
             error,
         };
-        let (output, mut dead) = match self.run_with_retries(plan, records) {
+        let mut spent = Spent::default();
+        let first = self.run_with_retries(plan, records, Confirm::Once, &mut spent);
+        let (output, mut dead) = match first {
             Ok(output) => (output, Vec::new()),
             Err(e) if poison_kind(&e).is_some() && self.on_poison == OnPoison::DeadLetter => {
                 tracing::warn!(batch = %plan.batch_id, "{e}; bisecting the batch to isolate the records that cause it");
-                self.bisect(plan, records).map_err(fail)?
+                self.isolate(plan, records, e, spent).map_err(fail)?
             }
             Err(e) => return Err(fail(e)),
         };
@@ -153,78 +181,169 @@ impl<T: Transform> Preparer<T> {
         Ok((output, dead))
     }
 
-    /// Runs `records` once, again on what may pass another time: a deadline
-    /// or a retryable declared error up to [`TRANSFORM_RETRIES`] times, a
-    /// trap once (a module may trap on a host hiccup it cannot see).
-    fn run_with_retries(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
+    /// One run of `records`: the transform's, then the sink's output
+    /// contract; stopped before it starts once interrupted.
+    fn run_once(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
+        if self.interrupted.load(Ordering::Relaxed) {
+            return Err(RunError::Interrupted);
+        }
+        let output = self.transform.run(plan, records)?;
+        self.contract
+            .check(&output)
+            .map_err(|e| RunError::BadOutput(e.to_string()))?;
+        Ok(output)
+    }
+
+    /// Runs `records`, again on what may pass another time: an instance
+    /// the pool could not give or a retryable declared error up to
+    /// [`TRANSFORM_RETRIES`] times; with [`Confirm::Once`] a trap or a
+    /// deadline once more (a module may trap on a host hiccup it cannot
+    /// see, a machine may be slow). Every attempt is charged to `spent`.
+    fn run_with_retries(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        confirm: Confirm,
+        spent: &mut Spent,
+    ) -> Result<Output, RunError> {
         let mut attempt = 0;
-        let mut trapped_once = false;
+        let mut confirmed = confirm == Confirm::No;
         loop {
             attempt += 1;
-            match self.transform.run(plan, records) {
+            let started = Instant::now();
+            let result = self.run_once(plan, records);
+            spent.charge(&result, started.elapsed(), self.transform.limits());
+            match result {
                 Ok(output) => return Ok(output),
-                Err(e) if e.is_retryable() && attempt <= TRANSFORM_RETRIES => {
+                Err(
+                    e @ (RunError::Instantiate(_)
+                    | RunError::Declared {
+                        retryable: true, ..
+                    }),
+                ) if attempt <= TRANSFORM_RETRIES => {
                     tracing::warn!(batch = %plan.batch_id, records = records.len(), "{e}; retrying");
                     if let RunError::Instantiate(_) = e {
                         // Give the pool time to free a slot.
                         std::thread::sleep(INSTANTIATE_BACKOFF * attempt);
                     }
                 }
-                Err(RunError::Trap(msg)) if !trapped_once => {
-                    tracing::warn!(batch = %plan.batch_id, records = records.len(), "transform trapped, retrying once: {msg}");
-                    trapped_once = true;
+                Err(e @ (RunError::Trap(_) | RunError::Timeout(_))) if !confirmed => {
+                    tracing::warn!(batch = %plan.batch_id, records = records.len(), "{e}; trying once more");
+                    confirmed = true;
                 }
                 Err(e) => return Err(e),
             }
         }
     }
 
-    /// Splits the batch in halves, depth first and in record order, until
-    /// every part either runs or is one record that fails on its own, which
-    /// becomes a dead letter of its kind. Iterative, so a batch of any size
-    /// needs no deeper stack; each record is in at most log2(n) + 1 runs. A
-    /// failure that is not a record's (a declared error, bad output) stops
-    /// it. A batch of no records that fails has nothing to isolate and is
-    /// committed empty.
-    fn bisect(
+    /// Isolates the records that fail the module on their own, after the
+    /// whole batch failed with `first`: splits failed parts in halves,
+    /// depth first and in record order, until every part either runs or
+    /// is one record that fails on its own (twice, for a trap or a
+    /// deadline), which becomes a dead letter of its kind. Iterative, so a
+    /// batch of any size needs no deeper stack; each record is in at most
+    /// log2(n) + 1 runs. A failure that is not a record's (a declared
+    /// error, an interruption) stops it. So does the isolation's bound:
+    /// more poison than `limits.max_poison_share`, or a cost over
+    /// `limits.isolation_budget` is the module's fault
+    /// ([`RunError::ModuleAtFault`]). A batch of no records that fails has
+    /// nothing to isolate and is committed empty.
+    fn isolate(
         &self,
         plan: &Plan,
         records: &Records,
+        first: RunError,
+        mut spent: Spent,
     ) -> Result<(Output, Vec<DeadLetter>), RunError> {
+        let limits = self.transform.limits();
+        let bound = Bound {
+            budgets: limits.isolation.batch_budgets(records.len()),
+            max_poison: limits.isolation.max_poison(records.len()),
+            setting: limits.isolation.records,
+        };
         let mut output = Output::default();
         let mut dead = Vec::new();
-        let mut parts: Vec<Vec<usize>> = vec![(0..records.len()).collect()];
-        while let Some(indices) = parts.pop() {
-            if indices.is_empty() {
-                tracing::warn!(batch = %plan.batch_id, "the module fails on a batch without records; committing it empty");
-                continue;
+        let mut parts: Vec<Vec<usize>> = Vec::new();
+        let mut last = (
+            poison_kind(&first).expect("only poison is isolated"),
+            first.to_string(),
+        );
+        let mut failed = Some(((0..records.len()).collect::<Vec<_>>(), first));
+        let mut said = Instant::now();
+        loop {
+            if let Some((indices, error)) = failed.take() {
+                last = (
+                    poison_kind(&error).expect("only poison is isolated"),
+                    error.to_string(),
+                );
+                match indices.len() {
+                    0 => {
+                        tracing::warn!(batch = %plan.batch_id, "the module fails on a batch without records; committing it empty")
+                    }
+                    1 => dead.push(DeadLetter {
+                        index: indices[0],
+                        reason: last.1.clone(),
+                        kind: last.0,
+                    }),
+                    _ => {
+                        let mut left = indices;
+                        let right = left.split_off(left.len() / 2);
+                        // The stack pops the left half first: record order.
+                        parts.push(right);
+                        parts.push(left);
+                    }
+                }
+            }
+            if let Some(why) = bound.passed(&spent, dead.len()) {
+                return Err(self.at_fault(why, &spent, dead.len(), records.len(), last));
+            }
+            let Some(indices) = parts.pop() else {
+                break;
+            };
+            if said.elapsed() >= ISOLATION_PROGRESS_EVERY {
+                said = Instant::now();
+                tracing::warn!(
+                    batch = %plan.batch_id, runs = spent.runs, isolated = dead.len(),
+                    "still isolating poison records: {:.1} of {} batch budgets spent",
+                    spent.budgets, bound.budgets
+                );
             }
             let (sub, map) = records.select(&indices);
-            let error = match self.run_with_retries(plan, &sub) {
+            let confirm = match indices.len() {
+                1 => Confirm::Once,
+                _ => Confirm::No,
+            };
+            match self.run_with_retries(plan, &sub, confirm, &mut spent) {
                 Ok(o) => {
                     output.absorb(o, &map);
                     self.check_merged_output(&output)?;
-                    continue;
                 }
-                Err(e) => e,
-            };
-            match poison_kind(&error) {
-                Some(kind) if indices.len() == 1 => dead.push(DeadLetter {
-                    index: indices[0],
-                    reason: error.to_string(),
-                    kind,
-                }),
-                Some(_) => {
-                    let mut left = indices;
-                    let right = left.split_off(left.len() / 2);
-                    // The stack pops the left half first: record order.
-                    parts.push(right);
-                    parts.push(left);
-                }
-                None => return Err(error),
+                Err(e) if poison_kind(&e).is_some() => failed = Some((indices, e)),
+                Err(e) => return Err(e),
             }
         }
         Ok((output, dead))
+    }
+
+    /// The error that gives up isolating: the module is at fault; `last`
+    /// is the kind and text of the newest failure.
+    fn at_fault(
+        &self,
+        why: GaveUp,
+        spent: &Spent,
+        isolated: usize,
+        records: usize,
+        last: (DeadLetterKind, String),
+    ) -> RunError {
+        RunError::ModuleAtFault(Box::new(ModuleAtFault {
+            module: self.transform.module_digest().to_string(),
+            why,
+            isolated,
+            records,
+            runs: spent.runs,
+            kind: last.0.as_str().to_string(),
+            last: last.1,
+        }))
     }
 
     /// The parts of a bisected batch each fit the output budget; together
@@ -239,6 +358,64 @@ impl<T: Transform> Preparer<T> {
     }
 }
 
+/// Whether a failed trap or deadline is tried once more before it counts:
+/// for the whole batch and for a single record, whose failure decides
+/// something (bisecting, a dead letter); not for the parts between.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Confirm {
+    Once,
+    No,
+}
+
+/// How often a long isolation says how far it is.
+const ISOLATION_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a batch's runs have cost so far.
+#[derive(Debug, Default)]
+struct Spent {
+    runs: u32,
+    /// In batch budgets: a run that ran out of fuel, passed the memory
+    /// cap or the deadline spent one; any other its share of the deadline.
+    budgets: f64,
+}
+
+impl Spent {
+    fn charge(
+        &mut self,
+        result: &Result<Output, RunError>,
+        took: std::time::Duration,
+        limits: &sluice_core::limits::Limits,
+    ) {
+        self.runs += 1;
+        self.budgets += match result {
+            Err(RunError::OutOfFuel(_) | RunError::MemoryExceeded(_) | RunError::Timeout(_)) => 1.0,
+            _ => took.as_secs_f64() / limits.batch_timeout.as_secs_f64().max(f64::MIN_POSITIVE),
+        };
+    }
+}
+
+/// Where isolating a batch stops being the records' fault.
+struct Bound {
+    budgets: f64,
+    max_poison: usize,
+    /// `limits.isolation_budget`, to name in the error.
+    setting: u32,
+}
+
+impl Bound {
+    fn passed(&self, spent: &Spent, isolated: usize) -> Option<GaveUp> {
+        if isolated > self.max_poison {
+            return Some(GaveUp::Share {
+                max_poison: self.max_poison,
+            });
+        }
+        (spent.budgets > self.budgets).then_some(GaveUp::Budget {
+            budgets: self.budgets as u64,
+            records: self.setting,
+        })
+    }
+}
+
 /// The dead-letter kind of a failure one record can cause on its own.
 fn poison_kind(error: &RunError) -> Option<DeadLetterKind> {
     match error {
@@ -248,6 +425,7 @@ fn poison_kind(error: &RunError) -> Option<DeadLetterKind> {
         RunError::Timeout(_) => Some(DeadLetterKind::Deadline),
         RunError::NonFinite(_) => Some(DeadLetterKind::NonFinite),
         RunError::OutputTooLarge { .. } => Some(DeadLetterKind::Output),
+        RunError::BadOutput(_) => Some(DeadLetterKind::Contract),
         _ => None,
     }
 }

@@ -40,6 +40,11 @@ pub struct Status {
     /// its `init` needs more memory than this host's limits give): the
     /// host keeps the version it runs, or waits if it has none yet.
     pub version_problem: Option<String>,
+    /// Set while the pipeline stalls: the version it runs failed too many
+    /// records of a batch for them to be the records' fault. Nothing is
+    /// prepared with that version any more; activating another one
+    /// (`sluice rollback`) clears it.
+    pub stalled: Option<Stall>,
     /// The newest committed batches, newest first.
     pub recent_batches: VecDeque<RecentBatch>,
     /// The newest dead letters this host committed, newest first: where
@@ -49,6 +54,19 @@ pub struct Status {
     /// Committed batches per [`BUCKET_MS`], oldest first, the last
     /// [`BUCKETS`] of them (buckets without batches are left out).
     pub timeline: VecDeque<Bucket>,
+}
+
+/// Why and since when the pipeline stalls.
+#[derive(Debug, Clone, Serialize)]
+pub struct Stall {
+    /// The module digest of the version at fault.
+    pub module_digest: String,
+    /// The batch it could not prepare, and its ranges.
+    pub batch_id: String,
+    pub ranges: String,
+    /// The whole reason, as the log says it.
+    pub reason: String,
+    pub since_ms: i64,
 }
 
 /// One recently committed batch.

@@ -26,6 +26,7 @@ fn options(until_caught_up: bool) -> RunOptions {
         batch_interval: Duration::from_millis(40),
         on_poison: OnPoison::DeadLetter,
         until_caught_up,
+        contract: Default::default(),
     }
 }
 

@@ -78,17 +78,24 @@ impl BatchState {
         }
     }
 
-    fn push_log(&mut self, level: LogLevel, mut message: String) {
+    /// Keeps a line, cut to [`MAX_LOG_LINE`] bytes. A cut line is copied
+    /// out of the lifted one: a 100 MiB message must not stay 100 MiB of
+    /// the host's memory behind a 4 KiB line (a run keeps at most
+    /// [`MAX_LOG_LINES`] x [`MAX_LOG_LINE`] bytes).
+    fn push_log(&mut self, level: LogLevel, message: String) {
         if self.logs.len() >= MAX_LOG_LINES {
             return;
         }
-        if message.len() > MAX_LOG_LINE {
-            let mut cut = MAX_LOG_LINE;
-            while !message.is_char_boundary(cut) {
-                cut -= 1;
+        let message = match message.len() > MAX_LOG_LINE {
+            true => {
+                let mut cut = MAX_LOG_LINE;
+                while !message.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                message[..cut].to_string()
             }
-            message.truncate(cut);
-        }
+            false => message,
+        };
         self.logs.push(ModuleLog { level, message });
     }
 }

@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use wasmtime::component::Linker;
-use wasmtime::{Config, Engine, Store, Trap};
+use wasmtime::{Config, Engine, Store, Trap, UpdateDeadline};
 
 /// Linear memory kept resident between instances (zeroed, not unmapped).
 const KEEP_RESIDENT: usize = 64 << 20;
@@ -55,7 +55,15 @@ pub struct Runtime {
     logs: logs::ModuleLogs,
     /// Fuel used per batch id, summed over its runs until it settles.
     fuel_used: Mutex<HashMap<String, u64>>,
+    /// Set once the host shuts down: every run stops at its next epoch
+    /// tick, and none starts.
+    interrupted: Arc<AtomicBool>,
 }
+
+/// Why a run's epoch callback stopped it: the host is shutting down.
+#[derive(Debug, thiserror::Error)]
+#[error("stopped: the host is shutting down")]
+struct ShuttingDown;
 
 /// Batches whose fuel is counted at once; beyond, the count starts over
 /// (a caller that never settles cannot grow it).
@@ -83,7 +91,15 @@ impl Runtime {
             stop_ticker,
             logs: logs::ModuleLogs::default(),
             fuel_used: Mutex::default(),
+            interrupted: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Stops every run in progress within one epoch tick (10 ms) and fails
+    /// every later one with [`RunError::Interrupted`]: the host is shutting
+    /// down. For good.
+    pub fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::Relaxed);
     }
 
     /// The limits every batch of this runtime runs under.
@@ -133,6 +149,9 @@ impl Runtime {
         plan: &Plan,
         records: &Records,
     ) -> Result<Output, RunError> {
+        if self.interrupted.load(Ordering::Relaxed) {
+            return Err(RunError::Interrupted);
+        }
         let mut store = self.new_store(wasi::BatchInputs {
             batch_time_ms: plan.batch_time_ms,
             seed: plan.seed(),
@@ -223,9 +242,22 @@ impl Runtime {
         store
             .set_fuel(self.limits.fuel_per_batch)
             .expect("fuel is enabled");
+        // Every tick asks whether the host is shutting down; the deadline
+        // is counted down in ticks.
         let ticks = self.limits.batch_timeout.as_millis() / EPOCH_TICK.as_millis();
-        store.set_epoch_deadline(ticks.max(1) as u64);
-        store.epoch_deadline_trap();
+        let mut ticks_left = ticks.max(1) as u64;
+        let interrupted = Arc::clone(&self.interrupted);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if interrupted.load(Ordering::Relaxed) {
+                return Err(wasmtime::Error::new(ShuttingDown));
+            }
+            ticks_left -= 1;
+            Ok(match ticks_left {
+                0 => UpdateDeadline::Interrupt,
+                _ => UpdateDeadline::Continue(1),
+            })
+        });
         store
     }
 
@@ -233,6 +265,9 @@ impl Runtime {
     fn classify(&self, store: &Store<BatchState>, e: wasmtime::Error) -> RunError {
         if store.data().limiter.hit_cap() {
             return RunError::MemoryExceeded(self.limits.max_memory_mib());
+        }
+        if e.downcast_ref::<ShuttingDown>().is_some() {
+            return RunError::Interrupted;
         }
         if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
             return RunError::Trap(format!("module called exit({})", exit.0));
@@ -422,6 +457,10 @@ impl sluice_core::transform::Transform for WasmTransform {
 
     fn settle(&self, batch_id: &str) -> Option<u64> {
         self.runtime.settle(batch_id)
+    }
+
+    fn interrupt(&self) {
+        self.runtime.interrupt();
     }
 }
 

@@ -1,4 +1,5 @@
-//! Module log lines: kept (the newest [`KEPT_LOG_LINES`], numbered) for
+//! Module log lines: kept (the newest [`KEPT_LOG_LINES`] within
+//! [`KEPT_LOG_BYTES`], numbered) for
 //! `sluice logs` and the API, and re-emitted through `tracing` at their own
 //! level, each line once per batch, however often the batch ran.
 //!
@@ -20,6 +21,9 @@ use std::sync::Mutex;
 
 /// Module log lines kept for `recent` (the newest; older ones go).
 pub const KEPT_LOG_LINES: usize = 10_000;
+
+/// Bytes of messages kept for `recent`: the newest lines within it.
+pub const KEPT_LOG_BYTES: usize = 16 << 20;
 
 /// Batches whose failed run's lines may be held at once; beyond, the
 /// oldest is kept as it is (a caller that never settles cannot grow it).
@@ -65,6 +69,8 @@ struct Held {
 #[derive(Default)]
 struct State {
     lines: VecDeque<LogLine>,
+    /// Bytes of the kept lines' messages.
+    bytes: usize,
     next_seq: u64,
     held: VecDeque<Held>,
 }
@@ -170,8 +176,12 @@ impl State {
         let at_ms = crate::batch::now_ms();
         for line in lines {
             emit(batch_id, line);
-            if self.lines.len() == KEPT_LOG_LINES {
-                self.lines.pop_front();
+            self.bytes += line.message.len();
+            while self.lines.len() >= KEPT_LOG_LINES
+                || (self.bytes > KEPT_LOG_BYTES && !self.lines.is_empty())
+            {
+                let old = self.lines.pop_front().expect("not empty");
+                self.bytes -= old.message.len();
             }
             let seq = self.next_seq;
             self.next_seq += 1;

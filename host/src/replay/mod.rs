@@ -253,11 +253,10 @@ impl Replayer {
         .map_err(|e| module_err(e.into()))?;
         let transform = WasmTransform::new(runtime, module, params.to_string())
             .map_err(|e| module_err(e.into()))?;
-        let preparer = Arc::new(Preparer::new(
-            self.config.pipeline.clone(),
-            settings.on_poison,
-            transform,
-        ));
+        let preparer = Arc::new(
+            Preparer::new(self.config.pipeline.clone(), settings.on_poison, transform)
+                .with_contract(crate::app::output_contract(&self.config)),
+        );
         self.preparers.insert(key, Arc::clone(&preparer));
         Ok(preparer)
     }

@@ -53,6 +53,11 @@ function renderStatus(status) {
   const problem = document.getElementById("version-problem");
   problem.hidden = !running.version_problem;
   problem.textContent = running.version_problem || "";
+  const stall = document.getElementById("stalled");
+  stall.hidden = !running.stalled;
+  stall.textContent = running.stalled
+    ? `Stalled since ${time(running.stalled.since_ms)} on batch ${running.stalled.batch_id}: ${running.stalled.reason}`
+    : "";
 
   fill(document.getElementById("partitions"), (running.partitions || []).map((p) => {
     const key = `${p.topic}-${p.partition}`;

@@ -14,11 +14,18 @@
 //! - `"flood"`: for a record whose value is `flood:N`, N rows of one
 //!   boolean column into target `flood` (`flag`); other records write
 //!   nothing. The host must not need much more memory than the module.
+//! - `"wide"`: for a record whose value is `wide:N`, one row of target
+//!   `wide` whose text column `text` holds N bytes
 //! - `"floats"`: one row per record into target `floats` (`offset`, `x`):
 //!   the value parsed as a float (`NaN`, `inf`, `-0` included), null if it
 //!   is not one
 //! - `"hungry"`: needs 100 MiB of memory in `init` (a host whose cap is
 //!   lower cannot run it), then passes every value through like `echo`
+//! - `"raw"`: like `echo`, but writes each value's bytes into the text
+//!   column as they are (`Row::bytes`, unchecked): a value that is not
+//!   UTF-8 breaks the output contract on that record alone
+//! - `"shout"`: like `echo`, and logs an 8 MiB line for every record (the
+//!   host keeps each line cut to 4 KiB)
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -46,7 +53,7 @@ impl Transform for Hostile {
                 std::hint::black_box(&appetite);
                 Ok(Hostile { mode })
             }
-            "spin" | "bomb" | "poison" | "flood" | "floats" | "fail" | "echo" => {
+            "spin" | "bomb" | "poison" | "flood" | "wide" | "floats" | "fail" | "echo" | "raw" | "shout" => {
                 Ok(Hostile { mode })
             }
             other => Err(format!("unknown mode `{other}`")),
@@ -72,6 +79,16 @@ impl Transform for Hostile {
                 }
                 return Ok(());
             }
+            "wide" => {
+                let t = out.target("wide", &[("text", Kind::Text)]);
+                for r in batch.records() {
+                    let value = std::str::from_utf8(r.value.unwrap_or_default()).unwrap_or("");
+                    if let Some(n) = value.strip_prefix("wide:").and_then(|n| n.parse().ok()) {
+                        out.row(t).text(&"w".repeat(n));
+                    }
+                }
+                return Ok(());
+            }
             "floats" => {
                 let t = out.target("floats", &[("offset", Kind::Int64), ("x", Kind::Float64)]);
                 for r in batch.records() {
@@ -89,8 +106,14 @@ impl Transform for Hostile {
         let t = out.target("echo", &[("offset", Kind::Int64), ("value", Kind::Text)]);
         for r in batch.records() {
             let value = r.value.unwrap_or_default();
-            if self.mode == "poison" {
-                poison(value, r.offset);
+            match self.mode.as_str() {
+                "poison" => poison(value, r.offset),
+                "raw" => {
+                    out.row(t).int(r.offset).bytes(value);
+                    continue;
+                }
+                "shout" => sluice_plugin::log::info(&"!".repeat(8 << 20)),
+                _ => {}
             }
             out.row(t)
                 .int(r.offset)
