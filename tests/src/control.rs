@@ -258,6 +258,23 @@ pub fn cli_ok(url: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// `sluice deploy hostile.wasm --params {"mode":MODE} --activate` against
+/// the control API at `url`; its output.
+pub fn deploy_hostile(url: &str, mode: &str) -> String {
+    let hostile = crate::plugin("hostile");
+    let params = format!(r#"{{"mode":"{mode}"}}"#);
+    cli_ok(
+        url,
+        &[
+            "deploy",
+            hostile.to_str().unwrap(),
+            "--params",
+            &params,
+            "--activate",
+        ],
+    )
+}
+
 /// Runs `sluice ARGS` (no control API involved) and asserts success;
 /// returns its stdout.
 pub fn sluice_ok(args: &[&str]) -> String {

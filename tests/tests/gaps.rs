@@ -1001,7 +1001,9 @@ async fn a_log_flood_costs_the_host_its_cut_lines_only() {
 /// once, under the new version.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_running_pipeline_stalls_on_a_version_at_fault_until_another_is_activated() {
-    use sluice_tests::control::{Host, cli_ok, control_port, control_toml, raw_request};
+    use sluice_tests::control::{
+        Host, cli_ok, control_port, control_toml, deploy_hostile, raw_request,
+    };
     let topic = "stall-service";
     create_topic(shared_broker(), topic, 1);
     produce(shared_broker(), topic, &numbered("ok", 300, 1));
@@ -1058,17 +1060,7 @@ async fn a_running_pipeline_stalls_on_a_version_at_fault_until_another_is_activa
         0
     );
 
-    let hostile = plugin("hostile");
-    cli_ok(
-        &url,
-        &[
-            "deploy",
-            hostile.to_str().unwrap(),
-            "--params",
-            r#"{"mode":"echo"}"#,
-            "--activate",
-        ],
-    );
+    deploy_hostile(&url, "echo");
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while sqlite_count(&pool, "SELECT count(*) FROM echo").await < 300 {
         assert!(std::time::Instant::now() < deadline, "{}", host.log());

@@ -10,7 +10,7 @@ use sluice::batch::sha256_hex;
 use sluice::control::{ClientError, ControlClient};
 use sluice_tests::control::{
     Host, Producer, TOKEN, assert_rows_follow_lineage, cli, cli_ok, control_port, control_toml,
-    lineage, wait_for_rows,
+    deploy_hostile, lineage, wait_for_rows,
 };
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::{
@@ -470,17 +470,7 @@ async fn a_version_one_host_cannot_run_leaves_both_running_and_rollback_works() 
     b.wait_for_api(port_b);
     a.wait_for_log("batch committed", 1, Duration::from_secs(90));
 
-    let hostile = plugin("hostile");
-    cli_ok(
-        &url_a,
-        &[
-            "deploy",
-            hostile.to_str().unwrap(),
-            "--params",
-            r#"{"mode":"hungry"}"#,
-            "--activate",
-        ],
-    );
+    deploy_hostile(&url_a, "hungry");
     a.wait_for_log("switching to module version", 1, Duration::from_secs(30));
     b.wait_for_log("cannot run on this host", 1, Duration::from_secs(30));
     let status_b = ControlClient::new(&url_b, None).status().await.unwrap();

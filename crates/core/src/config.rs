@@ -252,11 +252,16 @@ pub struct LimitsConfig {
     #[serde(default = "default_stack")]
     pub max_stack_kib: u64,
     /// What to do with a record that fails the module on its own: one that
-    /// makes it trap (twice), run out of fuel, pass the memory cap, or hit
-    /// the deadline (after retries). `dead-letter`: find it by bisecting the
-    /// batch, store it as a dead letter of that kind (`trap`, `fuel`,
-    /// `memory`, `deadline`) and commit the rest; `fail`: stop the
-    /// pipeline. (`on_trap`, its former name, is still accepted.)
+    /// makes it trap (twice), run out of fuel, pass the memory cap, hit the
+    /// deadline (twice), write a non-finite float, more than
+    /// `max_output_mib` or output that breaks the contract (text that is
+    /// not UTF-8, a wrong number of values, a target or column the sink
+    /// does not declare, a type that does not fit). `dead-letter`: find it
+    /// by bisecting the batch, store it as a dead letter of that kind
+    /// (`trap`, `fuel`, `memory`, `deadline`, `non-finite`, `output`,
+    /// `contract`) and commit the rest, within `isolation_budget` and
+    /// `max_poison_share`; `fail`: stop the pipeline. (`on_trap`, its
+    /// former name, is still accepted.)
     #[serde(default, alias = "on_trap")]
     pub on_poison: OnPoison,
     /// Most output one batch may hand the host, in MiB (values, lengths,
@@ -290,8 +295,9 @@ pub struct LimitsConfig {
     #[serde(default = "default_isolation_budget")]
     pub isolation_budget: u32,
     /// Most of a batch's records that may be isolated as poison, as a share
-    /// (over 0, at most 1). A batch where more of the records fail on their
-    /// own is not committed: the module is at fault. A running pipeline
+    /// (over 0, at most 1; never fewer than 8 records). A batch where more
+    /// of the records fail on their own is not committed: the module is at
+    /// fault. A running pipeline
     /// then stalls (nothing of the batch is committed; `status`, the status
     /// page and `sluice_stalled` say why, naming the version) until another
     /// version is activated (`sluice rollback`); `run --until-caught-up`
