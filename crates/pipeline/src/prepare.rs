@@ -264,26 +264,21 @@ impl<T: Transform> Preparer<T> {
         let mut output = Output::default();
         let mut dead = Vec::new();
         let mut parts: Vec<Vec<usize>> = Vec::new();
-        let mut last = (
-            poison_kind(&first).expect("only poison is isolated"),
-            first.to_string(),
-        );
+        // The newest failure, named when isolating is given up.
+        let mut last = first.clone();
         let mut failed = Some(((0..records.len()).collect::<Vec<_>>(), first));
         let mut said = Instant::now();
         loop {
             if let Some((indices, error)) = failed.take() {
-                last = (
-                    poison_kind(&error).expect("only poison is isolated"),
-                    error.to_string(),
-                );
+                let kind = poison_kind(&error).expect("only poison is isolated");
                 match indices.len() {
                     0 => {
                         tracing::warn!(batch = %plan.batch_id, "the module fails on a batch without records; committing it empty")
                     }
                     1 => dead.push(DeadLetter {
                         index: indices[0],
-                        reason: last.1.clone(),
-                        kind: last.0,
+                        reason: error.to_string(),
+                        kind,
                     }),
                     _ => {
                         let mut left = indices;
@@ -293,9 +288,10 @@ impl<T: Transform> Preparer<T> {
                         parts.push(left);
                     }
                 }
+                last = error;
             }
             if let Some(why) = bound.passed(&spent, dead.len()) {
-                return Err(self.at_fault(why, &spent, dead.len(), records.len(), last));
+                return Err(self.at_fault(why, &spent, dead.len(), records.len(), &last));
             }
             let Some(indices) = parts.pop() else {
                 break;
@@ -326,23 +322,24 @@ impl<T: Transform> Preparer<T> {
     }
 
     /// The error that gives up isolating: the module is at fault; `last`
-    /// is the kind and text of the newest failure.
+    /// is the newest failure (a poison kind).
     fn at_fault(
         &self,
         why: GaveUp,
         spent: &Spent,
         isolated: usize,
         records: usize,
-        last: (DeadLetterKind, String),
+        last: &RunError,
     ) -> RunError {
+        let kind = poison_kind(last).expect("only poison is isolated");
         RunError::ModuleAtFault(Box::new(ModuleAtFault {
             module: self.transform.module_digest().to_string(),
             why,
             isolated,
             records,
             runs: spent.runs,
-            kind: last.0.as_str().to_string(),
-            last: last.1,
+            kind: kind.as_str().to_string(),
+            last: last.to_string(),
         }))
     }
 
