@@ -3,16 +3,17 @@
 //! Owns the start-up order (the configured module first, so a bad module
 //! fails before any connection; then sink, module store, control plane, the
 //! active version — waited for while this host cannot run it — and the
-//! source) and the errors a user sees when a piece is missing. It must not
-//! hold batch logic: that is `pipeline`.
+//! source) and the errors a user sees when a piece is missing. Which
+//! backend a sink kind opens is `backends`'. It must not hold batch logic:
+//! that is `pipeline`.
 
-use crate::config::{Guarantee, PipelineConfig, StdoutFormat};
+use crate::backends::WithSink;
+use crate::config::PipelineConfig;
 use crate::control::{self, ControlState, ServeLimits};
+use crate::kafka_source::{KafkaSource, SourceError};
 use crate::pipeline::{Pipeline, PipelineError, RunOptions, RunStats, StatusBoard};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, StoreVersions, WasmTransform};
-use crate::sink::kafka::KafkaProducer;
-use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, sqlite};
-use crate::source::{KafkaSource, SourceError};
+use crate::sink::{Sink, SinkError, SinkKind};
 use sluice_core::contract::OutputContract;
 use sluice_core::error::Chain;
 use sluice_core::store::{StoreError, Version};
@@ -119,103 +120,33 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
     let module = load_configured(config)?;
-    match config.sink.kind()? {
-        SinkKind::Sqlite => {
-            let sink = sqlite::open(&config.sink).await?;
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Postgres => {
-            let sink = postgres::open(&config.sink).await?;
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Mysql => {
-            let sink = mysql::open(&config.sink).await?;
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Redis => {
-            let sink = crate::sink::redis::open(&config.sink).await?;
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Stdout => {
-            let printing = Printing(config.sink.format.unwrap_or_default());
-            run_over_state(config, module, printing, until_caught_up, shutdown).await
-        }
-        SinkKind::Kafka if config.sink.guarantee == Guarantee::AtLeastOnce => {
-            let producer = tokio::task::block_in_place(|| KafkaProducer::open(config))?;
-            run_over_state(config, module, producer, until_caught_up, shutdown).await
-        }
-        SinkKind::Kafka => {
-            let sink = crate::sink::kafka::KafkaSink::open(config).await?;
-            tracing::info!(
-                "kafka sink: exactly-once (one transaction per batch and partition holds its \
-                 records, dead letters, lineage and the group's offsets)"
-            );
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-    }
+    let running = Running {
+        config,
+        module,
+        until_caught_up,
+        shutdown,
+    };
+    crate::backends::with_sink(config, running).await?
 }
 
-/// A sink whose checkpoints and lineage are committed in `[state]`, built
-/// over whichever store that is.
-trait OverState {
-    /// The delivery guarantee, as the log says it at start.
-    const GUARANTEE: &str;
-    type Over<S: Sink>: Sink;
-    fn over<S: Sink>(self, state: S) -> Self::Over<S>;
-}
-
-/// The stdout sink, printing in its format.
-struct Printing(StdoutFormat);
-
-impl OverState for Printing {
-    const GUARANTEE: &str = "stdout sink: at-least-once (rows are printed, then the offsets move \
-                             in the state store; a crash in between prints that one batch again)";
-    type Over<S: Sink> = crate::sink::stdout::StdoutSink<S>;
-    fn over<S: Sink>(self, state: S) -> Self::Over<S> {
-        crate::sink::stdout::StdoutSink::new(state, self.0)
-    }
-}
-
-impl OverState for KafkaProducer {
-    const GUARANTEE: &str = "kafka sink: at-least-once (an idempotent producer sends a batch's \
-                             records, then its offsets and lineage move in the state store; a \
-                             crash in between sends that batch again)";
-    type Over<S: Sink> = crate::sink::kafka::KafkaAtLeastOnce<S>;
-    fn over<S: Sink>(self, state: S) -> Self::Over<S> {
-        KafkaProducer::over(self, state)
-    }
-}
-
-/// Runs `sink` over the pipeline's state store.
-async fn run_over_state<W: OverState>(
-    config: &PipelineConfig,
+/// A pipeline run, handed the sink it commits into.
+struct Running<'a> {
+    config: &'a PipelineConfig,
     module: ConfiguredModule,
-    sink: W,
     until_caught_up: bool,
     shutdown: CancellationToken,
-) -> Result<RunStats, AppError> {
-    let state = crate::state::state_sink(config)?;
-    tracing::info!(state = %crate::sink::redact_url(&state.url), "{}", W::GUARANTEE);
-    match state.kind()? {
-        SinkKind::Sqlite => {
-            let sink = sink.over(sqlite::open(&state).await?);
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Postgres => {
-            let sink = sink.over(postgres::open(&state).await?);
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Mysql => {
-            let sink = sink.over(mysql::open(&state).await?);
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        SinkKind::Redis => {
-            let sink = sink.over(crate::sink::redis::open(&state).await?);
-            run_with(config, module, sink, until_caught_up, shutdown).await
-        }
-        kind @ (SinkKind::Stdout | SinkKind::Kafka) => {
-            Err(SinkError::Config(format!("a {} `[state]` keeps no state", kind.as_str())).into())
-        }
+}
+
+impl WithSink for Running<'_> {
+    type Output = Result<RunStats, AppError>;
+    async fn with<S: Sink>(self, sink: S) -> Self::Output {
+        let Running {
+            config,
+            module,
+            until_caught_up,
+            shutdown,
+        } = self;
+        run_with(config, module, sink, until_caught_up, shutdown).await
     }
 }
 
@@ -226,7 +157,7 @@ async fn run_with<S: Sink>(
     until_caught_up: bool,
     shutdown: CancellationToken,
 ) -> Result<RunStats, AppError> {
-    let store = crate::state::module_store(config).await?;
+    let store = crate::backends::module_store(config).await?;
     let versions = StoreVersions::new(
         Arc::clone(&store),
         Arc::clone(&module.runtime),

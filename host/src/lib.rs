@@ -12,7 +12,8 @@
 //! under one name each and owns what needs several of them:
 //!
 //! - [`app`]: wiring a config into a running pipeline (used by the CLI).
-//! - [`state`]: opening the state store the sink kind keeps its state in.
+//! - [`backends`]: the one place a sink kind picks its backends (sink,
+//!   state store, module store, lineage and dead-letter readers).
 //! - [`replay`]: `verify` and `shadow`, re-running committed batches
 //!   (lineage, Kafka and the runtime), read-only.
 //! - [`plugin_build`]: `sluice new` and `sluice build`, plugin projects
@@ -26,23 +27,23 @@
 //!
 //! Re-exported: [`batch`], [`config`], [`output`], [`limits`], [`store`]
 //! (`sluice-core`); [`pipeline`] (`sluice-pipeline`, the batch loop);
-//! [`runtime`] (`sluice-runtime`); [`source`] (`sluice-kafka`); [`sink`]
+//! [`runtime`] (`sluice-runtime`); [`kafka_source`] (`sluice-kafka-source`); [`sink`]
 //! (the core's sink contract, the SQL backends of `sluice-sql`, the
 //! Redis one of `sluice-redis`, the stdout one of `sluice-stdout` and the
 //! Kafka one of `sluice-kafka-sink`);
 //! [`control`] (`sluice-control`).
 
 pub mod app;
+pub mod backends;
 pub mod plugin_build;
 pub mod plugin_test;
 pub mod redrive;
 pub mod replay;
 pub mod reset;
-pub mod state;
 
 pub use sluice_control as control;
 pub use sluice_core::{batch, config, limits, output, store, transform};
-pub use sluice_kafka as source;
+pub use sluice_kafka_source as kafka_source;
 pub use sluice_pipeline as pipeline;
 pub use sluice_runtime as runtime;
 

@@ -21,11 +21,13 @@
 //! deterministic only as far as any batch does: a redrive is a new batch,
 //! run with the version active now.
 
+use crate::backends::WithSqlSink;
 use crate::batch::{OffsetRange, OwnedRecord, Plan, Records, now_ms, sha256_hex};
 use crate::config::PipelineConfig;
 use crate::pipeline::{Batch, PipelineError, Preparer};
 use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
-use crate::sink::{Commit, SinkError, SinkKind, mysql, postgres, sqlite};
+use crate::sink::{Commit, Sink, SinkError};
+use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::dead_letters::{
     DeadLetterFilter, DeadLetterReader, REDRIVE_PREFIX, RecordKey, Redrive, RedriveOutcome,
     StoredDeadLetter,
@@ -37,8 +39,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Times a commit is tried while the sink is unreachable.
-const COMMIT_TRIES: u32 = 5;
+/// How a redrive's commit is retried while the sink is unreachable: 5
+/// tries, 0.5 s apart at first, doubling up to 2 s.
+const COMMIT_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(500),
+    max: Duration::from_secs(2),
+    give_up: GiveUp::AfterTries(5),
+};
 
 /// Why a redrive (or a listing) could not be done.
 #[derive(Debug, thiserror::Error)]
@@ -114,13 +121,7 @@ pub async fn list(
     config: &PipelineConfig,
     filter: &DeadLetterFilter,
 ) -> Result<Vec<StoredDeadLetter>, RedriveError> {
-    // Opening the sink brings its tables up to this version's columns.
-    match sql_kind(config)? {
-        SinkKind::Sqlite => drop(sqlite::open(&config.sink).await?),
-        SinkKind::Postgres => drop(postgres::open(&config.sink).await?),
-        _ => drop(mysql::open(&config.sink).await?),
-    }
-    let reader = SqlDeadLetters::open(&config.sink).await?;
+    let reader = crate::backends::dead_letters(config).await?;
     Ok(reader.list(&config.pipeline, filter).await?)
 }
 
@@ -132,32 +133,26 @@ pub async fn redrive(
     filter: &DeadLetterFilter,
     on_batch: impl FnMut(&Redriven, usize),
 ) -> Result<RedriveDone, RedriveError> {
-    match sql_kind(config)? {
-        SinkKind::Sqlite => {
-            let sink = sqlite::open(&config.sink).await?;
-            redrive_with(config, &sink, filter, on_batch).await
-        }
-        SinkKind::Postgres => {
-            let sink = postgres::open(&config.sink).await?;
-            redrive_with(config, &sink, filter, on_batch).await
-        }
-        _ => {
-            let sink = mysql::open(&config.sink).await?;
-            redrive_with(config, &sink, filter, on_batch).await
-        }
-    }
+    let redriving = Redriving {
+        config,
+        filter,
+        on_batch,
+    };
+    crate::backends::with_sql_sink(config, redriving).await?
 }
 
-fn sql_kind(config: &PipelineConfig) -> Result<SinkKind, RedriveError> {
-    let kind = config.sink.kind()?;
-    if !kind.is_sql() {
-        return Err(SinkError::Config(format!(
-            "dead letters are listed and redriven in SQL sinks only; this pipeline's sink is {}",
-            kind.as_str()
-        ))
-        .into());
+/// A redrive, handed the SQL sink it commits into.
+struct Redriving<'a, F> {
+    config: &'a PipelineConfig,
+    filter: &'a DeadLetterFilter,
+    on_batch: F,
+}
+
+impl<F: FnMut(&Redriven, usize)> WithSqlSink for Redriving<'_, F> {
+    type Output = Result<RedriveDone, RedriveError>;
+    async fn with<S: Sink + Redrive>(self, sink: S) -> Self::Output {
+        redrive_with(self.config, &sink, self.filter, self.on_batch).await
     }
-    Ok(kind)
 }
 
 async fn redrive_with<S: Redrive>(
@@ -206,7 +201,7 @@ async fn redrive_with<S: Redrive>(
 async fn active_preparer(
     config: &PipelineConfig,
 ) -> Result<(Version, Preparer<WasmTransform>), RedriveError> {
-    let store = crate::state::module_store(config).await?;
+    let store = crate::backends::module_store(config).await?;
     let version = store
         .active(&config.pipeline)
         .await?
@@ -328,9 +323,8 @@ async fn commit<S: Redrive>(
         dead_letters: &batch.dead_letters,
         output_digest: &batch.output_digest,
     };
-    let mut tries = 0;
+    let mut backoff = COMMIT_RETRY.start();
     loop {
-        tries += 1;
         let error = match sink.redrive(&commit, stored_by, taken).await {
             Ok(RedriveOutcome::Committed) => return Ok(true),
             Ok(RedriveOutcome::Gone(key)) => {
@@ -343,11 +337,11 @@ async fn commit<S: Redrive>(
             }
             Err(e) => e,
         };
-        if !error.is_retryable() || tries >= COMMIT_TRIES {
+        let Some(wait) = error.is_retryable().then(|| backoff.next_wait()).flatten() else {
             return Err(error.into());
-        }
+        };
         tracing::warn!(batch = %batch.plan.batch_id, "{}; trying again", sluice_core::error::Chain(&error));
-        tokio::time::sleep(Duration::from_millis(500) * tries).await;
+        tokio::time::sleep(wait).await;
         if matches!(error, SinkError::CommitUnknown { .. }) {
             match sink
                 .still_stored(&batch.plan.pipeline, stored_by, taken)

@@ -9,15 +9,18 @@
 
 use crate::batch::TopicPartition;
 use crate::config::{PipelineConfig, WriteMode};
+use crate::kafka_source::{LogPositions, ResetTo, SourceError};
 use crate::sink::SinkError;
 use crate::sink::sql::reset::{self, ResetDone};
-use crate::source::{LogPositions, ResetTo, SourceError};
 
 /// Why a reset was refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ResetError {
     #[error("`--partitions` names {0}, which is not a partition of the pipeline's topics")]
     UnknownPartition(String),
+    /// Only SQL sinks' checkpoints can be moved (yet).
+    #[error("`reset` moves checkpoints of SQL sinks only; this pipeline's sink is {0}")]
+    NotSql(&'static str),
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error(transparent)]
@@ -32,11 +35,9 @@ pub async fn reset(
     partitions: Option<Vec<TopicPartition>>,
     dry_run: bool,
 ) -> Result<ResetDone, ResetError> {
-    if !config.sink.kind()?.is_sql() {
-        return Err(ResetError::Sink(SinkError::Config(format!(
-            "`reset` moves checkpoints of SQL sinks only; this pipeline's sink is {}",
-            config.sink.kind()?.as_str()
-        ))));
+    let kind = config.sink.kind()?;
+    if !kind.is_sql() {
+        return Err(ResetError::NotSql(kind.as_str()));
     }
     let source = config.source.clone();
     let pipeline = config.pipeline.clone();

@@ -7,6 +7,7 @@
 //! Each test has its own topic, pipeline, database schema and control port.
 
 use sluice::batch::sha256_hex;
+use sluice::control::api::Versions;
 use sluice::control::{ClientError, ControlClient};
 use sluice_tests::control::{
     Host, Producer, TOKEN, assert_rows_follow_lineage, cli, cli_ok, control_port, control_toml,
@@ -90,13 +91,12 @@ fn late_batches(
         .count()
 }
 
-fn activated_at(versions_json: &serde_json::Value, version: i64) -> i64 {
-    versions_json["history"]
-        .as_array()
-        .expect("history")
+fn activated_at(versions: &Versions, version: i64) -> i64 {
+    versions
+        .history
         .iter()
-        .find(|v| v["version"] == version)
-        .and_then(|v| v["activated_at_ms"].as_i64())
+        .find(|v| v.version == version)
+        .map(|v| v.activated_at_ms)
         .expect("activation time")
 }
 
@@ -157,7 +157,7 @@ async fn hot_swap_under_load_then_rollback(db: SinkDb, topic: &str) {
     wait_for_rows(&db, expected.len(), Duration::from_secs(60)).await;
     let status = cli_ok(&url, &["status"]);
     assert!(status.contains(&digest_of("identity")), "{status}");
-    let versions: serde_json::Value = ControlClient::new(&url, None).versions().await.unwrap();
+    let versions = ControlClient::new(&url, None).versions().await.unwrap();
     host.stop();
 
     let rows = db.identity_rows().await;
@@ -184,12 +184,7 @@ async fn hot_swap_under_load_then_rollback(db: SinkDb, topic: &str) {
         late_batches(&batches, v3_at + 200, &stamp) <= 1,
         "rollback reached the pipeline late"
     );
-    let actions: Vec<&str> = versions["history"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v["action"].as_str().unwrap())
-        .collect();
+    let actions: Vec<&str> = versions.history.iter().map(|v| v.action.as_str()).collect();
     assert_eq!(actions, ["seed", "activate", "rollback"]);
 
     // verify: every batch, across the swaps, reproduces its recorded output.
@@ -274,7 +269,7 @@ async fn two_instances_both_follow_one_activation() {
 }
 
 /// A refused call's HTTP status.
-fn refused_status(result: Result<serde_json::Value, ClientError>) -> (u16, String) {
+fn refused_status<T: std::fmt::Debug>(result: Result<T, ClientError>) -> (u16, String) {
     match result {
         Err(ClientError::Refused { status, message }) => (status.as_u16(), message),
         other => panic!("expected a refusal, got {other:?}"),
@@ -366,18 +361,14 @@ async fn writes_need_the_token_and_bad_modules_store_nothing() {
 
     // Nothing was stored or activated by any of it.
     let versions = client.versions().await.unwrap();
-    assert_eq!(
-        versions["history"].as_array().unwrap().len(),
-        1,
-        "{versions}"
-    );
+    assert_eq!(versions.history.len(), 1, "{versions:?}");
     let stored = db.scalar("SELECT COUNT(*) FROM sluice_modules").await;
     assert_eq!(stored, Some(1));
 
     // The right token and a good module: stored, not active until asked.
     let deployed = client.deploy(stamp.clone(), "{}", false).await.unwrap();
-    assert_eq!(deployed["module_digest"], stamp_digest.as_str());
-    assert!(deployed["activated"].is_null());
+    assert_eq!(deployed.module_digest, stamp_digest);
+    assert!(deployed.activated.is_none());
     let listed = cli_ok(&url, &["versions"]);
     assert!(listed.contains("(active)"), "{listed}");
 

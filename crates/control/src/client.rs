@@ -1,20 +1,26 @@
 //! The control plane's client, used by the CLI: one method per API call,
-//! JSON answers returned as they came.
+//! answers parsed into the server's own types (`api`); the status document,
+//! which the CLI prints whole, as it came.
 //!
 //! It must not interpret versions: it carries requests and turns refusals
 //! into errors that quote the server's message.
 
+use crate::api::{Deployed, LogsPage, Versions};
 use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+use sluice_core::store::Version;
 use std::time::Duration;
 
 /// Why a control call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error(
-        "cannot reach the control API at {url}: {message} (is `sluice run` serving [control] there?)"
-    )]
-    Unreachable { url: String, message: String },
+    #[error("cannot reach the control API at {url} (is `sluice run` serving [control] there?)")]
+    Unreachable {
+        url: String,
+        #[source]
+        cause: reqwest::Error,
+    },
     #[error("{status}: {message}")]
     Refused { status: StatusCode, message: String },
     #[error("unexpected answer from {url}: {message}")]
@@ -54,7 +60,7 @@ impl ControlClient {
         component: Vec<u8>,
         params: &str,
         activate: bool,
-    ) -> Result<Value, ClientError> {
+    ) -> Result<Deployed, ClientError> {
         let activate = if activate { "true" } else { "false" };
         // Params travel in the body, never in the URL: they may hold secrets.
         let module = reqwest::multipart::Part::bytes(component)
@@ -72,7 +78,7 @@ impl ControlClient {
         self.send(request).await
     }
 
-    pub async fn versions(&self) -> Result<Value, ClientError> {
+    pub async fn versions(&self) -> Result<Versions, ClientError> {
         self.send(self.http.get(self.url("/v1/versions"))).await
     }
 
@@ -81,7 +87,7 @@ impl ControlClient {
     }
 
     /// Module log lines after line `after` (of batch `batch` if given).
-    pub async fn logs(&self, after: u64, batch: Option<&str>) -> Result<Value, ClientError> {
+    pub async fn logs(&self, after: u64, batch: Option<&str>) -> Result<LogsPage, ClientError> {
         let mut query = vec![("after", after.to_string())];
         if let Some(batch) = batch {
             query.push(("batch", batch.to_string()));
@@ -91,7 +97,11 @@ impl ControlClient {
     }
 
     /// Activates a stored module with `params` (JSON text).
-    pub async fn activate(&self, module_digest: &str, params: &str) -> Result<Value, ClientError> {
+    pub async fn activate(
+        &self,
+        module_digest: &str,
+        params: &str,
+    ) -> Result<Version, ClientError> {
         let params: Value = serde_json::from_str(params).map_err(|e| ClientError::Refused {
             status: StatusCode::BAD_REQUEST,
             message: format!("params are not valid JSON: {e}"),
@@ -101,7 +111,7 @@ impl ControlClient {
             .await
     }
 
-    pub async fn rollback(&self) -> Result<Value, ClientError> {
+    pub async fn rollback(&self) -> Result<Version, ClientError> {
         self.send(self.http.post(self.url("/v1/rollback"))).await
     }
 
@@ -109,15 +119,22 @@ impl ControlClient {
         format!("{}{path}", self.base)
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Value, ClientError> {
+    /// Sends `request` and reads its answer as `T`.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
         let request = match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
         };
-        let response = request.send().await.map_err(|e| ClientError::Unreachable {
-            url: self.base.clone(),
-            message: e.to_string(),
-        })?;
+        let response = request
+            .send()
+            .await
+            .map_err(|cause| ClientError::Unreachable {
+                url: self.base.clone(),
+                cause,
+            })?;
         let status = response.status();
         let text = response.text().await.map_err(|e| ClientError::BadAnswer {
             url: self.base.clone(),
@@ -133,9 +150,13 @@ impl ControlClient {
                 .unwrap_or(text);
             return Err(ClientError::Refused { status, message });
         }
-        body.ok_or_else(|| ClientError::BadAnswer {
+        let body = body.ok_or_else(|| ClientError::BadAnswer {
             url: self.base.clone(),
             message: format!("not JSON: {text}"),
+        })?;
+        serde_json::from_value(body).map_err(|e| ClientError::BadAnswer {
+            url: self.base.clone(),
+            message: format!("not the answer expected: {e}"),
         })
     }
 }

@@ -57,7 +57,7 @@ impl From<StoreError> for ApiError {
             StoreError::Unavailable { .. } | StoreError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
             StoreError::UnknownModule(_) => StatusCode::NOT_FOUND,
             StoreError::NothingToRollBack(_) => StatusCode::CONFLICT,
-            StoreError::Database { .. } | StoreError::Config(_) => {
+            StoreError::Database { .. } | StoreError::Config(_) | StoreError::Settings(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         };

@@ -1,6 +1,7 @@
 //! The control plane (`sluice-control`): the HTTP API `sluice run` serves (`server`) and the
-//! client the CLI's `deploy`, `versions`, `activate`, `rollback` and
-//! `status` use (`client`). `listen` holds the connections (their cap and
+//! client the CLI's `deploy`, `versions`, `activate`, `rollback`,
+//! `status` and `logs` use (`client`), agreeing on the answers' types
+//! (`api`). `listen` holds the connections (their cap and
 //! timeouts), `edge` what every request passes (body limits, one JSON error
 //! shape from `error`), `upload` the reading of a deploy's body.
 //!
@@ -9,6 +10,7 @@
 //! this crate only carries requests to it. It depends on neither sqlx nor
 //! rdkafka.
 
+pub mod api;
 pub mod client;
 mod edge;
 mod error;

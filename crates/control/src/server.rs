@@ -11,6 +11,7 @@
 use super::edge::{drain, edge};
 use super::error::ApiError;
 use super::upload::read_upload;
+use crate::api::{Deployed, LogLine, LogsPage, Versions};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Query, Request, State};
 use axum::http::{HeaderMap, StatusCode, Uri, header};
@@ -18,9 +19,9 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
-use sluice_core::store::ModuleStore;
+use sluice_core::store::{Activation, ModuleStore};
 use sluice_pipeline::StatusBoard;
 use sluice_runtime::{Runtime, validate};
 use std::path::PathBuf;
@@ -213,24 +214,22 @@ async fn logs(
     let page = state
         .runtime
         .logs_after(query.after, query.batch.as_deref(), limit);
-    let lines: Vec<Value> = page
+    let lines = page
         .lines
-        .iter()
-        .map(|l| {
-            serde_json::json!({
-                "seq": l.seq,
-                "batch_id": l.batch_id,
-                "level": l.level.as_str(),
-                "message": l.message,
-                "at_ms": l.at_ms,
-            })
+        .into_iter()
+        .map(|l| LogLine {
+            seq: l.seq,
+            batch_id: l.batch_id,
+            level: l.level.as_str().to_string(),
+            message: l.message,
+            at_ms: l.at_ms,
         })
         .collect();
-    let answer = serde_json::json!({
-        "lines": lines,
-        "last_seq": page.last_seq,
-        "missed": page.missed,
-    });
+    let answer = LogsPage {
+        lines,
+        last_seq: page.last_seq,
+        missed: page.missed,
+    };
     Ok(Json(answer).into_response())
 }
 
@@ -284,7 +283,11 @@ async fn versions(
 ) -> Result<Response, ApiError> {
     let summary = state.store.summary(&state.pipeline).await?;
     let history = state.store.history(&state.pipeline).await?;
-    let answer = serde_json::json!({ "versions": summary, "history": history });
+    let answer = serde_json::to_value(Versions {
+        versions: summary,
+        history,
+    })
+    .expect("versions serialize");
     Ok(Json(readable(&state, &headers, answer)).into_response())
 }
 
@@ -325,15 +328,6 @@ struct DeployQuery {
     params: Option<String>,
 }
 
-/// What a deploy stored (and activated).
-#[derive(Debug, Serialize)]
-struct Deployed {
-    module_digest: String,
-    size: usize,
-    validate_ms: u64,
-    activated: Option<sluice_core::store::Version>,
-}
-
 async fn deploy(
     State(state): State<Arc<ControlState>>,
     Query(query): Query<DeployQuery>,
@@ -354,7 +348,12 @@ async fn deploy(
         true => Some(
             state
                 .store
-                .activate(&state.pipeline, &module_digest, &upload.params, "activate")
+                .activate(
+                    &state.pipeline,
+                    &module_digest,
+                    &upload.params,
+                    Activation::Activate,
+                )
                 .await?,
         ),
         false => None,
@@ -431,7 +430,12 @@ async fn activate(
     check(&state, component.into(), params.clone()).await?;
     let version = state
         .store
-        .activate(&state.pipeline, &request.module_digest, &params, "activate")
+        .activate(
+            &state.pipeline,
+            &request.module_digest,
+            &params,
+            Activation::Activate,
+        )
         .await?;
     Ok(Json(version).into_response())
 }

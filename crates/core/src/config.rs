@@ -1038,8 +1038,8 @@ pub const MAX_STACK_KIB: u64 = 8 * 1024;
 pub const TRANSFORM_THREAD_STACK_BYTES: usize = (MAX_STACK_KIB as usize + 4 * 1024) * 1024;
 
 /// `source.max_records_per_batch` on a Redis sink when unset: a batch is
-/// one script, and Redis serves no other client while it runs (10,000 rows
-/// of two commands commit in under 20 ms here).
+/// one script, and Redis serves no other client while it runs (how long a
+/// script of 10,000 rows takes: BENCHMARKS.md, "Redis sink").
 pub const REDIS_MAX_RECORDS_PER_BATCH: u32 = 50_000;
 
 /// The state store of a sink that keeps none (stdout) when `[state]` is

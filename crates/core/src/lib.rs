@@ -2,11 +2,13 @@
 //! nothing that talks to the outside world.
 //!
 //! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the file).
+//! - [`backoff`]: the one retry policy (waits, and when to give up).
 //! - [`batch`]: plans, offset ranges and the columnar record batch.
 //! - [`output`]: a batch's output rows, contract checks, the output digest.
 //! - [`contract`]: the output contract every sink kind checks rows against.
 //! - [`error`]: causes kept as sources, and errors written with them.
 //! - [`limits`]: the sandbox limits and the settings a result depends on.
+//! - [`cursor`]: where each owned partition stands, and the ranges cut from it.
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
 //! - [`store`]: the state store traits (module store, lineage reader).
@@ -16,9 +18,11 @@
 //! It must not depend on wasmtime, rdkafka, sqlx or axum: the backends
 //! depend on it, never the other way round.
 
+pub mod backoff;
 pub mod batch;
 pub mod config;
 pub mod contract;
+pub mod cursor;
 pub mod dead_letters;
 pub mod error;
 pub mod limits;

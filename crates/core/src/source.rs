@@ -1,6 +1,6 @@
 //! The source contract as the batch loop sees it: the `Source` trait
 //! (implemented by the Kafka source), its errors and the progress it
-//! reports.
+//! reports. The offsets a source has read are kept in its [`Cursors`].
 //!
 //! A source owns partitions, reads them from the offsets the loop says (the
 //! sink's checkpoints) and cuts ranges `[from, until)` out of what it has
@@ -8,6 +8,7 @@
 //! always name the same records (condition 1 of exactly-once).
 
 use crate::batch::{OffsetRange, Records, TopicPartition};
+use crate::cursor::Cursors;
 use crate::error::{Cause, prefixed};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Receiver;
@@ -15,6 +16,10 @@ use std::time::Duration;
 
 /// What the batch loop reads from. Methods that wait run on a blocking
 /// thread, hence `Send + 'static`; none of them is async.
+///
+/// A source reads and follows ownership; what it has read, and the ranges
+/// cut from it, are kept in its [`Cursors`], so the offset bookkeeping the
+/// loop relies on is the same for every source.
 pub trait Source: Send + 'static {
     /// Reads for up to `wait`, buffering what it reads and following
     /// ownership changes. It ends sooner once `signals.interrupt` is set,
@@ -26,29 +31,45 @@ pub trait Source: Send + 'static {
     /// while the loop waits on the sink; errors met meanwhile are reported
     /// by the next `poll`.
     fn hold(&mut self, done: &Receiver<()>);
-    /// True once ownership was settled at least once (possibly to nothing).
-    fn assigned_once(&self) -> bool;
-    /// Owned partitions that have not been told where to start.
-    fn unstarted(&self) -> Vec<TopicPartition>;
     /// Starts reading each partition at its checkpoint (`None`: never
     /// committed, start as configured).
     fn start_partitions(
         &mut self,
         starts: &[(TopicPartition, Option<i64>)],
     ) -> Result<(), SourceError>;
-    /// The ranges of the next batch: for every started partition with
-    /// something read, `[next, position)` (capped per partition).
-    fn plan_ranges(&self) -> Vec<OffsetRange>;
-    /// The records of `ranges`, from what was read.
-    fn records(&self, ranges: &[OffsetRange]) -> Records;
-    /// The ranges are committed (or about to be): the next ones start at
-    /// their `until`, and their records leave the buffers.
-    fn committed(&mut self, ranges: &[OffsetRange]);
-    /// True once every owned partition has been planned up to the log end
-    /// seen when it was first reached.
-    fn caught_up(&self) -> bool;
     /// Where each owned partition stands.
     fn progress(&self) -> Vec<PartitionProgress>;
+    /// The owned partitions' cursors.
+    fn cursors(&self) -> &Cursors;
+    fn cursors_mut(&mut self) -> &mut Cursors;
+
+    /// True once ownership was settled at least once (possibly to nothing).
+    fn assigned_once(&self) -> bool {
+        self.cursors().assigned_once()
+    }
+    /// Owned partitions that have not been told where to start.
+    fn unstarted(&self) -> Vec<TopicPartition> {
+        self.cursors().unstarted()
+    }
+    /// The ranges of the next batch: for every started partition with
+    /// something read, `[next, position)` (capped).
+    fn plan_ranges(&self) -> Vec<OffsetRange> {
+        self.cursors().plan_ranges()
+    }
+    /// The records of `ranges`, from what was read.
+    fn records(&self, ranges: &[OffsetRange]) -> Records {
+        self.cursors().records(ranges)
+    }
+    /// The ranges are committed (or about to be): the next ones start at
+    /// their `until`, and their records leave the buffers.
+    fn committed(&mut self, ranges: &[OffsetRange]) {
+        self.cursors_mut().committed(ranges)
+    }
+    /// True once every owned partition has been planned up to the log end
+    /// seen when it was first reached.
+    fn caught_up(&self) -> bool {
+        self.cursors().caught_up()
+    }
 }
 
 /// What may end a [`Source::poll`] before its wait is up. The loop sets
@@ -101,8 +122,12 @@ impl PollSignals {
 #[derive(Debug, thiserror::Error)]
 pub enum SourceError {
     /// The brokers could not be reached (at start, or for too long).
-    #[error("cannot reach Kafka brokers at {brokers}: {message}")]
-    Unreachable { brokers: String, message: String },
+    #[error("cannot reach Kafka brokers at {brokers}")]
+    Unreachable {
+        brokers: String,
+        #[source]
+        cause: Cause,
+    },
     /// A configured topic does not exist.
     #[error("topic `{0}` does not exist")]
     UnknownTopic(String),
@@ -130,6 +155,14 @@ pub enum SourceError {
 }
 
 impl SourceError {
+    /// The brokers at `brokers` could not be reached, because of `cause`.
+    pub fn unreachable(brokers: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        SourceError::Unreachable {
+            brokers: brokers.into(),
+            cause: cause.into(),
+        }
+    }
+
     /// Kafka failed `what` (may be empty), because of `cause`.
     pub fn kafka(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
         SourceError::Kafka {

@@ -31,14 +31,13 @@ pub trait ModuleStore: Send + Sync {
     /// Every activation of `pipeline`, oldest first.
     async fn history(&self, pipeline: &str) -> Result<Vec<Version>, StoreError>;
     /// Makes (`digest`, `params`) the active version of `pipeline`: appends
-    /// a version numbered one past the newest. `action` says why
-    /// (`activate`, `rollback`).
+    /// a version numbered one past the newest. `action` says why.
     async fn activate(
         &self,
         pipeline: &str,
         digest: &str,
         params: &str,
-        action: &str,
+        action: Activation,
     ) -> Result<Version, StoreError>;
     /// Activates (`digest`, `params`) as version 1 if `pipeline` has no
     /// version yet (its first start); returns the active version either
@@ -99,7 +98,7 @@ pub trait ModuleStore: Send + Sync {
             pipeline,
             &previous.module_digest,
             &previous.params,
-            "rollback",
+            Activation::Rollback,
         )
         .await
     }
@@ -118,14 +117,16 @@ pub trait LineageStore: Send + Sync {
 
 /// One activation of a pipeline: from `activated_at_ms` on, its batches run
 /// this module with these params.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Version {
     pub pipeline: String,
     /// Increasing per pipeline; a rollback appends a new number.
     pub version: i64,
     /// sha256 of the component, hex.
     pub module_digest: String,
-    /// The params handed to `init`, JSON.
+    /// The params handed to `init`, JSON. (The control API leaves it out
+    /// for a reader without the token: it may hold secrets.)
+    #[serde(default)]
     pub params: String,
     /// sha256 of `params`, hex (what lineage rows record).
     pub params_digest: String,
@@ -137,13 +138,37 @@ pub struct Version {
 
 /// A distinct (module, params) pair a pipeline has run, with the last
 /// version number that activated it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VersionSummary {
     pub version: i64,
     pub module_digest: String,
     pub params_digest: String,
+    /// Left out by the control API for a reader without the token.
+    #[serde(default)]
     pub params: String,
     pub active: bool,
+}
+
+/// Why a version was activated (recorded as [`Version::action`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// The pipeline's first start made the configured module version 1.
+    Seed,
+    /// `sluice deploy --activate` or `sluice activate`.
+    Activate,
+    /// `sluice rollback`: the version before the active one, again.
+    Rollback,
+}
+
+impl Activation {
+    /// As the store records it: `seed`, `activate`, `rollback`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Activation::Seed => "seed",
+            Activation::Activate => "activate",
+            Activation::Rollback => "rollback",
+        }
+    }
 }
 
 /// Why the module store could not answer.
@@ -167,9 +192,14 @@ pub enum StoreError {
         #[source]
         cause: Option<Cause>,
     },
-    /// Names in the sink config do not fit the database.
+    /// The pipeline keeps no module store where it says (a sink kind with
+    /// no state and no `[state]`).
     #[error("module store configuration: {0}")]
     Config(String),
+    /// The settings the store opens with do not fit (a bad URL, names the
+    /// database refuses).
+    #[error("module store configuration")]
+    Settings(#[source] SinkError),
     #[error("no module with digest {0} in the store (upload it first)")]
     UnknownModule(String),
     #[error("pipeline `{0}` has no earlier version to roll back to")]

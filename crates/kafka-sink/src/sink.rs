@@ -34,21 +34,26 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::batch::{OffsetRange, TopicPartition};
 use sluice_core::config::PipelineConfig;
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 type TxnProducer = ThreadedProducer<DefaultProducerContext>;
 
 /// How long an abort may take: one that does not finish leaves the
 /// producer unusable, and it is replaced.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a commit whose outcome is retriable is retried before the
-/// loop is told its outcome is unknown.
-const COMMIT_RETRY_FOR: Duration = Duration::from_secs(60);
+/// How a commit whose outcome is retriable is retried (every 100 ms for a
+/// minute) before the loop is told its outcome is unknown.
+const COMMIT_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(100),
+    max: Duration::from_millis(100),
+    give_up: GiveUp::After(Duration::from_secs(60)),
+};
 
 /// Commits each batch in a transaction of its partition's producer.
 pub struct KafkaSink {
@@ -404,10 +409,10 @@ fn fatal(producer: &TxnProducer, what: &str, e: &KafkaError) -> Option<Step> {
 /// Commits, retrying what librdkafka calls retriable (the outcome is then
 /// unknown, and committing again is what resolves it); a commit that needs
 /// an abort is handled as a failure before the commit (nothing landed);
-/// after [`COMMIT_RETRY_FOR`] the
+/// past [`COMMIT_RETRY`] the
 /// outcome is reported unknown and the loop reads the checkpoint back.
 fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
-    let started = Instant::now();
+    let mut backoff = COMMIT_RETRY.start();
     loop {
         let e = match producer.commit_transaction(BROKER_TIMEOUT) {
             Ok(()) => return Ok(()),
@@ -425,14 +430,14 @@ fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), 
                 ));
             }
             KafkaError::Transaction(rd) if rd.is_retriable() => {
-                if started.elapsed() > COMMIT_RETRY_FOR {
+                let Some(wait) = backoff.next_wait() else {
                     return Err(Step::Failed(SinkError::commit_unknown(
                         format!("commit_transaction ({tp})"),
                         e,
                     )));
-                }
+                };
                 tracing::warn!("commit_transaction ({tp}): {e}; committing again");
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(wait);
             }
             _ => {
                 return Err(Step::Failed(SinkError::commit_unknown(

@@ -24,7 +24,11 @@
 //! `Sink`, `Source`, `Transform` and `Versions` traits, and the crate
 //! depends on none of sqlx, rdkafka or wasmtime (`sluice-pipeline`).
 
+mod beside;
+mod commit;
+mod follow;
 mod metrics;
+mod picker;
 mod prepare;
 mod status;
 
@@ -36,24 +40,23 @@ pub use status::{
 
 use sluice_core::{batch, config};
 
-use crate::batch::{OffsetRange, Plan, TopicPartition, describe, now_ms};
+use crate::batch::{OffsetRange, TopicPartition, describe, now_ms};
 use crate::config::OnPoison;
+use commit::Landing;
+use picker::RangePicker;
 use sluice_core::contract::OutputContract;
-use sluice_core::error::Chain;
-use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use sluice_core::sink::{Commit, Sink, SinkError};
 use sluice_core::source::{PollSignals, Source, SourceError};
 use sluice_core::transform::{ModuleAtFault, RunError, Transform};
-use sluice_core::versions::{Swap, VersionError, Versions};
+use sluice_core::versions::{Swap, Versions};
 use std::cell::Cell;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// How long to wait for a first assignment before warning about it.
 const ASSIGNMENT_PATIENCE: Duration = Duration::from_secs(30);
-/// How long an unreachable sink is retried before the pipeline stops.
-const SINK_RETRY_FOR: Duration = Duration::from_secs(300);
 /// Shortest wait between two asks for another version while stalled.
 const STALL_RECHECK: Duration = Duration::from_millis(250);
 
@@ -97,32 +100,60 @@ pub struct RunStats {
 }
 
 pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
+    source: Src,
+    /// Everything else a step uses while the source reads beside it.
+    parts: Parts<S, V>,
+    /// The module digest of the version the pipeline stalls on (it failed
+    /// too many records of a batch): nothing is prepared with it.
+    stalled: Option<String>,
+    stats: RunStats,
+    /// The partitions owned when last looked: the sink is told of those
+    /// that leave it.
+    owned: BTreeSet<TopicPartition>,
+}
+
+/// What a commit and the version watch use while the source reads on a
+/// thread of its own (see `beside`).
+pub(crate) struct Parts<S: Sink, V: Versions> {
     options: RunOptions,
-    /// `None` only while the next batch is prepared during a commit.
-    source: Option<Src>,
-    /// What the blocking thread read and prepared during the last commit.
-    ahead: Option<Ahead>,
     sink: S,
     versions: V,
     /// When the active version was last asked for.
     version_checked: Cell<Instant>,
-    /// A newer version found (and loaded) while the last batch committed.
-    pending_swap: Option<Swap<V::Transform>>,
     preparer: Arc<Preparer<V::Transform>>,
     /// The preparer in use, for the task that interrupts it at shutdown.
     current: tokio::sync::watch::Sender<Arc<Preparer<V::Transform>>>,
-    /// The module digest of the version the pipeline stalls on (it failed
-    /// too many records of a batch): nothing is prepared with it.
-    stalled: Option<String>,
-    picker: Arc<RangePicker>,
-    stats: RunStats,
+    picker: RangePicker,
     status: StatusBoard,
     /// The token `run` was given: it also cuts a poll short, so a long
     /// `batch_interval` does not delay shutdown.
     shutdown: CancellationToken,
-    /// The partitions owned when last looked: the sink is told of those
-    /// that leave it.
-    owned: BTreeSet<TopicPartition>,
+}
+
+/// What the source gave a step of the loop: how long its poll took (for
+/// the log), a batch the read-ahead already prepared, and a newer version
+/// found meanwhile.
+struct Read<T> {
+    poll_ms: u64,
+    prepared: Option<Batch>,
+    swap: Option<Swap<T>>,
+}
+
+/// What a commit leaves for the next step: what the source read (and
+/// prepared) meanwhile, if it read ahead, and a newer version found
+/// meanwhile.
+struct AfterCommit<T> {
+    ahead: Option<Ahead>,
+    swap: Option<Swap<T>>,
+}
+
+impl<T> Default for AfterCommit<T> {
+    fn default() -> Self {
+        AfterCommit {
+            ahead: None,
+            swap: None,
+        }
+    }
 }
 
 /// The outcome of reading ahead during a commit: how long the poll took and
@@ -130,6 +161,15 @@ pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
 struct Ahead {
     poll_ms: u64,
     batch: Result<Option<Batch>, PipelineError>,
+}
+
+/// What planning from what the source has read gave.
+enum Planned {
+    Batch(Batch),
+    /// Nothing to commit this time round.
+    Nothing,
+    /// Running `until_caught_up`, and caught up: the run is over.
+    CaughtUp,
 }
 
 impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
@@ -147,76 +187,34 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             Preparer::new(options.pipeline.clone(), options.on_poison, transform)
                 .with_contract(options.contract.clone()),
         );
-        let picker = Arc::new(RangePicker::new(sink.one_partition_per_batch()));
+        let picker = RangePicker::new(sink.one_partition_per_batch());
         let (current, _) = tokio::sync::watch::channel(Arc::clone(&preparer));
-        let pipeline = Pipeline {
+        let parts = Parts {
             options,
-            source: Some(source),
-            ahead: None,
-            picker,
             sink,
             versions,
             version_checked: Cell::new(Instant::now()),
-            pending_swap: None,
             preparer,
             current,
-            stalled: None,
-            stats: RunStats::default(),
+            picker,
             status,
             shutdown: CancellationToken::new(),
-            owned: BTreeSet::new(),
         };
-        pipeline.publish_version();
-        pipeline
-    }
-
-    /// Logs (once per change) and publishes that the active version cannot
-    /// run here, or that it can again (`None`).
-    fn report_version_problem(&self, problem: Option<String>) {
-        let changed = self.status.snapshot().version_problem != problem;
-        if !changed {
-            return;
+        parts.publish_version();
+        Pipeline {
+            source,
+            parts,
+            stalled: None,
+            stats: RunStats::default(),
+            owned: BTreeSet::new(),
         }
-        match &problem {
-            Some(p) => tracing::error!(
-                module = %self.preparer.transform().module_digest(),
-                "{p}; keeping the running version (roll back, or give this host the limits it needs)"
-            ),
-            None => tracing::info!("the active version runs on this host again"),
-        }
-        self.status.update(|s| s.version_problem = problem);
-    }
-
-    /// Another version is active: a stall on the one before is over.
-    fn unstall(&mut self) {
-        if self.stalled.take().is_some() {
-            tracing::info!("another version is active; no longer stalled");
-            self.status.metrics().stalled(false);
-            self.status.update(|s| s.stalled = None);
-        }
-    }
-
-    /// Puts the version batches are now prepared with on the status board.
-    fn publish_version(&self) {
-        let transform = self.preparer.transform();
-        let (module, params) = (
-            transform.module_digest().to_string(),
-            batch::sha256_hex(transform.params().as_bytes()),
-        );
-        self.status.metrics().active_module(&module, &params);
-        let pipeline = self.options.pipeline.clone();
-        self.status.update(|s| {
-            s.pipeline = pipeline;
-            s.module_digest = module;
-            s.params_digest = params;
-        });
     }
 
     /// Runs batches until `shutdown` fires (the batch in flight, and one
     /// already prepared, are committed first) or, with `until_caught_up`,
     /// until caught up.
     pub async fn run(mut self, shutdown: CancellationToken) -> Result<RunStats, PipelineError> {
-        self.shutdown = shutdown.clone();
+        self.parts.shutdown = shutdown.clone();
         let interrupter = self.interrupt_on(shutdown.clone());
         let result = self.run_batches(&shutdown).await;
         interrupter.abort();
@@ -229,67 +227,88 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
     /// transformed or isolated is abandoned at once (it was never
     /// committed); a commit in flight is not touched.
     fn interrupt_on(&self, shutdown: CancellationToken) -> tokio::task::JoinHandle<()> {
-        let mut current = self.current.subscribe();
+        let mut current = self.parts.current.subscribe();
         tokio::spawn(async move {
             shutdown.cancelled().await;
             current.borrow_and_update().interrupt();
         })
     }
 
+    /// The loop: read (or take what was read during the last commit),
+    /// start new partitions, follow the active version, plan and prepare,
+    /// commit while reading ahead.
     async fn run_batches(
         &mut self,
         shutdown: &CancellationToken,
     ) -> Result<RunStats, PipelineError> {
         let started = Instant::now();
         let mut warned_unassigned = false;
+        let mut after = AfterCommit::default();
         loop {
-            if !warned_unassigned
-                && !self.source().assigned_once()
-                && started.elapsed() > ASSIGNMENT_PATIENCE
-            {
-                warned_unassigned = true;
-                tracing::warn!(
-                    "no partitions assigned by the consumer group after {ASSIGNMENT_PATIENCE:?}; \
-                     still waiting (is the group coordinator healthy?)"
-                );
+            if !warned_unassigned {
+                warned_unassigned = self.warn_if_unassigned(started);
             }
-            let (poll_ms, prepared) = match self.ahead.take() {
-                Some(ahead) => (ahead.poll_ms, self.settle_prepared(ahead.batch)?),
+            let read = match after.ahead.take() {
+                Some(ahead) => Read {
+                    poll_ms: ahead.poll_ms,
+                    prepared: self.settle_prepared(ahead.batch)?,
+                    swap: None,
+                },
                 None if shutdown.is_cancelled() => break,
-                None if self.stalled.is_some() => (self.wait_stalled().await, None),
-                None => (self.poll().await?, None),
+                None if self.stalled.is_some() => self.wait_stalled(),
+                None => self.poll()?,
             };
             self.start_unstarted().await?;
             self.release_lost();
-            let prepared = self.follow_active_version(prepared).await?;
+            let found = read.swap.or(after.swap.take());
+            let prepared = self.follow_active_version(found, read.prepared).await?;
             let batch = match prepared {
                 Some(batch) => batch,
                 None if shutdown.is_cancelled() => break,
                 None if self.stalled.is_some() => continue,
-                None => {
-                    let offered = self.source().plan_ranges();
-                    let ranges = self.picker.pick(offered);
-                    if ranges.is_empty() {
-                        if self.options.until_caught_up && self.source().caught_up() {
-                            tracing::info!("caught up with the log ends seen at start");
-                            break;
-                        }
-                        continue;
-                    }
-                    // CPU-bound: keep the async workers free for signals and timers.
-                    let source = self.source.as_ref().expect("source present");
-                    let prepared =
-                        tokio::task::block_in_place(|| self.preparer.prepare(source, ranges));
-                    match self.settle_prepared(prepared.map(Some))? {
-                        Some(batch) => batch,
-                        None => continue,
-                    }
-                }
+                None => match self.plan_and_prepare()? {
+                    Planned::Batch(batch) => batch,
+                    Planned::Nothing => continue,
+                    Planned::CaughtUp => break,
+                },
             };
-            self.commit_batch(batch, poll_ms, !shutdown.is_cancelled())
+            after = self
+                .commit_batch(batch, read.poll_ms, !shutdown.is_cancelled())
                 .await?;
         }
         Ok(self.stats.clone())
+    }
+
+    /// Warns, and says so, if the consumer group has assigned nothing for
+    /// [`ASSIGNMENT_PATIENCE`] since `started`.
+    fn warn_if_unassigned(&self, started: Instant) -> bool {
+        let waited = !self.source.assigned_once() && started.elapsed() > ASSIGNMENT_PATIENCE;
+        if waited {
+            tracing::warn!(
+                "no partitions assigned by the consumer group after {ASSIGNMENT_PATIENCE:?}; \
+                 still waiting (is the group coordinator healthy?)"
+            );
+        }
+        waited
+    }
+
+    /// Plans the next batch from what the source has read and prepares it
+    /// (CPU-bound: the async workers stay free for signals and timers).
+    fn plan_and_prepare(&mut self) -> Result<Planned, PipelineError> {
+        let ranges = self.parts.picker.pick(self.source.plan_ranges());
+        if ranges.is_empty() {
+            if self.parts.options.until_caught_up && self.source.caught_up() {
+                tracing::info!("caught up with the log ends seen at start");
+                return Ok(Planned::CaughtUp);
+            }
+            return Ok(Planned::Nothing);
+        }
+        let preparer = &self.parts.preparer;
+        let prepared = tokio::task::block_in_place(|| preparer.prepare(&self.source, ranges));
+        Ok(match self.settle_prepared(prepared.map(Some))? {
+            Some(batch) => Planned::Batch(batch),
+            None => Planned::Nothing,
+        })
     }
 
     /// What becomes of a batch that failed to prepare for a reason that is
@@ -313,7 +332,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 batch_id,
                 ranges,
                 error: RunError::ModuleAtFault(fault),
-            }) if !self.options.until_caught_up => {
+            }) if !self.parts.options.until_caught_up => {
                 self.stall(batch_id, ranges, &fault);
                 Ok(None)
             }
@@ -326,7 +345,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let reason = fault.to_string();
         tracing::error!(batch = %batch_id, %ranges, "{reason}; stalled until another version is activated");
         self.stalled = Some(fault.module.clone());
-        self.status.metrics().stalled(true);
+        self.parts.status.metrics().stalled(true);
         let stall = Stall {
             module_digest: fault.module.clone(),
             batch_id,
@@ -334,148 +353,61 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             reason,
             since_ms: now_ms(),
         };
-        self.status.update(|s| s.stalled = Some(stall));
+        self.parts.status.update(|s| s.stalled = Some(stall));
+    }
+
+    /// Another version is active: a stall on the one before is over.
+    fn unstall(&mut self) {
+        if self.stalled.take().is_some() {
+            tracing::info!("another version is active; no longer stalled");
+            self.parts.status.metrics().stalled(false);
+            self.parts.status.update(|s| s.stalled = None);
+        }
     }
 
     /// While stalled: keeps the group membership for a quarter batch
     /// interval (at least [`STALL_RECHECK`]) or until shutdown, so the loop
-    /// then asks for another version. Returns 0 (no poll was made).
-    async fn wait_stalled(&mut self) -> u64 {
-        let source = self.source.take().expect("source present");
-        let shutdown = self.shutdown.clone();
-        let pause = (self.options.batch_interval / 4).max(STALL_RECHECK);
+    /// then asks for another version. Nothing is polled.
+    fn wait_stalled(&mut self) -> Read<V::Transform> {
+        let shutdown = self.parts.shutdown.clone();
+        let pause = (self.parts.options.batch_interval / 4).max(STALL_RECHECK);
         let wait = async move {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         };
-        let (source, (), (), swap) = self.on_source_watching(source, |_, _| (), wait).await;
-        self.source = Some(source);
-        self.pending_swap = swap.or(self.pending_swap.take());
-        0
-    }
-
-    /// At a batch boundary: switches to the version found during the last
-    /// commit, or (at most every quarter batch interval) asks for the
-    /// active version and switches if another one was activated. A batch already
-    /// prepared with the old version is prepared again from the same
-    /// ranges, so every batch runs on the version active when it commits.
-    async fn follow_active_version(
-        &mut self,
-        prepared: Option<Batch>,
-    ) -> Result<Option<Batch>, PipelineError> {
-        let swap = match self.pending_swap.take() {
-            Some(swap) => swap,
-            None if self.version_checked.get().elapsed() < self.options.batch_interval / 4 => {
-                return Ok(prepared);
-            }
-            None => {
-                self.version_checked.set(Instant::now());
-                match self.versions.newer(self.preparer.transform()).await {
-                    Ok(Some(swap)) => swap,
-                    Ok(None) => {
-                        self.report_version_problem(None);
-                        return Ok(prepared);
-                    }
-                    Err(e @ VersionError::Unavailable(_)) => {
-                        tracing::warn!("{}; keeping the running version", Chain(&e));
-                        return Ok(prepared);
-                    }
-                    Err(e) => {
-                        self.report_version_problem(Some(Chain(&e).to_string()));
-                        return Ok(prepared);
-                    }
-                }
-            }
-        };
-        self.report_version_problem(None);
-        tracing::info!(
-            version = swap.version,
-            module = %swap.transform.module_digest(),
-            "switching to module version at this batch boundary"
-        );
-        let preparer = Preparer::new(
-            self.options.pipeline.clone(),
-            self.options.on_poison,
-            swap.transform,
-        )
-        .with_contract(self.options.contract.clone());
-        self.preparer = Arc::new(preparer);
-        self.current.send_replace(Arc::clone(&self.preparer));
-        if self.shutdown.is_cancelled() {
-            self.preparer.interrupt();
+        let beside = self.parts.beside(&mut self.source, |_, _| (), wait);
+        Read {
+            poll_ms: 0,
+            prepared: None,
+            swap: beside.swap,
         }
-        self.status.metrics().swapped();
-        self.publish_version();
-        self.unstall();
-        let Some(stale) = prepared else {
-            return Ok(None);
-        };
-        let source = self.source.as_ref().expect("source present");
-        let batch =
-            tokio::task::block_in_place(|| self.preparer.prepare(source, stale.plan.ranges));
-        self.settle_prepared(batch.map(Some))
     }
 
     /// Reads from Kafka for up to one batch interval (less if another
     /// version becomes active meanwhile, or once what waits is read to the
-    /// log end); returns its duration.
-    async fn poll(&mut self) -> Result<u64, PipelineError> {
-        let wait = self.options.batch_interval;
-        let source = self.source.take().expect("source present");
+    /// log end).
+    fn poll(&mut self) -> Result<Read<V::Transform>, PipelineError> {
+        let wait = self.parts.options.batch_interval;
         let poll = move |source: &mut Src, signals: &PollSignals| {
             let polling = Instant::now();
             let polled = source.poll(wait, signals);
             (polled, polling.elapsed().as_millis() as u64)
         };
-        let (source, (polled, poll_ms), (), swap) =
-            self.on_source_watching(source, poll, async {}).await;
-        self.source = Some(source);
-        self.pending_swap = swap.or(self.pending_swap.take());
+        let beside = self.parts.beside(&mut self.source, poll, async {});
+        let (polled, poll_ms) = beside.read;
         polled?;
-        Ok(poll_ms)
-    }
-
-    /// Runs `work` on `source` on a blocking thread while `alongside` runs
-    /// here and the active version is watched; a version found interrupts
-    /// `work`'s poll and is returned for the next batch boundary. Once
-    /// `alongside` is done nothing holds the next batch back, so `work`'s
-    /// poll may cut it as soon as it has read to the log end. If `work`
-    /// ends first, the thread holds the source's
-    /// group membership (`Source::hold`) until `alongside` is done, so
-    /// a commit retrying through a long sink outage does not get this
-    /// instance thrown out of the group.
-    async fn on_source_watching<R: Send + 'static, F: Future>(
-        &self,
-        mut source: Src,
-        work: impl FnOnce(&mut Src, &PollSignals) -> R + Send + 'static,
-        alongside: F,
-    ) -> (Src, R, F::Output, Option<Swap<V::Transform>>) {
-        let signals = Arc::new(PollSignals::new(self.options.until_caught_up));
-        let work_signals = Arc::clone(&signals);
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let (alongside_done, hold_until) = std::sync::mpsc::channel();
-        let working = tokio::task::spawn_blocking(move || {
-            let result = work(&mut source, &work_signals);
-            let _ = done_tx.send(());
-            source.hold(&hold_until);
-            (source, result)
-        });
-        let alongside = async {
-            let output = alongside.await;
-            signals.cut_at_end();
-            let _ = alongside_done.send(());
-            output
-        };
-        let (alongside, swap) = tokio::join!(alongside, self.watch_versions(done_rx, &signals));
-        let (source, result) = working.await.expect("source task");
-        (source, result, alongside, swap)
+        Ok(Read {
+            poll_ms,
+            prepared: None,
+            swap: beside.swap,
+        })
     }
 
     /// Reads the checkpoint of every newly assigned partition and seeks there.
     async fn start_unstarted(&mut self) -> Result<(), PipelineError> {
-        let fresh = self.source().unstarted();
+        let fresh = self.source.unstarted();
         if fresh.is_empty() {
             return Ok(());
         }
@@ -492,13 +424,13 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let lost: Vec<TopicPartition> = self.owned.difference(&owned).cloned().collect();
         self.owned = owned;
         if !lost.is_empty() {
-            self.sink.released(&lost);
+            self.parts.sink.released(&lost);
         }
     }
 
     /// The partitions the source owns now.
-    fn owned_partitions(&mut self) -> Vec<TopicPartition> {
-        self.source()
+    fn owned_partitions(&self) -> Vec<TopicPartition> {
+        self.source
             .progress()
             .into_iter()
             .map(|p| TopicPartition {
@@ -510,43 +442,17 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
 
     /// Re-reads checkpoints of `partitions` and restarts reading there.
     async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
-        let checkpoints = self.checkpoints_with_retry(partitions).await?;
+        let checkpoints = self.parts.checkpoints(partitions).await?;
         let starts: Vec<_> = partitions
             .iter()
             .map(|tp| (tp.clone(), checkpoints.get(tp).copied()))
             .collect();
-        tokio::task::block_in_place(|| self.source().start_partitions(&starts))?;
+        tokio::task::block_in_place(|| self.source.start_partitions(&starts))?;
         Ok(())
     }
 
-    async fn checkpoints_with_retry(
-        &self,
-        partitions: &[TopicPartition],
-    ) -> Result<HashMap<TopicPartition, i64>, PipelineError> {
-        let started = Instant::now();
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            match self
-                .sink
-                .checkpoints(&self.options.pipeline, partitions)
-                .await
-            {
-                Ok(c) => return Ok(c),
-                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
-                    tracing::warn!(
-                        "reading checkpoints: {}; retrying in {backoff:?}",
-                        Chain(&e)
-                    );
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// Commits `batch`; meanwhile (if `prepare_next`) a blocking thread
-    /// polls the source and prepares the next batch, kept in `self.ahead`.
+    /// Commits `batch`; meanwhile (if `prepare_next`) the source polls and
+    /// prepares the next batch beside it, handed back for the next step.
     ///
     /// The source is told the ranges are committed before the commit ends,
     /// so the next batch starts at their `until`. That is safe: if the commit
@@ -560,11 +466,8 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         batch: Batch,
         poll_ms: u64,
         prepare_next: bool,
-    ) -> Result<(), PipelineError> {
-        self.source().committed(&batch.plan.ranges);
-        let preparer = Arc::clone(&self.preparer);
-        let picker = Arc::clone(&self.picker);
-        let wait = self.options.batch_interval;
+    ) -> Result<AfterCommit<V::Transform>, PipelineError> {
+        self.source.committed(&batch.plan.ranges);
         let commit = Commit {
             plan: &batch.plan,
             records: &batch.records,
@@ -572,27 +475,42 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             dead_letters: &batch.dead_letters,
             output_digest: &batch.output_digest,
         };
-        let committing = Instant::now();
-        let source = self.source.take().expect("source present");
+        let parts = &self.parts;
+        let (preparer, picker) = (&*parts.preparer, &parts.picker);
+        let wait = parts.options.batch_interval;
         let read_next = move |source: &mut Src, signals: &PollSignals| {
-            prepare_next.then(|| read_ahead(source, &preparer, &picker, wait, signals))
+            prepare_next.then(|| read_ahead(source, preparer, picker, wait, signals))
         };
+        let committing = Instant::now();
         let committed = async {
-            let committed = self.commit(&commit).await;
-            (committed, committing.elapsed().as_millis() as u64)
+            let landing = parts.commit(&commit).await;
+            (landing, committing.elapsed().as_millis() as u64)
         };
-        let (source, ahead, (committed, commit_ms), swap) =
-            self.on_source_watching(source, read_next, committed).await;
-        self.source = Some(source);
-        self.ahead = ahead;
-        self.pending_swap = swap.or(self.pending_swap.take());
-        if committed? {
-            self.account(&batch, poll_ms, commit_ms);
-            return Ok(());
+        let beside = parts.beside(&mut self.source, read_next, committed);
+        let (landing, commit_ms) = beside.alongside;
+        match landing? {
+            Landing::Landed => {
+                self.account(&batch, poll_ms, commit_ms);
+                Ok(AfterCommit {
+                    ahead: beside.read,
+                    swap: beside.swap,
+                })
+            }
+            Landing::Fenced => {
+                self.refence(&batch).await?;
+                Ok(AfterCommit {
+                    ahead: None,
+                    swap: beside.swap,
+                })
+            }
         }
+    }
+
+    /// After `batch` was fenced: counts it, and restarts its partitions
+    /// still owned from their checkpoints (what was read ahead is dropped).
+    async fn refence(&mut self, batch: &Batch) -> Result<(), PipelineError> {
         self.stats.fenced += 1;
-        self.status.metrics().fenced();
-        self.ahead = None;
+        self.parts.status.metrics().fenced();
         // Only partitions still owned: reading a lost one's checkpoint
         // could fence its new owner (the Kafka sink fences as it reads).
         let owned = self.owned_partitions();
@@ -607,48 +525,6 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             return Ok(());
         }
         self.restart(&partitions).await
-    }
-
-    /// While a commit and the read-ahead run: asks for the active version
-    /// every quarter batch interval (once the last ask is that old) until
-    /// the read-ahead is `done`; a newer version is loaded here and
-    /// interrupts the read-ahead's poll, and so does shutdown.
-    async fn watch_versions(
-        &self,
-        mut done: tokio::sync::oneshot::Receiver<()>,
-        signals: &PollSignals,
-    ) -> Option<Swap<V::Transform>> {
-        let every = self.options.batch_interval / 4;
-        let mut asked = self.version_checked.get();
-        loop {
-            let next = asked + every;
-            let stopping = signals.interrupted();
-            tokio::select! {
-                _ = &mut done => return None,
-                _ = self.shutdown.cancelled(), if !stopping => {
-                    signals.interrupt();
-                    continue;
-                }
-                _ = tokio::time::sleep_until(next.into()), if !stopping => {}
-            }
-            asked = Instant::now();
-            self.version_checked.set(asked);
-            match self.versions.newer(self.preparer.transform()).await {
-                Ok(Some(swap)) => {
-                    signals.interrupt();
-                    return Some(swap);
-                }
-                Ok(None) => {}
-                Err(e @ VersionError::Unavailable(_)) => {
-                    tracing::warn!("{}; keeping the running version", Chain(&e));
-                    return None;
-                }
-                Err(e) => {
-                    self.report_version_problem(Some(Chain(&e).to_string()));
-                    return None;
-                }
-            }
-        }
     }
 
     /// Counts and logs a committed batch.
@@ -673,12 +549,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             "batch committed"
         );
         let partitions: Vec<PartitionStatus> = self
-            .source()
+            .source
             .progress()
             .into_iter()
             .map(PartitionStatus::of)
             .collect();
-        let metrics = self.status.metrics();
+        let metrics = self.parts.status.metrics();
         metrics.committed(batch, commit_ms);
         metrics.partitions(&partitions);
         let stats = self.stats.clone();
@@ -700,7 +576,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             committed_at_ms,
         };
         let recent_dead = recent_dead_letters(batch);
-        self.status.update(|s| {
+        self.parts.status.update(|s| {
             s.remember(recent, recent_dead);
             s.batches = stats.batches;
             s.records = stats.records;
@@ -711,86 +587,11 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             s.partitions = partitions;
         });
     }
-
-    fn source(&mut self) -> &mut Src {
-        self.source
-            .as_mut()
-            .expect("the source is back after every commit")
-    }
-
-    /// Commits with retries. `Ok(true)`: the batch is committed (now or by an
-    /// earlier attempt whose reply was lost); `Ok(false)`: fenced.
-    async fn commit(&self, commit: &Commit<'_>) -> Result<bool, PipelineError> {
-        let started = Instant::now();
-        let mut backoff = Duration::from_millis(100);
-        loop {
-            let result = self.sink.commit(commit).await;
-            match result {
-                Ok(CommitOutcome::Committed) => return Ok(true),
-                Ok(CommitOutcome::Fenced {
-                    partition,
-                    expected,
-                    found,
-                }) => {
-                    tracing::warn!(
-                        batch = %commit.plan.batch_id,
-                        %partition, expected, ?found,
-                        "fenced: another owner moved the offsets first; rolled back, re-planning"
-                    );
-                    return Ok(false);
-                }
-                Err(e @ SinkError::CommitUnknown { .. }) => {
-                    tracing::warn!(batch = %commit.plan.batch_id, "{}; reading the checkpoint back", Chain(&e));
-                    match self.resolve_unknown(commit.plan).await? {
-                        Some(done) => return Ok(done),
-                        None => {
-                            // Nothing landed: commit again.
-                            self.status.metrics().commit_retried();
-                            continue;
-                        }
-                    }
-                }
-                Err(e) if e.is_retryable() && started.elapsed() < SINK_RETRY_FOR => {
-                    tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {backoff:?}", Chain(&e));
-                    self.status.metrics().commit_retried();
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-
-    /// After a commit with unknown outcome: `Some(true)` if the checkpoint
-    /// already says `until` everywhere (it landed), `None` if it still says
-    /// `from` everywhere (nothing landed), `Some(false)` otherwise (someone
-    /// else moved it: treat as fenced).
-    async fn resolve_unknown(&self, plan: &Plan) -> Result<Option<bool>, PipelineError> {
-        let partitions: Vec<TopicPartition> = plan
-            .ranges
-            .iter()
-            .map(OffsetRange::topic_partition)
-            .collect();
-        let stored = self.checkpoints_with_retry(&partitions).await?;
-        let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
-        if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
-            tracing::info!(batch = %plan.batch_id, "commit had landed");
-            return Ok(Some(true));
-        }
-        if plan
-            .ranges
-            .iter()
-            .all(|r| at(r).is_none_or(|o| o == r.from))
-        {
-            return Ok(None);
-        }
-        Ok(Some(false))
-    }
 }
 
 /// Polls for up to `wait` (or, once the commit is done, until read to the
 /// log end), then plans and prepares the next batch from what is buffered
-/// (runs on the blocking thread during a commit).
+/// (runs beside a commit).
 fn read_ahead<T: Transform>(
     source: &mut impl Source,
     preparer: &Preparer<T>,
@@ -811,37 +612,6 @@ fn read_ahead<T: Transform>(
     Ahead { poll_ms, batch }
 }
 
-/// Picks the ranges of the next batch from those the source offers: all
-/// of them, or, for a sink that fences owners per partition, one
-/// partition's, the partitions taken in turn so none waits behind a busy
-/// one.
-#[derive(Debug)]
-struct RangePicker {
-    one_partition: bool,
-    last: std::sync::Mutex<Option<TopicPartition>>,
-}
-
-impl RangePicker {
-    fn new(one_partition: bool) -> RangePicker {
-        RangePicker {
-            one_partition,
-            last: std::sync::Mutex::new(None),
-        }
-    }
-
-    fn pick(&self, mut ranges: Vec<OffsetRange>) -> Vec<OffsetRange> {
-        if !self.one_partition || ranges.len() <= 1 {
-            return ranges;
-        }
-        let mut last = self.last.lock().expect("picker lock");
-        let after_last = |r: &OffsetRange| last.as_ref().is_none_or(|l| r.topic_partition() > *l);
-        let next = ranges.iter().position(after_last).unwrap_or(0);
-        let chosen = ranges.swap_remove(next);
-        *last = Some(chosen.topic_partition());
-        vec![chosen]
-    }
-}
-
 /// The newest [`status::RECENT`] dead letters of `batch`, in batch order.
 fn recent_dead_letters(batch: &Batch) -> Vec<RecentDeadLetter> {
     let newest = &batch.dead_letters[batch.dead_letters.len().saturating_sub(status::RECENT)..];
@@ -860,46 +630,4 @@ fn recent_dead_letters(batch: &Batch) -> Vec<RecentDeadLetter> {
             })
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ranges(partitions: &[i32]) -> Vec<OffsetRange> {
-        partitions
-            .iter()
-            .map(|&partition| OffsetRange {
-                topic: "t".into(),
-                partition,
-                from: 0,
-                until: 10,
-            })
-            .collect()
-    }
-
-    fn picked(picker: &RangePicker, partitions: &[i32]) -> Vec<i32> {
-        picker
-            .pick(ranges(partitions))
-            .iter()
-            .map(|r| r.partition)
-            .collect()
-    }
-
-    #[test]
-    fn a_per_partition_sink_gets_the_partitions_in_turn() {
-        let picker = RangePicker::new(true);
-        assert_eq!(picked(&picker, &[0, 1, 2]), [0]);
-        assert_eq!(picked(&picker, &[0, 1, 2]), [1]);
-        // Partition 2 has nothing waiting: the turn wraps to 0.
-        assert_eq!(picked(&picker, &[0, 1]), [0]);
-        assert_eq!(picked(&picker, &[0, 1, 2]), [1]);
-        assert_eq!(picked(&picker, &[0, 1, 2]), [2]);
-        assert_eq!(picked(&picker, &[0, 1, 2]), [0]);
-    }
-
-    #[test]
-    fn other_sinks_get_every_range() {
-        assert_eq!(picked(&RangePicker::new(false), &[0, 1, 2]), [0, 1, 2]);
-    }
 }

@@ -14,22 +14,24 @@
 use super::PipelineError;
 use crate::batch::{OffsetRange, Plan, Records, describe, now_ms, sha256_hex};
 use crate::config::OnPoison;
+use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::contract::OutputContract;
 use sluice_core::output::Output;
 use sluice_core::sink::{DeadLetter, DeadLetterKind, digest};
 use sluice_core::source::Source;
 use sluice_core::transform::{GaveUp, ModuleAtFault, RunError, Transform};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-/// Times a retryable failure that is not a record's (an instance the pool
+/// How a retryable failure that is not a record's (an instance the pool
 /// could not give, a retryable declared error) is retried before the
-/// pipeline stops.
-const TRANSFORM_RETRIES: u32 = 3;
-
-/// Wait before retrying a batch whose instance could not be made, times the
-/// attempt.
-const INSTANTIATE_BACKOFF: std::time::Duration = std::time::Duration::from_millis(100);
+/// pipeline stops: 3 more tries; an instance waits (the pool frees a slot)
+/// 100 ms, then 200, then 400.
+const TRANSFORM_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(100),
+    max: Duration::from_secs(1),
+    give_up: GiveUp::AfterTries(4),
+};
 
 /// A planned and transformed batch, ready to commit.
 pub struct Batch {
@@ -195,8 +197,8 @@ impl<T: Transform> Preparer<T> {
     }
 
     /// Runs `records`, again on what may pass another time: an instance
-    /// the pool could not give or a retryable declared error up to
-    /// [`TRANSFORM_RETRIES`] times; with [`Confirm::Once`] a trap or a
+    /// the pool could not give or a retryable declared error as
+    /// [`TRANSFORM_RETRY`] says; with [`Confirm::Once`] a trap or a
     /// deadline once more (a module may trap on a host hiccup it cannot
     /// see, a machine may be slow). Every attempt is charged to `spent`.
     fn run_with_retries(
@@ -206,32 +208,35 @@ impl<T: Transform> Preparer<T> {
         confirm: Confirm,
         spent: &mut Spent,
     ) -> Result<Output, RunError> {
-        let mut attempt = 0;
+        let mut backoff = TRANSFORM_RETRY.start();
         let mut confirmed = confirm == Confirm::No;
         loop {
-            attempt += 1;
             let started = Instant::now();
             let result = self.run_once(plan, records);
             spent.charge(&result, started.elapsed(), self.transform.limits());
-            match result {
+            let error = match result {
                 Ok(output) => return Ok(output),
-                Err(
-                    e @ (RunError::Instantiate(_)
-                    | RunError::Declared {
-                        retryable: true, ..
-                    }),
-                ) if attempt <= TRANSFORM_RETRIES => {
+                Err(e) => e,
+            };
+            match error {
+                e @ (RunError::Instantiate(_)
+                | RunError::Declared {
+                    retryable: true, ..
+                }) => {
+                    let Some(wait) = backoff.next_wait() else {
+                        return Err(e);
+                    };
                     tracing::warn!(batch = %plan.batch_id, records = records.len(), "{e}; retrying");
                     if let RunError::Instantiate(_) = e {
                         // Give the pool time to free a slot.
-                        std::thread::sleep(INSTANTIATE_BACKOFF * attempt);
+                        std::thread::sleep(wait);
                     }
                 }
-                Err(e @ (RunError::Trap(_) | RunError::Timeout(_))) if !confirmed => {
+                e @ (RunError::Trap(_) | RunError::Timeout(_)) if !confirmed => {
                     tracing::warn!(batch = %plan.batch_id, records = records.len(), "{e}; trying once more");
                     confirmed = true;
                 }
-                Err(e) => return Err(e),
+                e => return Err(e),
             }
         }
     }

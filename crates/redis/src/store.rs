@@ -11,7 +11,7 @@ use crate::connect::{connect, store_err};
 use redis::aio::ConnectionManager;
 use sluice_core::batch::{now_ms, sha256_hex};
 use sluice_core::config::SinkConfig;
-use sluice_core::store::{ModuleStore, StoreError, Version};
+use sluice_core::store::{Activation, ModuleStore, StoreError, Version};
 use std::time::Duration;
 
 /// Appends a version unless the module is missing (or, with `only_first`,
@@ -61,7 +61,7 @@ impl RedisModuleStore {
         pipeline: &str,
         digest: &str,
         params: &str,
-        action: &str,
+        action: Activation,
         only_first: bool,
     ) -> Result<Version, StoreError> {
         let draft = serde_json::json!({
@@ -69,7 +69,7 @@ impl RedisModuleStore {
             "module_digest": digest,
             "params": params,
             "params_digest": sha256_hex(params.as_bytes()),
-            "action": action,
+            "action": action.as_str(),
             "activated_at_ms": now_ms(),
         })
         .to_string();
@@ -172,7 +172,7 @@ impl ModuleStore for RedisModuleStore {
         pipeline: &str,
         digest: &str,
         params: &str,
-        action: &str,
+        action: Activation,
     ) -> Result<Version, StoreError> {
         self.append(pipeline, digest, params, action, false).await
     }
@@ -183,6 +183,7 @@ impl ModuleStore for RedisModuleStore {
         digest: &str,
         params: &str,
     ) -> Result<Version, StoreError> {
-        self.append(pipeline, digest, params, "seed", true).await
+        self.append(pipeline, digest, params, Activation::Seed, true)
+            .await
     }
 }

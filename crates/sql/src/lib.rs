@@ -38,6 +38,7 @@
 mod any;
 mod dead_letters;
 mod dialect;
+mod glue;
 mod lineage;
 mod multirow;
 pub mod mysql;
@@ -67,6 +68,7 @@ use crate::batch::TopicPartition;
 use crate::config::{Guarantee, SinkConfig};
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use own_tables::OwnTables;
+use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome};
 use std::collections::HashMap;
 
@@ -430,16 +432,24 @@ async fn add_column<B: SqlBackend>(
 /// it (Postgres may then fail one of them with a unique violation in its
 /// catalog); a second try sees the object and passes.
 async fn create<B: SqlBackend>(backend: &B, ddl: &str) -> Result<(), SinkError> {
-    let mut tries = 0;
+    let mut backoff = CREATE_RETRY.start();
     loop {
-        match backend.execute(ddl, &[]).await {
+        let e = match backend.execute(ddl, &[]).await {
             Ok(_) => return Ok(()),
-            Err(e) if tries < 3 => {
-                tracing::debug!("{ddl}: {e}; trying again");
-                tries += 1;
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-            }
-            Err(e) => return Err(e),
-        }
+            Err(e) => e,
+        };
+        let Some(wait) = backoff.next_wait() else {
+            return Err(e);
+        };
+        tracing::debug!("{ddl}: {e}; trying again");
+        tokio::time::sleep(wait).await;
     }
 }
+
+/// How a `CREATE ... IF NOT EXISTS` that lost a race is tried again: 4
+/// tries, 200 ms apart.
+pub(crate) const CREATE_RETRY: RetryPolicy = RetryPolicy {
+    first: std::time::Duration::from_millis(200),
+    max: std::time::Duration::from_millis(200),
+    give_up: GiveUp::AfterTries(4),
+};

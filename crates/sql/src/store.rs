@@ -12,15 +12,21 @@ use crate::batch::{now_ms, sha256_hex};
 use crate::config::SinkConfig;
 use crate::sink::SinkError;
 use crate::{Dialect, InsertIgnore, connect_any, text_at};
+use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::error::Chain;
-use sluice_core::store::{ModuleStore, StoreError, Version};
+use sluice_core::store::{Activation, ModuleStore, StoreError, Version};
 use sqlx::any::AnyRow;
 use sqlx::{Any, AnyPool, Row, Transaction};
 use std::time::Duration;
 
-/// How often an activation is tried again when another one took the same
-/// version number first.
-const ACTIVATION_TRIES: u32 = 10;
+/// How an activation is tried again when another one took the same
+/// version number first (at once) or SQLite was busy (after the wait):
+/// 10 tries, waits from 50 ms doubling up to 500 ms.
+const ACTIVATION_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(50),
+    max: Duration::from_millis(500),
+    give_up: GiveUp::AfterTries(10),
+};
 
 /// The module store in a SQL sink's database.
 pub struct SqlModuleStore {
@@ -45,7 +51,7 @@ impl Statements {
     fn new(d: &Dialect, schema: Option<&str>, prefix: &str) -> Result<Self, StoreError> {
         let table = |name: &str| {
             d.qualified(schema, &format!("{prefix}{name}"))
-                .map_err(|e| StoreError::Config(e.to_string()))
+                .map_err(StoreError::Settings)
         };
         let (modules, versions) = (table("modules")?, table("versions")?);
         let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
@@ -187,7 +193,7 @@ impl SqlModuleStore {
                 context: format!("at {context}"),
                 cause,
             },
-            e => StoreError::Config(e.to_string()),
+            e => StoreError::Settings(e),
         })?;
         let sql = Statements::new(dialect, sink.schema.as_deref(), &sink.table_prefix)?;
         let store = SqlModuleStore { pool, sql };
@@ -200,17 +206,17 @@ impl SqlModuleStore {
     /// `CREATE TABLE IF NOT EXISTS`, tried again when several instances
     /// starting at once race on the catalog.
     async fn create(&self, ddl: &str) -> Result<(), StoreError> {
-        let mut tries = 0;
+        let mut backoff = crate::CREATE_RETRY.start();
         loop {
-            match sqlx::query(ddl).execute(&self.pool).await {
+            let e = match sqlx::query(ddl).execute(&self.pool).await {
                 Ok(_) => return Ok(()),
-                Err(e) if tries < 3 => {
-                    tracing::debug!("{ddl}: {e}; trying again");
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-                Err(e) => return Err(db_err(e)),
-            }
+                Err(e) => e,
+            };
+            let Some(wait) = backoff.next_wait() else {
+                return Err(db_err(e));
+            };
+            tracing::debug!("{ddl}: {e}; trying again");
+            tokio::time::sleep(wait).await;
         }
     }
 
@@ -222,12 +228,11 @@ impl SqlModuleStore {
         pipeline: &str,
         digest: &str,
         params: &str,
-        action: &str,
+        action: Activation,
         only_first: bool,
     ) -> Result<Option<Version>, StoreError> {
-        let mut tries = 0;
+        let mut backoff = ACTIVATION_RETRY.start();
         loop {
-            tries += 1;
             let mut tx = self.pool.begin().await.map_err(db_err)?;
             let appended = self
                 .append_version(&mut tx, pipeline, digest, params, action, only_first)
@@ -251,21 +256,24 @@ impl SqlModuleStore {
                         pipeline,
                         version = v.version,
                         module = %v.module_digest,
-                        action,
+                        action = action.as_str(),
                         "module version activated"
                     );
                     return Ok(Some(v));
                 }
                 Ok(None) => return Ok(None),
-                // Another activation took the same number: count again.
-                Err(e @ StoreError::Database { .. }) if tries < ACTIVATION_TRIES => {
+                Err(e @ (StoreError::Database { .. } | StoreError::Busy(_))) => {
+                    let Some(wait) = backoff.next_wait() else {
+                        return Err(e);
+                    };
                     tracing::debug!("activation of {digest}: {}; trying again", Chain(&e));
-                }
-                // SQLite refused the write (busy, or a read that could not
-                // become a write while a batch commits): try again shortly.
-                Err(e @ StoreError::Busy(_)) if tries < ACTIVATION_TRIES => {
-                    tracing::debug!("activation of {digest}: {}; trying again", Chain(&e));
-                    tokio::time::sleep(Duration::from_millis(50 * tries as u64)).await;
+                    // Another activation took the same number: count again
+                    // at once. SQLite refused the write (busy, or a read
+                    // that could not become a write while a batch commits):
+                    // try again shortly.
+                    if let StoreError::Busy(_) = e {
+                        tokio::time::sleep(wait).await;
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -278,7 +286,7 @@ impl SqlModuleStore {
         pipeline: &str,
         digest: &str,
         params: &str,
-        action: &str,
+        action: Activation,
         only_first: bool,
     ) -> Result<Option<Version>, StoreError> {
         let known = sqlx::query(&self.sql.module_exists)
@@ -304,7 +312,7 @@ impl SqlModuleStore {
             module_digest: digest.to_string(),
             params: params.to_string(),
             params_digest: sha256_hex(params.as_bytes()),
-            action: action.to_string(),
+            action: action.as_str().to_string(),
             activated_at_ms: now_ms(),
         };
         sqlx::query(&self.sql.insert_version)
@@ -373,7 +381,7 @@ impl ModuleStore for SqlModuleStore {
         pipeline: &str,
         digest: &str,
         params: &str,
-        action: &str,
+        action: Activation,
     ) -> Result<Version, StoreError> {
         self.append(pipeline, digest, params, action, false)
             .await
@@ -386,7 +394,10 @@ impl ModuleStore for SqlModuleStore {
         digest: &str,
         params: &str,
     ) -> Result<Version, StoreError> {
-        if let Some(v) = self.append(pipeline, digest, params, "seed", true).await? {
+        if let Some(v) = self
+            .append(pipeline, digest, params, Activation::Seed, true)
+            .await?
+        {
             return Ok(v);
         }
         self.active(pipeline)

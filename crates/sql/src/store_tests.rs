@@ -6,7 +6,7 @@
 use crate::SqlModuleStore;
 use crate::scenarios::{COUNTS, sink_config};
 use crate::{mysql, postgres, sqlite};
-use sluice_core::store::{ModuleStore, StoreError};
+use sluice_core::store::{Activation, ModuleStore, StoreError};
 
 const PIPELINE: &str = "store-test";
 
@@ -36,11 +36,11 @@ async fn lifecycle(store: &dyn ModuleStore) {
     assert_eq!(again, seeded, "a second seed keeps the first");
 
     let v2 = store
-        .activate(PIPELINE, &b, r#"{"x":1}"#, "activate")
+        .activate(PIPELINE, &b, r#"{"x":1}"#, Activation::Activate)
         .await
         .unwrap();
     let v3 = store
-        .activate(PIPELINE, &b, r#"{"x":2}"#, "activate")
+        .activate(PIPELINE, &b, r#"{"x":2}"#, Activation::Activate)
         .await
         .unwrap();
     assert_eq!((v2.version, v3.version), (2, 3));
@@ -53,7 +53,7 @@ async fn lifecycle(store: &dyn ModuleStore) {
     );
     assert!(matches!(
         store
-            .activate(PIPELINE, &"f".repeat(64), "{}", "activate")
+            .activate(PIPELINE, &"f".repeat(64), "{}", Activation::Activate)
             .await,
         Err(StoreError::UnknownModule(_))
     ));

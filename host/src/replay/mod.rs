@@ -17,10 +17,10 @@ pub use sluice_core::store::{CommittedBatch, Selection};
 
 use crate::batch::{Plan, sha256_hex};
 use crate::config::PipelineConfig;
+use crate::kafka_source::{RangeReader, SourceError};
 use crate::pipeline::{Batch, PipelineError, Preparer};
 use crate::runtime::{ENGINE, Limits, ModuleError, ReplaySettings, Runtime, WasmTransform};
 use crate::sink::SinkError;
-use crate::source::{RangeReader, SourceError};
 use sluice_core::error::Cause;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use std::collections::HashMap;
@@ -89,8 +89,8 @@ pub struct Replayer {
 
 impl Replayer {
     pub async fn open(config: &PipelineConfig) -> Result<Replayer, ReplayError> {
-        let lineage = crate::state::lineage(config).await?;
-        let store = crate::state::module_store(config).await?;
+        let lineage = crate::backends::lineage(config).await?;
+        let store = crate::backends::module_store(config).await?;
         let source = config.source.clone();
         let pipeline = config.pipeline.clone();
         let reader = tokio::task::spawn_blocking(move || RangeReader::connect(&source, &pipeline))

@@ -69,7 +69,7 @@ async fn main() {
          in-process compile alone {:>6} ms; ratio {:.2} (bar: under 2000 ms)",
         bulky.len() as f64 / 1e6,
         deploy.as_millis(),
-        deployed["validate_ms"],
+        deployed.validate_ms,
         floor.as_millis(),
         deploy.as_secs_f64() / floor.as_secs_f64()
     );
@@ -79,10 +79,8 @@ async fn main() {
     let stamp_digest = client
         .deploy(stamp, "{}", false)
         .await
-        .expect("deploy stamp")["module_digest"]
-        .as_str()
-        .unwrap()
-        .to_string();
+        .expect("deploy stamp")
+        .module_digest;
     let identity_digest = sha256_hex(&std::fs::read(plugin("identity")).unwrap());
     tokio::time::sleep(Duration::from_secs(3)).await;
     let mut activations = Vec::new();

@@ -7,10 +7,12 @@
 //!
 //! They are fakes, named as such: they stand beside the real-service suites
 //! in `tests/` (real Kafka, SQLite, Postgres, MariaDB, real Wasm), never
-//! instead of them. They must not hold loop logic: what they decide (CAS,
-//! ranges by position) mirrors what the real backends do.
+//! instead of them. They must not hold loop logic: what they decide (the CAS) mirrors
+//! what the real backends do, and the source keeps its offsets in the
+//! core's cursors, the same code the Kafka source runs.
 
 use sluice_core::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition};
+use sluice_core::cursor::{Caps, Cursors};
 use sluice_core::limits::Limits;
 use sluice_core::output::{Column, ColumnData, Output, TargetRows};
 use sluice_core::sink::{Commit, CommitOutcome, DeadLetterKind, Sink, SinkError};
@@ -95,34 +97,27 @@ pub enum Ownership {
     Assign(i32),
 }
 
-#[derive(Debug)]
-struct Owned {
-    next: Option<i64>,
-    position: i64,
-    end_at_start: Option<i64>,
-}
-
 /// A source over [`Logs`]; owns the partitions it is given, and follows the
-/// [`Ownership`] changes queued on its handle.
+/// [`Ownership`] changes queued on its handle. Its offsets are kept by the
+/// core's [`Cursors`], as the Kafka source's are.
 pub struct MemorySource {
     logs: Logs,
-    owned: BTreeMap<TopicPartition, Owned>,
+    cursors: Cursors,
     changes: Arc<Mutex<VecDeque<Ownership>>>,
-    max_per_partition: i64,
 }
 
 impl MemorySource {
     pub fn new(logs: &Logs, partitions: &[i32], max_per_partition: i64) -> Self {
-        let mut source = MemorySource {
+        let mut cursors = Cursors::new(Caps {
+            per_partition: max_per_partition,
+            per_batch: None,
+        });
+        cursors.assign(partitions.iter().map(|&p| tp(p)));
+        MemorySource {
             logs: logs.clone(),
-            owned: BTreeMap::new(),
+            cursors,
             changes: Arc::default(),
-            max_per_partition,
-        };
-        for p in partitions {
-            source.assign(*p);
         }
-        source
     }
 
     /// Where a test queues ownership changes.
@@ -130,22 +125,12 @@ impl MemorySource {
         Arc::clone(&self.changes)
     }
 
-    fn assign(&mut self, partition: i32) {
-        self.owned.entry(tp(partition)).or_insert(Owned {
-            next: None,
-            position: 0,
-            end_at_start: None,
-        });
-    }
-
     fn apply_ownership_changes(&mut self) {
         let changes: Vec<_> = self.changes.lock().unwrap().drain(..).collect();
         for change in changes {
             match change {
-                Ownership::Revoke(p) => {
-                    self.owned.remove(&tp(p));
-                }
-                Ownership::Assign(p) => self.assign(p),
+                Ownership::Revoke(p) => self.cursors.revoke([&tp(p)]),
+                Ownership::Assign(p) => self.cursors.assign([tp(p)]),
             }
         }
     }
@@ -155,14 +140,14 @@ impl Source for MemorySource {
     fn poll(&mut self, wait: Duration, signals: &PollSignals) -> Result<(), SourceError> {
         self.apply_ownership_changes();
         let mut read = false;
-        for (t, state) in self.owned.iter_mut() {
-            let Some(_) = state.next else { continue };
-            let end = self.logs.end(t.partition);
-            state.end_at_start.get_or_insert(end);
-            if end > state.position {
-                state.position = end;
-                read = true;
+        let started: Vec<TopicPartition> = self.cursors.started().map(|(t, _)| t.clone()).collect();
+        for t in started {
+            for record in self.logs.snapshot(&t) {
+                read |= self.cursors.read(&t, record.offset, || record.clone());
             }
+            let end = self.logs.end(t.partition);
+            self.cursors.advance(&t, end);
+            self.cursors.reached(&t, end);
         }
         if !read {
             let until = std::time::Instant::now() + wait.min(Duration::from_millis(20));
@@ -178,85 +163,26 @@ impl Source for MemorySource {
         self.apply_ownership_changes();
     }
 
-    fn assigned_once(&self) -> bool {
-        true
-    }
-
-    fn unstarted(&self) -> Vec<TopicPartition> {
-        self.owned
-            .iter()
-            .filter(|(_, s)| s.next.is_none())
-            .map(|(t, _)| t.clone())
-            .collect()
-    }
-
     fn start_partitions(
         &mut self,
         starts: &[(TopicPartition, Option<i64>)],
     ) -> Result<(), SourceError> {
         for (t, from) in starts {
-            if let Some(state) = self.owned.get_mut(t) {
-                let from = from.unwrap_or(0);
-                state.next = Some(from);
-                state.position = from;
-            }
+            self.cursors.start(t, from.unwrap_or(0));
         }
         Ok(())
     }
 
-    fn plan_ranges(&self) -> Vec<OffsetRange> {
-        self.owned
-            .iter()
-            .filter_map(|(t, s)| {
-                let from = s.next?;
-                let until = s.position.min(from + self.max_per_partition);
-                (until > from).then(|| OffsetRange {
-                    topic: t.topic.clone(),
-                    partition: t.partition,
-                    from,
-                    until,
-                })
-            })
-            .collect()
-    }
-
-    fn records(&self, ranges: &[OffsetRange]) -> Records {
-        let mut records = Records::default();
-        for r in ranges {
-            let log = self.logs.snapshot(&r.topic_partition());
-            let chosen = log
-                .iter()
-                .filter(|m| m.offset >= r.from && m.offset < r.until);
-            records.push_slice(&r.topic, r.partition, chosen);
-        }
-        records
-    }
-
-    fn committed(&mut self, ranges: &[OffsetRange]) {
-        for r in ranges {
-            if let Some(state) = self.owned.get_mut(&r.topic_partition()) {
-                state.next = Some(r.until);
-            }
-        }
-    }
-
-    fn caught_up(&self) -> bool {
-        self.owned.values().all(|s| match (s.next, s.end_at_start) {
-            (Some(next), Some(end)) => next >= end,
-            _ => false,
-        })
-    }
-
     fn progress(&self) -> Vec<PartitionProgress> {
-        self.owned
-            .iter()
-            .map(|(t, s)| PartitionProgress {
-                topic: t.topic.clone(),
-                partition: t.partition,
-                next_offset: s.next,
-                log_end: Some(self.logs.end(t.partition)),
-            })
-            .collect()
+        self.cursors.progress(|t| Some(self.logs.end(t.partition)))
+    }
+
+    fn cursors(&self) -> &Cursors {
+        &self.cursors
+    }
+
+    fn cursors_mut(&mut self) -> &mut Cursors {
+        &mut self.cursors
     }
 }
 

@@ -11,10 +11,10 @@ use super::config::MysqlConfig;
 use crate::config::{SinkConfig, WriteMode};
 use crate::sink::{SinkError, redact_url};
 use crate::{
-    Cell, Dialect, MYSQL, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
+    Dialect, MYSQL, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
 };
 use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlPool};
-use sqlx::{Arguments, MySql, Row, Transaction};
+use sqlx::{MySql, Row, Transaction};
 
 /// The protocol's limit on placeholders per prepared statement.
 const MAX_PARAMS: usize = 65_535;
@@ -89,56 +89,8 @@ fn db_err(e: sqlx::Error) -> SinkError {
     }
 }
 
-fn args<'q>(params: &[Param<'q>]) -> Result<MySqlArguments, SinkError> {
-    let mut args = MySqlArguments::default();
-    for p in params {
-        match *p {
-            Param::Int(x) => args.add(x),
-            Param::Text(s) => args.add(s),
-            Param::Bytes(b) => args.add(b),
-        }
-        .map_err(|e| SinkError::database("cannot bind value", e))?;
-    }
-    Ok(args)
-}
-
-/// Runs one statement on `executor` (the pool or a batch transaction);
-/// returns rows affected.
-async fn execute_on<'c>(
-    executor: impl sqlx::Executor<'c, Database = MySql>,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<u64, SinkError> {
-    Ok(sqlx::query_with(sql, args(params)?)
-        .execute(executor)
-        .await
-        .map_err(db_err)?
-        .rows_affected())
-}
-
-/// The first column of the first row `sql` returns on `executor`, if any.
-async fn query_i64_on<'c>(
-    executor: impl sqlx::Executor<'c, Database = MySql>,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<Option<i64>, SinkError> {
-    let row = sqlx::query_with(sql, args(params)?)
-        .fetch_optional(executor)
-        .await
-        .map_err(db_err)?;
-    Ok(row.map(|r| r.get::<i64, _>(0)))
-}
-
-fn bind(args: &mut MySqlArguments, cell: Cell<'_>) -> Result<(), SinkError> {
-    match cell {
-        Cell::Integer(v) => args.add(v),
-        Cell::Real(v) => args.add(v),
-        Cell::Text(v) => args.add(v),
-        Cell::Blob(v) => args.add(v),
-        Cell::Boolean(v) => args.add(v),
-    }
-    .map_err(|e| SinkError::database("cannot bind value", e))
-}
+crate::glue::statements_on!(sqlx::MySql, db_err);
+crate::glue::cells_on!(sqlx::MySql);
 
 impl SqlBackend for MysqlBackend {
     type Statements = Statements;

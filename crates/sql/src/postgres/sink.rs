@@ -84,45 +84,7 @@ fn db_err(e: sqlx::Error) -> SinkError {
     }
 }
 
-fn args(params: &[Param<'_>]) -> Result<PgArguments, SinkError> {
-    let mut args = PgArguments::default();
-    for p in params {
-        match *p {
-            Param::Int(x) => args.add(x),
-            Param::Text(s) => args.add(s),
-            Param::Bytes(b) => args.add(b),
-        }
-        .map_err(|e| SinkError::database("cannot bind value", e))?;
-    }
-    Ok(args)
-}
-
-/// Runs one statement on `executor` (the pool or a batch transaction);
-/// returns rows affected.
-async fn execute_on<'c>(
-    executor: impl sqlx::Executor<'c, Database = Postgres>,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<u64, SinkError> {
-    Ok(sqlx::query_with(sql, args(params)?)
-        .execute(executor)
-        .await
-        .map_err(db_err)?
-        .rows_affected())
-}
-
-/// The first column of the first row `sql` returns on `executor`, if any.
-async fn query_i64_on<'c>(
-    executor: impl sqlx::Executor<'c, Database = Postgres>,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<Option<i64>, SinkError> {
-    let row = sqlx::query_with(sql, args(params)?)
-        .fetch_optional(executor)
-        .await
-        .map_err(db_err)?;
-    Ok(row.map(|r| r.get::<i64, _>(0)))
-}
+crate::glue::statements_on!(sqlx::Postgres, db_err);
 
 fn array_type(ty: ColumnType) -> &'static str {
     match ty {

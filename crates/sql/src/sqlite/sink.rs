@@ -9,10 +9,10 @@
 use super::config::SqliteConfig;
 use crate::config::{SinkConfig, WriteMode};
 use crate::sink::SinkError;
-use crate::{Cell, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use crate::{MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::SqliteArguments;
-use sqlx::{Arguments, Connection, Row, Sqlite, SqlitePool};
+use sqlx::{Connection, Row, Sqlite, SqlitePool};
 
 /// Most bound parameters per statement (SQLite's limit is 32766).
 const MAX_PARAMS: usize = 30_000;
@@ -61,56 +61,8 @@ fn db_err(e: sqlx::Error) -> SinkError {
     }
 }
 
-fn args<'q>(params: &[Param<'q>]) -> Result<SqliteArguments<'q>, SinkError> {
-    let mut args = SqliteArguments::default();
-    for p in params {
-        match *p {
-            Param::Int(x) => args.add(x),
-            Param::Text(s) => args.add(s),
-            Param::Bytes(b) => args.add(b),
-        }
-        .map_err(|e| SinkError::database("cannot bind value", e))?;
-    }
-    Ok(args)
-}
-
-/// Runs one statement on `executor` (the pool or a batch transaction);
-/// returns rows affected.
-async fn execute_on<'c>(
-    executor: impl sqlx::Executor<'c, Database = Sqlite>,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<u64, SinkError> {
-    Ok(sqlx::query_with(sql, args(params)?)
-        .execute(executor)
-        .await
-        .map_err(db_err)?
-        .rows_affected())
-}
-
-/// The first column of the first row `sql` returns on `executor`, if any.
-async fn query_i64_on<'c>(
-    executor: impl sqlx::Executor<'c, Database = Sqlite>,
-    sql: &str,
-    params: &[Param<'_>],
-) -> Result<Option<i64>, SinkError> {
-    let row = sqlx::query_with(sql, args(params)?)
-        .fetch_optional(executor)
-        .await
-        .map_err(db_err)?;
-    Ok(row.map(|r| r.get::<i64, _>(0)))
-}
-
-fn bind<'q>(args: &mut SqliteArguments<'q>, cell: Cell<'q>) -> Result<(), SinkError> {
-    match cell {
-        Cell::Integer(v) => args.add(v),
-        Cell::Real(v) => args.add(v),
-        Cell::Text(v) => args.add(v),
-        Cell::Blob(v) => args.add(v),
-        Cell::Boolean(v) => args.add(v),
-    }
-    .map_err(|e| SinkError::database("cannot bind value", e))
-}
+crate::glue::statements_on!(sqlx::Sqlite, db_err);
+crate::glue::cells_on!(sqlx::Sqlite);
 
 impl SqlBackend for SqliteBackend {
     type Statements = Statements;

@@ -124,9 +124,6 @@ impl LogPositions {
     }
 
     fn unreachable(&self, e: rdkafka::error::KafkaError) -> SourceError {
-        SourceError::Unreachable {
-            brokers: self.brokers.clone(),
-            message: e.to_string(),
-        }
+        SourceError::unreachable(self.brokers.clone(), e)
     }
 }

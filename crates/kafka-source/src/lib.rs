@@ -1,15 +1,16 @@
-//! The Kafka source (`sluice-kafka`): owns partitions through the consumer group, reads them
+//! The Kafka source (`sluice-kafka-source`): owns partitions through the consumer group, reads them
 //! from the offsets the pipeline says (the sink's checkpoints), and cuts
 //! offset ranges `[from, until)` out of what it has read.
 //!
-//! Owns the librdkafka consumer, its rebalance callbacks and the per-partition
-//! read buffers. It must never commit consumer-group offsets and never decide
-//! a starting offset itself: `from` always comes from the caller.
+//! Owns the librdkafka consumer and its rebalance callbacks: the librdkafka
+//! work only. What it reads goes into the core's partition cursors
+//! (`sluice_core::cursor`), which keep the offsets and cut the ranges. It
+//! must never commit consumer-group offsets and never decide a starting
+//! offset itself: `from` always comes from the caller.
 //!
-//! A range ends by consumer position, not by counting records: offsets are
-//! not dense (transaction markers, aborted records, compaction), so a range
-//! may hold fewer records than offsets, or none. `until` never passes the
-//! last stable offset, because a `read_committed` consumer never does.
+//! `until` never passes the last stable offset, because a `read_committed`
+//! consumer never does, and a range ends by consumer position (markers and
+//! aborted records included).
 
 mod ownership;
 mod positions;
@@ -20,15 +21,16 @@ pub use replay::RangeReader;
 
 use sluice_core::{batch, config};
 
-use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
+use crate::batch::{OwnedRecord, TopicPartition};
 use crate::config::{SourceConfig, StartPosition};
 use ownership::{OwnershipContext, OwnershipEvent};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_core::cursor::{Caps, Cursors};
 pub use sluice_core::source::{PartitionProgress, PollSignals, Source, SourceError};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// How long a broker may take to answer metadata, seek and watermark calls.
@@ -50,34 +52,15 @@ const BEYOND_END_CONFIRM: Duration = Duration::from_secs(3);
 const HOLD_AFTER: Duration = Duration::from_secs(1);
 const HOLD_POLL: Duration = Duration::from_millis(100);
 
-/// Read state of one owned partition.
-#[derive(Debug)]
-struct PartitionState {
-    /// Start of the next range: the committed checkpoint. `None` until the
-    /// pipeline has told us where to start.
-    next: Option<i64>,
-    /// Every offset below this has been delivered to us (records buffered or
-    /// skipped by the broker as markers / aborted records).
-    position: i64,
-    /// Records read but not yet in a batch, offset order.
-    buffer: VecDeque<OwnedRecord>,
-    /// The log end the first time we reached it (for `--until-caught-up`).
-    end_at_start: Option<i64>,
-    /// Since when the cached log end has been below `next` (see
-    /// [`BEYOND_END_CONFIRM`]).
-    beyond_end_since: Option<Instant>,
-}
-
 pub struct KafkaSource {
     consumer: BaseConsumer<OwnershipContext>,
     brokers: String,
     start: StartPosition,
-    max_per_partition: i64,
-    /// Upper bound of a batch across its partitions, in offsets.
-    max_per_batch: Option<i64>,
-    partitions: BTreeMap<TopicPartition, PartitionState>,
-    /// True once the group gave us an assignment (possibly empty).
-    assigned_once: bool,
+    /// Where each owned partition stands.
+    cursors: Cursors,
+    /// Since when the cached log end has been below a waiting partition's
+    /// checkpoint (see [`BEYOND_END_CONFIRM`]).
+    beyond_end_since: BTreeMap<TopicPartition, Instant>,
     /// An error met while holding (see [`KafkaSource::hold`]), reported by
     /// the next poll.
     held_error: Option<SourceError>,
@@ -90,10 +73,7 @@ impl KafkaSource {
         let consumer: BaseConsumer<OwnershipContext> = client
             .create_with_context(OwnershipContext::default())
             .map_err(|e| SourceError::kafka("", e))?;
-        let unreachable = |e: KafkaError| SourceError::Unreachable {
-            brokers: config.brokers.clone(),
-            message: e.to_string(),
-        };
+        let unreachable = |e: KafkaError| SourceError::unreachable(config.brokers.clone(), e);
         let metadata = consumer
             .fetch_metadata(None, BROKER_TIMEOUT)
             .map_err(unreachable)?;
@@ -117,10 +97,11 @@ impl KafkaSource {
             consumer,
             brokers: config.brokers.clone(),
             start: config.start,
-            max_per_partition: config.max_records_per_partition as i64,
-            max_per_batch: config.max_records_per_batch.map(i64::from),
-            partitions: BTreeMap::new(),
-            assigned_once: false,
+            cursors: Cursors::new(Caps {
+                per_partition: config.max_records_per_partition as i64,
+                per_batch: config.max_records_per_batch.map(i64::from),
+            }),
+            beyond_end_since: BTreeMap::new(),
             held_error: None,
         })
     }
@@ -128,10 +109,8 @@ impl KafkaSource {
     /// The partitions that have started (been seeked to a checkpoint).
     fn started_list(&self) -> TopicPartitionList {
         let mut list = TopicPartitionList::new();
-        for (tp, s) in &self.partitions {
-            if s.next.is_some() {
-                list.add_partition(&tp.topic, tp.partition);
-            }
+        for (tp, _) in self.cursors.started() {
+            list.add_partition(&tp.topic, tp.partition);
         }
         list
     }
@@ -142,23 +121,8 @@ impl KafkaSource {
         let events = self.consumer.context().take_events();
         for event in &events {
             match event {
-                OwnershipEvent::Assigned(tps) => {
-                    self.assigned_once = true;
-                    for tp in tps {
-                        self.partitions.entry(tp.clone()).or_insert(PartitionState {
-                            next: None,
-                            position: 0,
-                            buffer: VecDeque::new(),
-                            end_at_start: None,
-                            beyond_end_since: None,
-                        });
-                    }
-                }
-                OwnershipEvent::Revoked(tps) => {
-                    for tp in tps {
-                        self.partitions.remove(tp);
-                    }
-                }
+                OwnershipEvent::Assigned(tps) => self.cursors.assign(tps.iter().cloned()),
+                OwnershipEvent::Revoked(tps) => self.cursors.revoke(tps),
             }
         }
         !events.is_empty()
@@ -179,8 +143,8 @@ impl KafkaSource {
 
     /// Names the partition(s) whose planned offset the broker refused.
     fn out_of_range_error(&self, e: &KafkaError) -> SourceError {
-        for (tp, state) in &self.partitions {
-            let Some(from) = state.next else { continue };
+        for (tp, cursor) in self.cursors.started() {
+            let from = cursor.next().expect("started");
             if let Some(err) = self.range_violation(tp, from) {
                 return err;
             }
@@ -218,43 +182,27 @@ impl KafkaSource {
             .ok()
     }
 
-    fn some_batch_full(&self) -> bool {
-        let waiting = |s: &PartitionState| s.next.map_or(0, |n| (s.position - n).max(0));
-        self.partitions
-            .values()
-            .any(|s| waiting(s) >= self.max_per_partition)
-            || self
-                .max_per_batch
-                .is_some_and(|cap| self.partitions.values().map(waiting).sum::<i64>() >= cap)
-    }
-
     /// True if something waits to be batched and every started partition
     /// has been read up to the log end its last fetch reported: waiting
     /// longer could not add a record to the batch, only latency. A
     /// partition with an open transaction stops short of the log end (at
     /// the last stable offset), so it waits out the interval as before.
     fn read_to_end(&mut self) -> Result<bool, SourceError> {
-        let started = || self.partitions.values().filter(|s| s.next.is_some());
-        if !started().any(|s| !s.buffer.is_empty()) {
+        if !self.cursors.started().any(|(_, c)| c.has_buffered()) {
             return Ok(false);
         }
         // Moves the positions past transaction markers at the end.
         self.refresh_positions()?;
-        Ok(self.partitions.iter().all(|(tp, s)| {
-            s.next.is_none()
-                || cached_watermarks(&self.consumer, tp).is_some_and(|(_, high)| s.position >= high)
+        Ok(self.cursors.started().all(|(tp, c)| {
+            cached_watermarks(&self.consumer, tp).is_some_and(|(_, high)| c.position() >= high)
         }))
     }
 
     /// Folds in the consumer's position, which also moves past transaction
     /// markers and aborted records that never reach us as messages.
     fn refresh_positions(&mut self) -> Result<(), SourceError> {
-        let active: Vec<TopicPartition> = self
-            .partitions
-            .iter()
-            .filter(|(_, s)| s.next.is_some())
-            .map(|(tp, _)| tp.clone())
-            .collect();
+        let active: Vec<TopicPartition> =
+            self.cursors.started().map(|(tp, _)| tp.clone()).collect();
         if active.is_empty() {
             return Ok(());
         }
@@ -267,34 +215,35 @@ impl KafkaSource {
                 .find_partition(&tp.topic, tp.partition)
                 .and_then(|e| e.offset().to_raw())
                 .filter(|&o| o >= 0);
-            let watermarks = cached_watermarks(&self.consumer, tp);
-            let state = self.partitions.get_mut(tp).expect("active partition");
             if let Some(p) = reported {
-                state.position = state.position.max(p);
+                self.cursors.advance(tp, p);
             }
-            if let Some((low, high)) = watermarks {
-                let from = state.next.expect("active");
-                let waiting = state.buffer.is_empty() && state.position == from;
-                // A stale cache can only understate the log start, so below
-                // it is certain; beyond the end must hold for a while.
-                let beyond = waiting && from > high;
-                if !beyond {
-                    state.beyond_end_since = None;
+            let Some((low, high)) = cached_watermarks(&self.consumer, tp) else {
+                continue;
+            };
+            let idle_at = self.cursors.get(tp).and_then(|c| c.idle_at());
+            // A stale cache can only understate the log start, so below it
+            // is certain; beyond the end must hold for a while.
+            let beyond = idle_at.is_some_and(|from| from > high);
+            let confirmed_beyond = match beyond {
+                true => {
+                    let since = self.beyond_end_since.entry(tp.clone());
+                    since.or_insert_with(Instant::now).elapsed() >= BEYOND_END_CONFIRM
                 }
-                let confirmed_beyond = beyond
-                    && state
-                        .beyond_end_since
-                        .get_or_insert_with(Instant::now)
-                        .elapsed()
-                        >= BEYOND_END_CONFIRM;
-                if waiting && (from < low || confirmed_beyond) {
-                    return Err(self.range_violation(tp, from).expect("outside the bounds"));
+                false => {
+                    self.beyond_end_since.remove(tp);
+                    false
                 }
-                // Not caught up while beyond the end is unconfirmed: it is
-                // either an error or a stale log end.
-                if !beyond && state.end_at_start.is_none() && state.position >= high {
-                    state.end_at_start = Some(high);
-                }
+            };
+            if let Some(from) = idle_at
+                && (from < low || confirmed_beyond)
+            {
+                return Err(self.range_violation(tp, from).expect("outside the bounds"));
+            }
+            // Not caught up while beyond the end is unconfirmed: it is
+            // either an error or a stale log end.
+            if !beyond {
+                self.cursors.reached(tp, high);
             }
         }
         Ok(())
@@ -311,10 +260,7 @@ impl KafkaSource {
         let (low, high) = self
             .consumer
             .fetch_watermarks(&tp.topic, tp.partition, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Unreachable {
-                brokers: self.brokers.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| SourceError::unreachable(self.brokers.clone(), e))?;
         let from = match (checkpoint, self.start) {
             (Some(offset), _) => offset,
             (None, StartPosition::Earliest) => low,
@@ -355,7 +301,7 @@ impl Source for KafkaSource {
             // Drain what is queued without reading the clock per message.
             for _ in 0..DRAIN_PER_CLOCK_CHECK {
                 match self.consumer.poll(wait) {
-                    Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                    Some(Ok(m)) => buffer(&mut self.cursors, &m),
                     Some(Err(e)) => self.on_error(e)?,
                     None => {
                         drained = true;
@@ -366,7 +312,7 @@ impl Source for KafkaSource {
             }
             let ownership_changed = self.apply_ownership_events();
             if Instant::now() >= deadline
-                || self.some_batch_full()
+                || self.cursors.some_batch_full()
                 || ownership_changed
                 || signals.interrupted()
                 || (drained && signals.cuts_at_end() && self.read_to_end()?)
@@ -397,7 +343,7 @@ impl Source for KafkaSource {
         tracing::debug!("holding the consumer group membership while the commit retries");
         while done.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
             match self.consumer.poll(HOLD_POLL) {
-                Some(Ok(m)) => buffer(&mut self.partitions, &m),
+                Some(Ok(m)) => buffer(&mut self.cursors, &m),
                 Some(Err(e)) => {
                     if let Err(e) = self.on_error(e) {
                         self.held_error.get_or_insert(e);
@@ -422,29 +368,16 @@ impl Source for KafkaSource {
     /// Per owned partition: where the next range starts (`None` until
     /// started) and the log end the last fetch reported (`None` before any).
     fn progress(&self) -> Vec<PartitionProgress> {
-        self.partitions
-            .iter()
-            .map(|(tp, s)| PartitionProgress {
-                topic: tp.topic.clone(),
-                partition: tp.partition,
-                next_offset: s.next,
-                log_end: cached_watermarks(&self.consumer, tp).map(|(_, high)| high),
-            })
-            .collect()
+        self.cursors
+            .progress(|tp| cached_watermarks(&self.consumer, tp).map(|(_, high)| high))
     }
 
-    /// True once the consumer group has assigned partitions (maybe none).
-    fn assigned_once(&self) -> bool {
-        self.assigned_once
+    fn cursors(&self) -> &Cursors {
+        &self.cursors
     }
 
-    /// Partitions assigned but not started yet.
-    fn unstarted(&self) -> Vec<TopicPartition> {
-        self.partitions
-            .iter()
-            .filter(|(_, s)| s.next.is_none())
-            .map(|(tp, _)| tp.clone())
-            .collect()
+    fn cursors_mut(&mut self) -> &mut Cursors {
+        &mut self.cursors
     }
 
     /// Starts (or restarts) reading each partition at its checkpoint, or
@@ -456,7 +389,7 @@ impl Source for KafkaSource {
     ) -> Result<(), SourceError> {
         let starts: Vec<_> = starts
             .iter()
-            .filter(|(tp, _)| self.partitions.contains_key(tp))
+            .filter(|(tp, _)| self.cursors.owns(tp))
             .collect();
         if starts.is_empty() {
             return Ok(());
@@ -484,83 +417,11 @@ impl Source for KafkaSource {
         self.consumer.resume(&all).map_err(kafka)?;
         wake_fetcher(&self.consumer, &all);
         for (tp, from) in froms {
-            let state = self.partitions.get_mut(tp).expect("filtered above");
-            state.next = Some(from);
-            state.position = from;
-            state.buffer.clear();
-            state.beyond_end_since = None;
+            self.cursors.start(tp, from);
+            self.beyond_end_since.remove(tp);
             tracing::info!(partition = %tp, from, "reading partition");
         }
         Ok(())
-    }
-
-    /// Cuts the next ranges: per started partition, from its checkpoint up to
-    /// what has been read, at most `max_records_per_partition` offsets, and
-    /// at most `max_records_per_batch` in all (shared fairly). Partitions
-    /// with nothing new are left out.
-    fn plan_ranges(&self) -> Vec<OffsetRange> {
-        let mut ranges: Vec<OffsetRange> = self
-            .partitions
-            .iter()
-            .filter_map(|(tp, s)| {
-                let from = s.next?;
-                let until = s.position.min(from + self.max_per_partition);
-                (until > from).then(|| OffsetRange {
-                    topic: tp.topic.clone(),
-                    partition: tp.partition,
-                    from,
-                    until,
-                })
-            })
-            .collect();
-        if let Some(cap) = self.max_per_batch {
-            share_cap(&mut ranges, cap);
-        }
-        ranges
-    }
-
-    /// The buffered records of `ranges`, in the module's layout. They stay
-    /// buffered until [`KafkaSource::committed`] so a failed commit can
-    /// re-run the same batch.
-    fn records(&self, ranges: &[OffsetRange]) -> Records {
-        let mut records = Records::default();
-        for r in ranges {
-            let Some(state) = self.partitions.get(&r.topic_partition()) else {
-                continue;
-            };
-            let chosen = state
-                .buffer
-                .iter()
-                .filter(|m| m.offset >= r.from && m.offset < r.until);
-            records.push_slice(&r.topic, r.partition, chosen);
-        }
-        records
-    }
-
-    /// Marks `ranges` committed: their records leave the buffers and the next
-    /// ranges start at their `until`.
-    fn committed(&mut self, ranges: &[OffsetRange]) {
-        for r in ranges {
-            if let Some(state) = self.partitions.get_mut(&r.topic_partition()) {
-                while state.buffer.front().is_some_and(|m| m.offset < r.until) {
-                    state.buffer.pop_front();
-                }
-                state.next = Some(r.until);
-            }
-        }
-    }
-
-    /// True once every owned partition has committed up to the log end seen
-    /// when it was first reached, with nothing left buffered.
-    fn caught_up(&self) -> bool {
-        self.assigned_once
-            && self
-                .partitions
-                .values()
-                .all(|s| match (s.next, s.end_at_start) {
-                    (Some(next), Some(end)) => next >= end && s.buffer.is_empty(),
-                    _ => false,
-                })
     }
 }
 
@@ -620,30 +481,19 @@ fn fetch_wait_ms(batch_interval_ms: u64) -> u64 {
     batch_interval_ms.clamp(10, 100)
 }
 
-/// Appends a fetched record to its partition's buffer (ignored for
-/// partitions not owned or not started).
-fn buffer(
-    partitions: &mut BTreeMap<TopicPartition, PartitionState>,
-    m: &rdkafka::message::BorrowedMessage<'_>,
-) {
+/// Hands a fetched record to its partition's cursor (ignored for
+/// partitions not owned or not started; after a seek librdkafka drops
+/// messages fetched before it, and the cursor keeps the buffer in offset
+/// order).
+fn buffer(cursors: &mut Cursors, m: &rdkafka::message::BorrowedMessage<'_>) {
     let tp = TopicPartition {
         topic: m.topic().to_string(),
         partition: m.partition(),
     };
-    let Some(state) = partitions.get_mut(&tp) else {
-        return;
-    };
-    let Some(_) = state.next else { return };
-    // After a seek librdkafka drops messages fetched before it; this
-    // check only guards the invariant that the buffer is in offset order.
-    if m.offset() < state.position {
-        return;
-    }
-    if state.buffer.is_empty() && state.next == Some(state.position) {
+    let first = cursors.get(&tp).and_then(|c| c.idle_at()).is_some();
+    if cursors.read(&tp, m.offset(), || owned(m)) && first {
         tracing::debug!(partition = %tp, offset = m.offset(), "first record since the checkpoint");
     }
-    state.buffer.push_back(owned(m));
-    state.position = m.offset() + 1;
 }
 
 /// A fetched record, copied out of librdkafka's buffer.
@@ -706,44 +556,4 @@ fn cached_watermarks<C: rdkafka::consumer::ConsumerContext>(
         && low >= 0
         && high >= 0)
         .then_some((low, high))
-}
-
-/// Shortens `ranges` so they hold at most `cap` offsets together: each
-/// gets an equal share, and what a short range leaves is handed on in
-/// order. Every range keeps at least one offset, so none starves.
-fn share_cap(ranges: &mut [OffsetRange], cap: i64) {
-    let mut left = cap.max(ranges.len() as i64);
-    let mut sorted: Vec<usize> = (0..ranges.len()).collect();
-    sorted.sort_by_key(|&i| ranges[i].until - ranges[i].from);
-    for (done, &i) in sorted.iter().enumerate() {
-        let share = (left / (ranges.len() - done) as i64).max(1);
-        let r = &mut ranges[i];
-        r.until = r.until.min(r.from + share);
-        left -= r.until - r.from;
-    }
-}
-
-#[cfg(test)]
-mod cap_tests {
-    use super::*;
-
-    fn range(p: i32, len: i64) -> OffsetRange {
-        OffsetRange {
-            topic: "t".into(),
-            partition: p,
-            from: 100,
-            until: 100 + len,
-        }
-    }
-
-    #[test]
-    fn a_batch_cap_is_shared_fairly_and_short_ranges_hand_on_their_rest() {
-        let mut ranges = vec![range(0, 1000), range(1, 10), range(2, 1000)];
-        share_cap(&mut ranges, 300);
-        let lens: Vec<i64> = ranges.iter().map(|r| r.until - r.from).collect();
-        assert_eq!(lens, [145, 10, 145]);
-        let mut tiny = vec![range(0, 5), range(1, 5), range(2, 5)];
-        share_cap(&mut tiny, 2);
-        assert!(tiny.iter().all(|r| r.until - r.from == 1), "none starves");
-    }
 }

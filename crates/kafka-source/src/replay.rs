@@ -100,10 +100,7 @@ impl RangeReader {
             .map_err(|e| SourceError::kafka("", e))?;
         consumer
             .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| SourceError::Unreachable {
-                brokers: config.brokers.clone(),
-                message: e.to_string(),
-            })?;
+            .map_err(|e| SourceError::unreachable(config.brokers.clone(), e))?;
         Ok(RangeReader {
             consumer,
             cursors: BTreeMap::new(),

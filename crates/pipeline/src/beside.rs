@@ -1,0 +1,81 @@
+//! Reading beside: the source's blocking work (a poll, or a poll and the
+//! next batch's preparation) runs on a thread of its own while the loop
+//! does something else (a commit, a wait) and watches for a newer version.
+//!
+//! It must not decide anything about the batch: it only runs the two side
+//! by side and hands back what each gave.
+
+use crate::Parts;
+use sluice_core::config::TRANSFORM_THREAD_STACK_BYTES;
+use sluice_core::sink::Sink;
+use sluice_core::source::{PollSignals, Source};
+use sluice_core::versions::{Swap, Versions};
+use std::future::Future;
+
+/// What reading beside gave.
+pub(crate) struct Beside<R, A, T> {
+    /// What the source's work returned.
+    pub(crate) read: R,
+    /// What ran alongside returned.
+    pub(crate) alongside: A,
+    /// A newer version found meanwhile, for the next batch boundary.
+    pub(crate) swap: Option<Swap<T>>,
+}
+
+impl<S: Sink, V: Versions> Parts<S, V> {
+    /// Runs `work` on `source` on a thread of its own while `alongside`
+    /// runs here and the active version is watched; a version found
+    /// interrupts `work`'s poll. Once `alongside` is done nothing holds the
+    /// next batch back, so `work`'s poll may cut it as soon as it has read
+    /// to the log end. If `work` ends first, the thread holds the source's
+    /// group membership (`Source::hold`) until `alongside` is done, so a
+    /// commit retrying through a long sink outage does not get this
+    /// instance thrown out of the group.
+    ///
+    /// Blocks this worker thread (the runtime moves its other tasks away);
+    /// `alongside` and the watch run on it meanwhile.
+    pub(crate) fn beside<Src: Source, R: Send, A: Future>(
+        &self,
+        source: &mut Src,
+        work: impl FnOnce(&mut Src, &PollSignals) -> R + Send,
+        alongside: A,
+    ) -> Beside<R, A::Output, V::Transform> {
+        let signals = PollSignals::new(self.options.until_caught_up);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (alongside_done, hold_until) = std::sync::mpsc::channel();
+        tokio::task::block_in_place(|| {
+            std::thread::scope(|scope| {
+                let signals = &signals;
+                // Transforms run on this thread (the read-ahead prepares
+                // the next batch): it gets their stack.
+                let working = std::thread::Builder::new()
+                    .name("sluice-source".into())
+                    .stack_size(TRANSFORM_THREAD_STACK_BYTES)
+                    .spawn_scoped(scope, move || {
+                        let read = work(source, signals);
+                        let _ = done_tx.send(());
+                        source.hold(&hold_until);
+                        read
+                    })
+                    .expect("spawn the source thread");
+                let alongside = async {
+                    let output = alongside.await;
+                    signals.cut_at_end();
+                    let _ = alongside_done.send(());
+                    output
+                };
+                let watch = self.watch_versions(done_rx, &signals);
+                let (alongside, swap) = tokio::runtime::Handle::current()
+                    .block_on(async { tokio::join!(alongside, watch) });
+                let read = working
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+                Beside {
+                    read,
+                    alongside,
+                    swap,
+                }
+            })
+        })
+    }
+}

@@ -1,0 +1,146 @@
+//! Committing a prepared batch into the sink: retries through outages, a
+//! fenced commit said so, and a commit whose outcome is unknown resolved by
+//! reading the checkpoints back.
+//!
+//! # Delivery guarantee
+//!
+//! A batch lands at most once because the sink commits its outputs with a
+//! compare-and-set of the offsets `from -> until`: a second landing would
+//! find `until`, not `from`. It lands at least once because every failure
+//! is either retried (nothing landed), or resolved by reading the
+//! checkpoints (landed, nothing landed, or moved by another owner, which
+//! the loop treats as fenced and re-reads from the checkpoint). It never
+//! writes again after an unknown outcome without reading first.
+//!
+//! It must not plan, read or transform: it gets a prepared batch.
+
+use crate::{Parts, PipelineError};
+use sluice_core::backoff::{GiveUp, RetryPolicy};
+use sluice_core::batch::{OffsetRange, Plan, TopicPartition};
+use sluice_core::error::Chain;
+use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use sluice_core::versions::Versions;
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// How an unreachable sink is retried (commits and checkpoint reads)
+/// before the pipeline stops.
+pub(crate) const SINK_RETRY: RetryPolicy = RetryPolicy {
+    first: Duration::from_millis(100),
+    max: Duration::from_secs(5),
+    give_up: GiveUp::After(Duration::from_secs(300)),
+};
+
+/// What became of a commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Landing {
+    /// The batch is committed (now, or by an earlier attempt whose reply
+    /// was lost).
+    Landed,
+    /// Another owner moved the offsets first; nothing of the batch landed.
+    Fenced,
+}
+
+/// What the checkpoints say after a commit whose outcome was unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resolved {
+    /// They say `until` everywhere: it landed.
+    Landed,
+    /// They still say `from` everywhere (or nothing): commit again.
+    NothingLanded,
+    /// Someone else moved them: treat as fenced.
+    MovedByOther,
+}
+
+impl<S: Sink, V: Versions> Parts<S, V> {
+    /// Commits with retries (see [`SINK_RETRY`]).
+    pub(crate) async fn commit(&self, commit: &Commit<'_>) -> Result<Landing, PipelineError> {
+        let mut backoff = SINK_RETRY.start();
+        loop {
+            let error = match self.sink.commit(commit).await {
+                Ok(CommitOutcome::Committed) => return Ok(Landing::Landed),
+                Ok(CommitOutcome::Fenced {
+                    partition,
+                    expected,
+                    found,
+                }) => {
+                    tracing::warn!(
+                        batch = %commit.plan.batch_id,
+                        %partition, expected, ?found,
+                        "fenced: another owner moved the offsets first; rolled back, re-planning"
+                    );
+                    return Ok(Landing::Fenced);
+                }
+                Err(e) => e,
+            };
+            if let SinkError::CommitUnknown { .. } = error {
+                tracing::warn!(batch = %commit.plan.batch_id, "{}; reading the checkpoint back", Chain(&error));
+                match self.resolve_unknown(commit.plan).await? {
+                    Resolved::Landed => return Ok(Landing::Landed),
+                    Resolved::MovedByOther => return Ok(Landing::Fenced),
+                    Resolved::NothingLanded => {
+                        self.status.metrics().commit_retried();
+                        continue;
+                    }
+                }
+            }
+            let Some(wait) = error.is_retryable().then(|| backoff.next_wait()).flatten() else {
+                return Err(error.into());
+            };
+            tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {wait:?}", Chain(&error));
+            self.status.metrics().commit_retried();
+            tokio::time::sleep(wait).await;
+        }
+    }
+
+    /// After a commit with unknown outcome: what the checkpoints of the
+    /// plan's partitions say.
+    async fn resolve_unknown(&self, plan: &Plan) -> Result<Resolved, PipelineError> {
+        let partitions: Vec<TopicPartition> = plan
+            .ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect();
+        let stored = self.checkpoints(&partitions).await?;
+        let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
+        if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
+            tracing::info!(batch = %plan.batch_id, "commit had landed");
+            return Ok(Resolved::Landed);
+        }
+        if plan
+            .ranges
+            .iter()
+            .all(|r| at(r).is_none_or(|o| o == r.from))
+        {
+            return Ok(Resolved::NothingLanded);
+        }
+        Ok(Resolved::MovedByOther)
+    }
+
+    /// The sink's checkpoints of `partitions`, with retries (see
+    /// [`SINK_RETRY`]).
+    pub(crate) async fn checkpoints(
+        &self,
+        partitions: &[TopicPartition],
+    ) -> Result<HashMap<TopicPartition, i64>, PipelineError> {
+        let mut backoff = SINK_RETRY.start();
+        loop {
+            let error = match self
+                .sink
+                .checkpoints(&self.options.pipeline, partitions)
+                .await
+            {
+                Ok(c) => return Ok(c),
+                Err(e) => e,
+            };
+            let Some(wait) = error.is_retryable().then(|| backoff.next_wait()).flatten() else {
+                return Err(error.into());
+            };
+            tracing::warn!(
+                "reading checkpoints: {}; retrying in {wait:?}",
+                Chain(&error)
+            );
+            tokio::time::sleep(wait).await;
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Rust plugins: cargo for `wasm32-unknown-unknown` (no WASI) with the
+//! `sluice-plugin` SDK staged from this binary, then `wasm-tools component
+//! new` around the core module. It must not look for tools itself
+//! (`toolchain` does).
+
+use super::toolchain::{cargo_tool, find_tool, run, run_capturing, toolchains_dir};
+use super::{BuildError, WIT, write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own.
+const RUST_SDK: &str = include_str!("../../../plugins/sdk/src/lib.rs");
+const RUST_SDK_VERSION: &str = "0.1.0";
+
+/// cargo for `wasm32-unknown-unknown` (no WASI) with `sluice-plugin`
+/// patched to the SDK staged from this binary, then `wasm-tools component
+/// new` around the core module.
+pub(super) fn build_rust(
+    dir: &Path,
+    stage: &Path,
+    manifest: &str,
+    out: &Path,
+) -> Result<(), BuildError> {
+    let cargo = find_tool("cargo", "rust/bin/cargo").ok_or_else(|| BuildError::ToolMissing {
+        tool: "cargo",
+        looked: toolchains_dir().join("rust/bin").display().to_string(),
+        install: "rustup (https://rustup.rs), then: rustup target add wasm32-unknown-unknown"
+            .into(),
+    })?;
+    let wasm_tools = cargo_tool("wasm-tools")
+        .or_else(|| Some(cargo.with_file_name("wasm-tools")).filter(|p| p.is_file()))
+        .ok_or_else(|| BuildError::ToolMissing {
+            tool: "wasm-tools",
+            looked: "PATH and ~/.cargo/bin".into(),
+            install: "cargo install wasm-tools --locked".into(),
+        })?;
+    let sdk = stage.join("rust/sluice-plugin");
+    write(&sdk.join("src/lib.rs"), RUST_SDK)?;
+    write(&sdk.join("wit/sluice.wit"), WIT)?;
+    write(
+        &sdk.join("Cargo.toml"),
+        &format!(
+            "[package]\nname = \"sluice-plugin\"\nversion = \"{RUST_SDK_VERSION}\"\n\
+             edition = \"2024\"\n\n[dependencies]\nwit-bindgen = {{ version = \"0.61\", \
+             default-features = false, features = [\"macros\", \"realloc\"] }}\n"
+        ),
+    )?;
+    let patch = format!(
+        "patch.crates-io.sluice-plugin.path={:?}",
+        sdk.display().to_string()
+    );
+    let mut command = Command::new(cargo);
+    command
+        .args(["build", "--release", "--target", "wasm32-unknown-unknown"])
+        .args([
+            "--message-format",
+            "json-render-diagnostics",
+            "--manifest-path",
+        ])
+        .arg(dir.join(manifest))
+        .args(["--config", &patch])
+        .current_dir(dir);
+    let messages = run_capturing("cargo", command)?;
+    let core = built_cdylib(&messages).ok_or_else(|| BuildError::Manifest {
+        path: dir.join(manifest),
+        message: "cargo built no `cdylib` .wasm: set `[lib] crate-type = [\"cdylib\"]`".into(),
+    })?;
+    let mut command = Command::new(wasm_tools);
+    command
+        .args(["component", "new"])
+        .arg(&core)
+        .arg("-o")
+        .arg(out);
+    run("wasm-tools", command)
+}
+
+/// The `.wasm` of the `cdylib` cargo reported building (its JSON messages).
+fn built_cdylib(messages: &str) -> Option<PathBuf> {
+    messages
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .filter(|m| {
+            m["target"]["kind"]
+                .as_array()
+                .is_some_and(|kinds| kinds.iter().any(|k| k == "cdylib"))
+        })
+        .flat_map(|m| {
+            m["filenames"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|f| f.as_str().map(PathBuf::from))
+                .collect::<Vec<_>>()
+        })
+        .rfind(|f| f.extension().is_some_and(|e| e == "wasm"))
+}
