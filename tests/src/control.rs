@@ -469,8 +469,20 @@ pub struct SampledRun {
 /// Unlike wait4's rusage, neither figure inherits the high-water mark of
 /// the test process that forked it. A child living under 2 ms may be
 /// missed; its peak is then not counted.
+///
+/// The process's own figure is read only once its name is the binary's:
+/// `spawn` may return while `execve` is still switching the new process
+/// from the test's memory to its own (the kernel wakes a vfork parent
+/// before it swaps the memory map, and renames the task after), and a
+/// sample in that window reads the test process's high-water mark (seen:
+/// 788 MiB for a `sluice check` that peaks at 33).
 pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
-    let mut child = Command::new(sluice_bin())
+    let bin = sluice_bin();
+    let name: String = bin
+        .file_name()
+        .map(|n| n.to_string_lossy().chars().take(15).collect())
+        .unwrap_or_default();
+    let mut child = Command::new(&bin)
         .args(args)
         .env("SLUICE_LOG", "warn")
         .stdout(Stdio::piped())
@@ -489,7 +501,9 @@ pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
     let reader = read_all(Box::new(child.stderr.take().expect("piped")));
     let (mut own, mut children) = (0, 0);
     let status = loop {
-        own = own.max(status_kib(pid, "VmHWM:").unwrap_or(0));
+        if status_text(pid, "Name:").is_some_and(|n| n == name) {
+            own = own.max(status_kib(pid, "VmHWM:").unwrap_or(0));
+        }
         for c in children_of(pid) {
             children = children.max(status_kib(c, "VmHWM:").unwrap_or(0));
         }
@@ -525,9 +539,18 @@ fn children_of(pid: i32) -> Vec<i32> {
 
 /// A field of `/proc/PID/status` in KiB, if the process is still there.
 pub fn status_kib(pid: i32, field: &str) -> Option<u64> {
+    status_text(pid, field)?
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// A field of `/proc/PID/status` as text, if the process is still there.
+fn status_text(pid: i32, field: &str) -> Option<String> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status
         .lines()
         .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .map(|v| v.trim().to_string())
 }

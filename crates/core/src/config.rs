@@ -1,8 +1,9 @@
 //! The pipeline configuration (TOML): what a user writes, validated up front.
 //!
 //! Owns parsing, defaults and the checks that need no network. Every field's
-//! `///` comment is the user documentation (the README's config reference is
-//! generated from the same words). It must not connect to anything.
+//! `///` comment is the user documentation (the README's config reference
+//! says the same, shorter, and must be kept in step with it by hand). It
+//! must not connect to anything.
 
 use crate::sink::{SinkError, SinkKind};
 use crate::template::Template;
