@@ -17,8 +17,10 @@
 //! committing batch's `until`, which the compare-and-set checks, and a
 //! prepared batch is dropped when the one before it is fenced.
 //!
-//! Owns commit retries, fencing and the shutdown drain (a batch already
-//! prepared is committed before stopping); `prepare` owns the transform
+//! Owns the order of the steps, the restart after a fence and the shutdown
+//! drain (a batch already prepared is committed before stopping); `commit`
+//! owns commit retries and unknown outcomes, `follow` the version policy,
+//! `beside` reading while a commit runs, and `prepare` the transform
 //! retries and bisection of batches with poison records. It must
 //! not talk SQL, Kafka protocol or Wasm directly: it goes through the core's
 //! `Sink`, `Source`, `Transform` and `Versions` traits, and the crate
@@ -497,7 +499,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 })
             }
             Landing::Fenced => {
-                self.refence(&batch).await?;
+                self.restart_fenced(&batch).await?;
                 Ok(AfterCommit {
                     ahead: None,
                     swap: beside.swap,
@@ -508,7 +510,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
 
     /// After `batch` was fenced: counts it, and restarts its partitions
     /// still owned from their checkpoints (what was read ahead is dropped).
-    async fn refence(&mut self, batch: &Batch) -> Result<(), PipelineError> {
+    async fn restart_fenced(&mut self, batch: &Batch) -> Result<(), PipelineError> {
         self.stats.fenced += 1;
         self.parts.status.metrics().fenced();
         // Only partitions still owned: reading a lost one's checkpoint
