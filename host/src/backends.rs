@@ -12,18 +12,103 @@
 //! store to another database or Redis. Lineage always stays where the
 //! batch commits: it is written in the sink's batch transaction.
 //!
+//! It is also where each kind's own config fields are registered
+//! ([`check`]): a new sink kind adds its crate's `KindSection` here.
+//!
 //! It must not read or write a batch, state or lineage itself: it opens.
 
-use crate::config::{Guarantee, PipelineConfig, SinkConfig, StdoutFormat};
-use crate::sink::kafka::{KafkaAtLeastOnce, KafkaProducer, KafkaSink};
-use crate::sink::stdout::StdoutSink;
-use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, sqlite};
+use crate::config::{
+    ConfigError, Guarantee, KindSection, PipelineConfig, Place, StoreConnection, Writes,
+};
+use crate::sink::kafka::{KafkaAtLeastOnce, KafkaProducer, KafkaSection, KafkaSink};
+use crate::sink::redis::RedisSection;
+use crate::sink::sql::section::{SqlSection, SqlTargetFields};
+use crate::sink::stdout::section::StdoutSinkFields;
+use crate::sink::stdout::{StdoutFormat, StdoutSection, StdoutSink};
+use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, redis, sqlite};
 use sluice_core::dead_letters::Redrive;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use sluice_kafka_sink::KafkaLineage;
 use sluice_redis::{RedisLineage, RedisModuleStore};
 use sluice_sql::{SqlDeadLetters, SqlLineage, SqlModuleStore};
+use std::collections::HashMap;
 use std::sync::Arc;
+
+/// Checks the sink kind's own fields of `config` (the core checked the
+/// rest when it parsed it); a field that belongs to another kind is named
+/// with the kind it is for.
+pub fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
+    let kind = config
+        .sink
+        .kind()
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let checked = match kind {
+        SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => SqlSection::check(config),
+        SinkKind::Redis => RedisSection::check(config),
+        SinkKind::Kafka => KafkaSection::check(config),
+        SinkKind::Stdout => StdoutSection::check(config),
+    };
+    checked.map_err(|e| match e {
+        ConfigError::Foreign {
+            place,
+            field,
+            kind,
+            owner: None,
+        } => {
+            let owner = owner_of(&place, &field);
+            ConfigError::Foreign {
+                place,
+                field,
+                kind,
+                owner,
+            }
+        }
+        other => other,
+    })
+}
+
+/// A kind's fields at a place, as its section names them.
+type FieldsAt = fn(&Place) -> &'static [&'static str];
+
+/// Which kinds have `field` at `place`, as their sections name them.
+fn owner_of(place: &Place, field: &str) -> Option<&'static str> {
+    let sections: [(&str, FieldsAt); 4] = [
+        (SqlSection::FOR, SqlSection::fields),
+        (RedisSection::FOR, RedisSection::fields),
+        (KafkaSection::FOR, KafkaSection::fields),
+        (StdoutSection::FOR, StdoutSection::fields),
+    ];
+    sections
+        .into_iter()
+        .find(|(_, fields)| fields(place).contains(&field))
+        .map(|(owner, _)| owner)
+}
+
+/// Reads, parses and checks a pipeline config: the core's checks and
+/// the sink kind's own.
+pub fn load(path: &std::path::Path) -> Result<PipelineConfig, ConfigError> {
+    let config = PipelineConfig::load(path)?;
+    check(&config)?;
+    Ok(config)
+}
+
+/// The key columns that identify each target's rows, by target (SQL
+/// targets with a `key`; none elsewhere): how `shadow` pairs rows.
+pub fn target_keys(config: &PipelineConfig) -> Result<HashMap<String, Vec<String>>, SinkError> {
+    let sql = config.sink.kind()?.is_sql();
+    config
+        .sink
+        .targets
+        .iter()
+        .map(|t| {
+            let key = match sql {
+                true => SqlTargetFields::of(t)?.key,
+                false => Vec::new(),
+            };
+            Ok((t.name.clone(), key))
+        })
+        .collect()
+}
 
 /// What to do with the sink, whichever backend it is (the sinks are
 /// different types, so the caller's work is handed to the opened one).
@@ -48,10 +133,10 @@ pub(crate) async fn with_sink<W: WithSink>(
 ) -> Result<W::Output, SinkError> {
     match config.sink.kind()? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql | SinkKind::Redis => {
-            with_store_sink(&config.sink, work).await
+            with_store_sink(&config.sink.store(), config.sink.writes(), work).await
         }
         SinkKind::Stdout => {
-            let printing = Printing(config.sink.format.unwrap_or_default());
+            let printing = Printing(StdoutSinkFields::of(&config.sink)?.format);
             with_state_under(config, printing, work).await
         }
         SinkKind::Kafka if config.sink.guarantee == Guarantee::AtLeastOnce => {
@@ -91,7 +176,7 @@ pub(crate) async fn dead_letters(config: &PipelineConfig) -> Result<SqlDeadLette
         SinkKind::Postgres => drop(postgres::open(&config.sink).await?),
         _ => drop(mysql::open(&config.sink).await?),
     }
-    SqlDeadLetters::open(&config.sink).await
+    SqlDeadLetters::open(&config.sink.store()).await
 }
 
 fn sql_kind(config: &PipelineConfig) -> Result<SinkKind, SinkError> {
@@ -105,14 +190,18 @@ fn sql_kind(config: &PipelineConfig) -> Result<SinkKind, SinkError> {
     Ok(kind)
 }
 
-/// Opens a sink that keeps its own checkpoints (SQL or Redis) from
-/// `sink`'s settings and hands it to `work`.
-async fn with_store_sink<W: WithSink>(sink: &SinkConfig, work: W) -> Result<W::Output, SinkError> {
-    Ok(match sink.kind()? {
-        SinkKind::Sqlite => work.with(sqlite::open(sink).await?).await,
-        SinkKind::Postgres => work.with(postgres::open(sink).await?).await,
-        SinkKind::Mysql => work.with(mysql::open(sink).await?).await,
-        SinkKind::Redis => work.with(crate::sink::redis::open(sink).await?).await,
+/// Opens a sink that keeps its own checkpoints (SQL or Redis) in `store`,
+/// writing `writes`, and hands it to `work`.
+async fn with_store_sink<W: WithSink>(
+    store: &StoreConnection,
+    writes: Writes<'_>,
+    work: W,
+) -> Result<W::Output, SinkError> {
+    Ok(match store.kind()? {
+        SinkKind::Sqlite => work.with(sqlite::open_with(store, writes).await?).await,
+        SinkKind::Postgres => work.with(postgres::open_with(store, writes).await?).await,
+        SinkKind::Mysql => work.with(mysql::open_with(store, writes).await?).await,
+        SinkKind::Redis => work.with(redis::open_with(store, writes).await?).await,
         kind @ (SinkKind::Stdout | SinkKind::Kafka) => {
             return Err(SinkError::Config(format!(
                 "a {} `[state]` keeps no state",
@@ -130,7 +219,7 @@ async fn with_state_under<O: OverState, W: WithSink>(
 ) -> Result<W::Output, SinkError> {
     let state = state_sink(config)?;
     tracing::info!(state = %crate::sink::redact_url(&state.url), "{}", O::GUARANTEE);
-    with_store_sink(&state, Over { over, work }).await
+    with_store_sink(&state, Writes::NOTHING, Over { over, work }).await
 }
 
 /// A sink whose checkpoints and lineage are committed in `[state]`, built
@@ -180,19 +269,15 @@ impl<O: OverState, W: WithSink> WithSink for Over<O, W> {
 /// The module store of the pipeline: in `[state]` if configured, else in
 /// the sink's database.
 pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore>, StoreError> {
-    let own;
-    let sink = match &config.state {
-        Some(state) => {
-            own = state.as_sink(&config.sink);
-            &own
-        }
-        None => &config.sink,
+    let store = match &config.state {
+        Some(state) => state.store(&config.sink),
+        None => config.sink.store(),
     };
-    match sink.kind().map_err(StoreError::Settings)? {
+    match store.kind().map_err(StoreError::Settings)? {
         SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
-            Ok(Arc::new(SqlModuleStore::open(sink).await?))
+            Ok(Arc::new(SqlModuleStore::open(&store).await?))
         }
-        SinkKind::Redis => Ok(Arc::new(RedisModuleStore::open(sink).await?)),
+        SinkKind::Redis => Ok(Arc::new(RedisModuleStore::open(&store).await?)),
         kind @ (SinkKind::Stdout | SinkKind::Kafka) => Err(StoreError::Config(format!(
             "{} keeps no modules: give the pipeline a `[state]`",
             kind.as_str()
@@ -202,12 +287,12 @@ pub async fn module_store(config: &PipelineConfig) -> Result<Arc<dyn ModuleStore
 
 /// Where the pipeline's checkpoints and lineage are committed: the sink,
 /// or `[state]` for a sink that keeps no state (stdout).
-pub fn state_sink(config: &PipelineConfig) -> Result<SinkConfig, SinkError> {
+pub fn state_sink(config: &PipelineConfig) -> Result<StoreConnection, SinkError> {
     if config.sink.kind()?.keeps_state() {
-        return Ok(config.sink.clone());
+        return Ok(config.sink.store());
     }
     match &config.state {
-        Some(state) => Ok(state.as_sink(&config.sink)),
+        Some(state) => Ok(state.store(&config.sink)),
         None => Err(SinkError::Config(format!(
             "a {} sink keeps its checkpoints in `[state]`, which is missing",
             config.sink.kind()?.as_str()
@@ -231,5 +316,85 @@ pub async fn lineage(config: &PipelineConfig) -> Result<Arc<dyn LineageStore>, S
             "{} keeps no lineage",
             kind.as_str()
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_text(url: &str, sink: &str, target: &str) -> Result<(), String> {
+        let text = format!(
+            "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
+             [sink]\nurl = \"{url}\"\n{sink}\n[[sink.targets]]\nname = \"out\"\n\
+             columns = {{ n = \"integer\" }}\n{target}"
+        );
+        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
+        check(&config).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_field_of_another_kind_names_the_kind_it_is_for() {
+        let redis = "[[sink.targets.redis]]\ncommand = \"del\"\nkey = \"k\"";
+        let cases = [
+            (
+                "sqlite://x.db",
+                "format = \"table\"",
+                "",
+                "`sink.format` is for the stdout sink, not SQL sinks",
+            ),
+            (
+                "kafka://b:1",
+                "lineage_keep = 5",
+                "",
+                "`sink.lineage_keep` is for Redis sinks, not Kafka sinks",
+            ),
+            (
+                "redis://h/0",
+                "schema = \"s\"",
+                redis,
+                "`sink.schema` is for SQL sinks, not Redis sinks",
+            ),
+            (
+                "stdout://",
+                "dead_letter_topic = \"d\"",
+                "",
+                "`sink.dead_letter_topic` is for Kafka sinks, not the stdout sink",
+            ),
+            (
+                "postgres://u@h/db",
+                "",
+                "[sink.targets.kafka]\ntopic = \"o\"",
+                "target `out`: `kafka` is for Kafka sinks, not SQL sinks",
+            ),
+            (
+                "kafka://b:1",
+                "",
+                "create = false",
+                "target `out`: `create` is for SQL sinks, not Kafka sinks",
+            ),
+            (
+                "stdout://",
+                "",
+                redis,
+                "target `out`: `redis` is for Redis sinks, not the stdout sink",
+            ),
+            (
+                "sqlite://x.db",
+                "colour = 1",
+                "",
+                "unknown field `colour` in `[sink]`: not a field of SQL sinks",
+            ),
+        ];
+        for (url, sink, target, says) in cases {
+            match check_text(url, sink, target) {
+                Ok(()) => panic!("{url} accepted {sink} / {target}"),
+                Err(said) => assert!(said.contains(says), "{url}: {said}"),
+            }
+        }
+        for url in ["sqlite://x.db", "stdout://", "kafka://b:1"] {
+            assert_eq!(check_text(url, "", ""), Ok(()), "{url}");
+        }
+        assert_eq!(check_text("redis://h/0", "", redis), Ok(()));
     }
 }

@@ -35,6 +35,8 @@
 
 pub mod app;
 pub mod backends;
+#[cfg(test)]
+mod config_reference;
 pub mod plugin_build;
 pub mod plugin_test;
 pub mod redrive;

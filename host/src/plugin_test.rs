@@ -8,9 +8,10 @@
 //! module before a pipeline exists.
 
 use crate::batch::{OffsetRange, OwnedRecord, Plan, Records};
-use crate::config::{OnPoison, PipelineConfig, StdoutFormat};
+use crate::config::OnPoison;
 use crate::pipeline::{PipelineError, Preparer};
 use crate::runtime::{Limits, LogLine};
+use crate::sink::stdout::StdoutFormat;
 use crate::sink::{Commit, DeadLetter};
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
@@ -80,7 +81,7 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
         .join(".sluice-cache");
     let (name, limits, on_poison, targets) = match &sample.pipeline {
         Some(path) => {
-            let config = PipelineConfig::load(path).map_err(|e| SampleError::Config {
+            let config = crate::backends::load(path).map_err(|e| SampleError::Config {
                 path: path.clone(),
                 message: format!("{e:#}"),
             })?;

@@ -161,7 +161,7 @@ async fn redrive_with<S: Redrive>(
     filter: &DeadLetterFilter,
     mut on_batch: impl FnMut(&Redriven, usize),
 ) -> Result<RedriveDone, RedriveError> {
-    let reader = SqlDeadLetters::open(&config.sink).await?;
+    let reader = SqlDeadLetters::open(&config.sink.store()).await?;
     let selected = reader.list(&config.pipeline, filter).await?;
     let mut done = RedriveDone::default();
     if selected.is_empty() {
@@ -337,7 +337,7 @@ async fn commit<S: Redrive>(
             }
             Err(e) => e,
         };
-        let Some(wait) = error.is_retryable().then(|| backoff.next_wait()).flatten() else {
+        let Some(wait) = backoff.next_wait_if(error.is_retryable()) else {
             return Err(error.into());
         };
         tracing::warn!(batch = %batch.plan.batch_id, "{}; trying again", sluice_core::error::Chain(&error));

@@ -8,10 +8,11 @@
 //! (`sluice_sql::reset`). It must not touch target tables.
 
 use crate::batch::TopicPartition;
-use crate::config::{PipelineConfig, WriteMode};
+use crate::config::PipelineConfig;
 use crate::kafka_source::{LogPositions, ResetTo, SourceError};
 use crate::sink::SinkError;
 use crate::sink::sql::reset::{self, ResetDone};
+use crate::sink::sql::section::{SqlTargetFields, WriteMode};
 
 /// Why a reset was refused or failed.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +64,7 @@ pub async fn reset(
     })
     .await
     .expect("reset positions task")?;
-    Ok(reset::reset(&config.sink, &config.pipeline, &targets, dry_run).await?)
+    Ok(reset::reset(&config.sink.store(), &config.pipeline, &targets, dry_run).await?)
 }
 
 /// Targets whose rows a re-run does not simply overwrite: append rows come
@@ -73,7 +74,8 @@ pub fn targets_needing_care(config: &PipelineConfig) -> Vec<(String, WriteMode)>
         .sink
         .targets
         .iter()
-        .filter(|t| matches!(t.mode, WriteMode::Append | WriteMode::Accumulate))
-        .map(|t| (t.table().to_string(), t.mode))
+        .filter_map(|t| Some((t, SqlTargetFields::of(t).ok()?)))
+        .filter(|(_, f)| matches!(f.mode, WriteMode::Append | WriteMode::Accumulate))
+        .map(|(t, f)| (f.table(t).to_string(), f.mode))
         .collect()
 }

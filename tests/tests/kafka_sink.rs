@@ -908,7 +908,7 @@ fn kafka_layouts_that_do_not_fit_their_columns_are_refused() {
         ),
         (
             base.replace("[sink]\n", "[sink]\nlineage_keep = 5\n"),
-            "`sink.lineage_keep` is for Redis sinks",
+            "`sink.lineage_keep` is for Redis sinks, not Kafka sinks",
         ),
         (
             base.replace(
@@ -920,7 +920,7 @@ fn kafka_layouts_that_do_not_fit_their_columns_are_refused() {
         (
             kafka_config("kbad", "127.0.0.1:1", "in", "out", "")
                 .replace("url = \"kafka://127.0.0.1:1\"", "url = \"sqlite://x.db\""),
-            "`kafka` is for a Kafka sink, but the sink is sqlite",
+            "`kafka` is for Kafka sinks, not SQL sinks",
         ),
     ];
     for (text, expected) in cases {

@@ -526,7 +526,7 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
                 "mode = \"upsert\"\nkey = [\"offset\"]\n[[sink.targets.redis]]\ncommand = \"del\"\nkey = \"k\"\n",
                 "",
             ),
-            "`mode` is for SQL sinks",
+            "target `records`: `key` is for SQL sinks, not Redis sinks",
         ),
     ];
     for (config, expected) in &cases {

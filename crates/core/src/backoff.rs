@@ -65,6 +65,13 @@ impl Backoff {
         Some(wait.min(self.policy.max))
     }
 
+    /// A try failed for a reason that may pass (`retryable`) or may not:
+    /// the wait before the next one, or `None` when there is no point in
+    /// one (the failure is final, or the policy gives up).
+    pub fn next_wait_if(&mut self, retryable: bool) -> Option<Duration> {
+        if retryable { self.next_wait() } else { None }
+    }
+
     /// How many tries have failed so far.
     pub fn failures(&self) -> u32 {
         self.failures
@@ -96,6 +103,13 @@ mod tests {
             ..policy
         };
         assert!(waits(once).is_empty(), "one try: no retry");
+        let mut backoff = policy.start();
+        assert_eq!(
+            backoff.next_wait_if(false),
+            None,
+            "a final failure: no retry"
+        );
+        assert_eq!(backoff.next_wait_if(true), Some(Duration::from_millis(100)));
     }
 
     #[test]

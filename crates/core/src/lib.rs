@@ -1,7 +1,9 @@
 //! `sluice-core`: the types and traits every other sluice crate shares, and
 //! nothing that talks to the outside world.
 //!
-//! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the file).
+//! - [`config`]: the pipeline TOML, parsed and validated (no I/O beyond the
+//!   file); each sink kind's own fields are read by its crate through
+//!   [`config::KindSection`].
 //! - [`backoff`]: the one retry policy (waits, and when to give up).
 //! - [`batch`]: plans, offset ranges and the columnar record batch.
 //! - [`output`]: a batch's output rows, contract checks, the output digest.
@@ -13,7 +15,6 @@
 //!   loop consumes and the errors it acts on.
 //! - [`store`]: the state store traits (module store, lineage reader).
 //! - [`dead_letters`]: stored dead letters, listing and redriving them.
-//! - [`template`]: `{column}` templates for keys and values (Redis).
 //!
 //! It must not depend on wasmtime, rdkafka, sqlx or axum: the backends
 //! depend on it, never the other way round.
@@ -30,7 +31,6 @@ pub mod output;
 pub mod sink;
 pub mod source;
 pub mod store;
-pub mod template;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod transform;

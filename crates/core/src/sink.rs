@@ -60,6 +60,10 @@ pub enum SinkError {
     /// (missing column, wrong type, bad identifier): fatal, fix the config.
     #[error("sink configuration: {0}")]
     Config(String),
+    /// A sink kind's own fields of the config do not read or break one of
+    /// its rules (see `config::section`): fatal, fix the config.
+    #[error(transparent)]
+    Section(#[from] crate::config::ConfigError),
     /// The module's rows do not fit their target's declared columns:
     /// fatal, fix the module or the config.
     #[error(transparent)]
@@ -261,6 +265,17 @@ impl SinkKind {
     /// its modules in `[state]`.
     pub fn keeps_state(self) -> bool {
         !matches!(self, SinkKind::Stdout | SinkKind::Kafka)
+    }
+
+    /// `source.max_records_per_batch` when the config leaves it unset:
+    /// none, except on Redis, where a batch is one script and Redis serves
+    /// no other client while it runs (how long a script of 10,000 rows
+    /// takes: BENCHMARKS.md, "Redis sink").
+    pub fn default_max_records_per_batch(self) -> Option<u32> {
+        match self {
+            SinkKind::Redis => Some(50_000),
+            _ => None,
+        }
     }
 }
 

@@ -79,7 +79,7 @@ impl KafkaProducer {
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
         let sink = KafkaProducer {
             brokers,
-            layout: BatchLayout::new(&config.sink.targets, config.dead_letter_topic()),
+            layout: BatchLayout::new(config)?,
             producer,
             sending: Mutex::new(()),
         };

@@ -15,9 +15,11 @@ mod at_least_once;
 mod client;
 mod lineage;
 mod records;
+pub mod section;
 mod sink;
 
 pub use at_least_once::{KafkaAtLeastOnce, KafkaProducer};
 pub use client::brokers_of;
 pub use lineage::KafkaLineage;
+pub use section::KafkaSection;
 pub use sink::KafkaSink;

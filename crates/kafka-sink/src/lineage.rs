@@ -8,6 +8,7 @@
 //! It must not write: entries are written only by the sink's commit.
 
 use crate::client::brokers_of;
+use crate::section::KafkaSinkFields;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -31,7 +32,7 @@ impl KafkaLineage {
     pub fn open(config: &PipelineConfig) -> Result<KafkaLineage, SinkError> {
         Ok(KafkaLineage {
             brokers: brokers_of(&config.sink.url)?,
-            topic: config.lineage_topic(),
+            topic: KafkaSinkFields::of(config)?.lineage_topic(&config.pipeline),
         })
     }
 }

@@ -6,9 +6,11 @@
 //! to a broker (`sink` and `at_least_once` send what this lays out), nor
 //! hold a batch's records all at once.
 
+use crate::section::{KafkaSinkFields, KafkaTargetConfig, KafkaValue};
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::RecordRef;
-use sluice_core::config::{KafkaTargetConfig, KafkaValue, TargetConfig};
+use sluice_core::config::PipelineConfig;
+use sluice_core::config::TargetConfig;
 use sluice_core::contract::declared_columns;
 use sluice_core::output::{Column, TargetRows, Value};
 use sluice_core::sink::{Commit, DeadLetter, SinkError};
@@ -35,14 +37,19 @@ pub struct BatchLayout {
 }
 
 impl BatchLayout {
-    pub fn new(targets: &[TargetConfig], dead_letter_topic: String) -> BatchLayout {
-        BatchLayout {
-            targets: targets
-                .iter()
-                .map(|t| (t.name.clone(), TargetLayout::new(t.clone())))
-                .collect(),
+    /// `config`'s targets' layouts and its dead-letter topic.
+    pub fn new(config: &PipelineConfig) -> Result<BatchLayout, SinkError> {
+        let targets = config
+            .sink
+            .targets
+            .iter()
+            .map(|t| Ok((t.name.clone(), TargetLayout::new(t.clone())?)))
+            .collect::<Result<_, SinkError>>()?;
+        let dead_letter_topic = KafkaSinkFields::of(config)?.dead_letter_topic(&config.pipeline);
+        Ok(BatchLayout {
+            targets,
             dead_letter_topic,
-        }
+        })
     }
 
     /// The topics rows and dead letters go to.
@@ -177,13 +184,13 @@ struct TargetLayout {
 }
 
 impl TargetLayout {
-    pub fn new(config: TargetConfig) -> TargetLayout {
-        let layout = config.kafka.clone().unwrap_or_default();
-        TargetLayout { config, layout }
+    pub fn new(config: TargetConfig) -> Result<TargetLayout, SinkError> {
+        let layout = KafkaTargetConfig::of(&config)?;
+        Ok(TargetLayout { config, layout })
     }
 
     pub fn topic(&self) -> &str {
-        self.config.topic()
+        self.layout.topic(&self.config)
     }
 
     /// `rows` checked against this target's columns, ready to lay out.

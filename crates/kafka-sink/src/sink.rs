@@ -30,6 +30,7 @@ use crate::client::{
     BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
 };
 use crate::records::BatchLayout;
+use crate::section::KafkaSinkFields;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
@@ -88,8 +89,8 @@ impl KafkaSink {
         let sink = KafkaSink {
             brokers,
             pipeline: config.pipeline.clone(),
-            layout: BatchLayout::new(&config.sink.targets, config.dead_letter_topic()),
-            lineage_topic: config.lineage_topic(),
+            layout: BatchLayout::new(config)?,
+            lineage_topic: KafkaSinkFields::of(config)?.lineage_topic(&config.pipeline),
             offsets,
             group,
             producers: Mutex::new(HashMap::new()),

@@ -64,7 +64,7 @@ impl<S: Sink, V: Versions> Parts<S, V> {
                     let _ = alongside_done.send(());
                     output
                 };
-                let watch = self.watch_versions(done_rx, &signals);
+                let watch = self.watch_versions(done_rx, signals);
                 let (alongside, swap) = tokio::runtime::Handle::current()
                     .block_on(async { tokio::join!(alongside, watch) });
                 let read = working

@@ -84,7 +84,7 @@ impl<S: Sink, V: Versions> Parts<S, V> {
                     }
                 }
             }
-            let Some(wait) = error.is_retryable().then(|| backoff.next_wait()).flatten() else {
+            let Some(wait) = backoff.next_wait_if(error.is_retryable()) else {
                 return Err(error.into());
             };
             tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {wait:?}", Chain(&error));
@@ -133,7 +133,7 @@ impl<S: Sink, V: Versions> Parts<S, V> {
                 Ok(c) => return Ok(c),
                 Err(e) => e,
             };
-            let Some(wait) = error.is_retryable().then(|| backoff.next_wait()).flatten() else {
+            let Some(wait) = backoff.next_wait_if(error.is_retryable()) else {
                 return Err(error.into());
             };
             tracing::warn!(

@@ -167,7 +167,7 @@ struct Ahead {
 
 /// What planning from what the source has read gave.
 enum Planned {
-    Batch(Batch),
+    Batch(Box<Batch>),
     /// Nothing to commit this time round.
     Nothing,
     /// Running `until_caught_up`, and caught up: the run is over.
@@ -269,7 +269,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 None if shutdown.is_cancelled() => break,
                 None if self.stalled.is_some() => continue,
                 None => match self.plan_and_prepare()? {
-                    Planned::Batch(batch) => batch,
+                    Planned::Batch(batch) => *batch,
                     Planned::Nothing => continue,
                     Planned::CaughtUp => break,
                 },
@@ -308,7 +308,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let preparer = &self.parts.preparer;
         let prepared = tokio::task::block_in_place(|| preparer.prepare(&self.source, ranges));
         Ok(match self.settle_prepared(prepared.map(Some))? {
-            Some(batch) => Planned::Batch(batch),
+            Some(batch) => Planned::Batch(Box::new(batch)),
             None => Planned::Nothing,
         })
     }

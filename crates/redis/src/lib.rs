@@ -4,7 +4,10 @@
 //! - `sink`: commits a batch by one script (exactly-once) or pipelined
 //!   idempotent commands then a script (at-least-once); the delivery
 //!   guarantee is stated there.
-//! - `render`: rows to commands, through the targets' templates.
+//! - `section`: the sink's own config fields (`lineage_keep`, the
+//!   targets' commands); `template`: the `{column}` templates they use.
+//! - `render`: rows to commands, through the targets' templates; it
+//!   compiles a target's commands and checks their rules, once.
 //! - `store`: the module store (components, activations).
 //! - `lineage`: committed batches, for `verify` and `shadow`.
 //! - `connect`: connections, error kinds, sluice's key names.
@@ -16,10 +19,13 @@
 mod connect;
 mod lineage;
 mod render;
+pub mod section;
 mod sink;
 mod store;
+mod template;
 
 pub use connect::StateKeys;
 pub use lineage::RedisLineage;
-pub use sink::{DEFAULT_LINEAGE_KEEP, MAX_SCRIPT_ARGUMENTS, RedisSink, open};
+pub use section::{DEFAULT_LINEAGE_KEEP, RedisSection};
+pub use sink::{MAX_SCRIPT_ARGUMENTS, RedisSink, open, open_with};
 pub use store::RedisModuleStore;

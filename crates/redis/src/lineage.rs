@@ -8,7 +8,7 @@
 
 use crate::connect::{StateKeys, connect, sink_err};
 use redis::aio::ConnectionManager;
-use sluice_core::config::SinkConfig;
+use sluice_core::config::StoreConnection;
 use sluice_core::sink::SinkError;
 use sluice_core::store::{CommittedBatch, LineageStore, Selection, select_entries};
 use std::time::Duration;
@@ -20,7 +20,7 @@ pub struct RedisLineage {
 }
 
 impl RedisLineage {
-    pub async fn open(sink: &SinkConfig) -> Result<RedisLineage, SinkError> {
+    pub async fn open(sink: &StoreConnection) -> Result<RedisLineage, SinkError> {
         Ok(RedisLineage {
             conn: connect(&sink.url, Duration::from_millis(sink.lock_timeout_ms)).await?,
             prefix: sink.table_prefix.clone(),

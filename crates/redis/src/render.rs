@@ -7,11 +7,12 @@
 //! increment that is no number, one key written as two types. It must not
 //! talk to Redis.
 
-use sluice_core::config::{RedisCommand, RedisCommandConfig, TargetConfig};
+use crate::section::{RedisCommand, RedisCommandConfig, RedisTargetFields};
+use crate::template::{Piece, Template};
+use sluice_core::config::{ConfigError, Guarantee, TargetConfig};
 use sluice_core::contract::declared_columns;
 use sluice_core::output::{TargetRows, Value};
 use sluice_core::sink::SinkError;
-use sluice_core::template::{Piece, Template};
 use std::collections::{HashMap, HashSet};
 
 /// A target's commands, parsed once at start.
@@ -31,37 +32,122 @@ struct CompiledCommand {
 }
 
 impl CompiledTarget {
-    pub fn new(config: &TargetConfig) -> Result<CompiledTarget, SinkError> {
-        let columns = config.columns.keys();
-        let parse = |t: &str| {
-            Template::parse(t, columns.clone())
-                .map_err(|e| SinkError::Config(format!("target `{}`: {e}", config.name)))
-        };
-        let commands = config
+    /// Compiles `config`'s commands (`fields`, read from its Redis part):
+    /// every rule of a Redis target is checked here, once, whether for
+    /// `sluice check` or for the sink that runs them.
+    pub fn new(
+        config: &TargetConfig,
+        fields: &RedisTargetFields,
+        guarantee: Guarantee,
+    ) -> Result<CompiledTarget, ConfigError> {
+        let invalid = |m: String| ConfigError::Invalid(format!("target `{}`: {m}", config.name));
+        if fields.redis.is_empty() {
+            return Err(invalid(
+                "a Redis target needs at least one `[[sink.targets.redis]]` command".into(),
+            ));
+        }
+        let commands = fields
             .redis
             .iter()
-            .map(|c: &RedisCommandConfig| {
-                let arguments = c
-                    .command
-                    .arguments()
-                    .iter()
-                    .map(|name| parse(&c.argument(name).unwrap_or_default()))
-                    .collect::<Result<_, _>>()?;
-                Ok(CompiledCommand {
-                    command: c.command,
-                    key: parse(&c.key)?,
-                    arguments,
-                    ttl_s: c.ttl_s,
-                    fields: c
-                        .fields
-                        .clone()
-                        .unwrap_or_else(|| config.columns.keys().cloned().collect()),
+            .enumerate()
+            .map(|(i, c)| {
+                CompiledCommand::new(c, config, guarantee).map_err(|e| {
+                    invalid(format!(
+                        "redis command {} (`{}`): {e}",
+                        i + 1,
+                        c.command.as_str()
+                    ))
                 })
             })
-            .collect::<Result<_, SinkError>>()?;
+            .collect::<Result<_, _>>()?;
         Ok(CompiledTarget {
             config: config.clone(),
             commands,
+        })
+    }
+}
+
+impl CompiledCommand {
+    /// Parses `c`'s templates against `target`'s columns and checks the
+    /// command's rules: the arguments it needs and no others, literal
+    /// numbers that are numbers, `ttl_s` and `fields` sound, and under
+    /// `at-least-once` an idempotent command only.
+    fn new(
+        c: &RedisCommandConfig,
+        target: &TargetConfig,
+        guarantee: Guarantee,
+    ) -> Result<CompiledCommand, String> {
+        let command = c.command.as_str();
+        let columns = target.columns.keys();
+        let key = Template::parse(&c.key, columns.clone()).map_err(|e| format!("`key`: {e}"))?;
+        let needed = c.command.arguments();
+        let given = [
+            ("field", c.field.is_some()),
+            ("value", c.value.is_some()),
+            ("member", c.member.is_some()),
+            ("score", c.score.is_some()),
+            ("by", c.by.is_some()),
+            ("ttl_s", c.ttl_s.is_some()),
+            ("fields", c.fields.is_some()),
+        ];
+        let allowed_extra: &[&str] = match c.command {
+            RedisCommand::Set => &["ttl_s"],
+            RedisCommand::Xadd => &["fields"],
+            _ => &[],
+        };
+        if let Some((name, _)) = given.iter().find(|(name, is_given)| {
+            *is_given && !needed.contains(name) && !allowed_extra.contains(name)
+        }) {
+            return Err(format!("`{command}` takes no `{name}`"));
+        }
+        let mut arguments = Vec::with_capacity(needed.len());
+        for name in needed {
+            let template = c
+                .argument(name)
+                .ok_or_else(|| format!("`{command}` needs `{name}`"))?;
+            let parsed = Template::parse(&template, columns.clone())
+                .map_err(|e| format!("`{name}`: {e}"))?;
+            if let Some(text) = parsed.literal() {
+                let number_ok = match (*name, c.command) {
+                    ("by", RedisCommand::Zincrby) | ("score", _) => text.parse::<f64>().is_ok(),
+                    ("by", _) => text.parse::<i64>().is_ok(),
+                    _ => true,
+                };
+                if !number_ok {
+                    return Err(format!("`{name}` = {text:?} is not a number"));
+                }
+            }
+            arguments.push(parsed);
+        }
+        if c.ttl_s == Some(0) {
+            return Err("`ttl_s` must be at least 1".into());
+        }
+        if let Some(fields) = &c.fields {
+            if fields.is_empty() {
+                return Err("`fields` must name at least one column".into());
+            }
+            if let Some(f) = fields.iter().find(|f| !target.columns.contains_key(*f)) {
+                return Err(format!(
+                    "`fields` names `{f}`, which the target does not declare"
+                ));
+            }
+        }
+        if guarantee == Guarantee::AtLeastOnce && !c.command.is_idempotent() {
+            return Err(format!(
+                "`{command}` is not idempotent, and `guarantee = \"at-least-once\"` may run a \
+                 batch's commands twice after a crash: use `guarantee = \"exactly-once\"` (the \
+                 default) or an idempotent command (set, hset, sadd, pfadd, zadd, del)"
+            ));
+        }
+        Ok(CompiledCommand {
+            command: c.command,
+            key,
+            arguments,
+            ttl_s: c.ttl_s,
+            fields: c
+                .fields
+                .clone()
+                .unwrap_or_else(|| target.columns.keys().cloned().collect()),
         })
     }
 }
@@ -486,7 +572,8 @@ fn write_value(value: Value<'_>, out: &mut Vec<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_core::config::PipelineConfig;
+    use crate::section::RedisSection;
+    use sluice_core::config::{KindSection, PipelineConfig};
     use sluice_core::testing::words_output;
 
     fn target(commands: &str) -> CompiledTarget {
@@ -496,7 +583,9 @@ mod tests {
              columns = {{ word = \"text\", n = \"integer\" }}\n{commands}"
         );
         let config = PipelineConfig::parse(&text).unwrap();
-        CompiledTarget::new(&config.sink.targets[0]).unwrap()
+        let target = &config.sink.targets[0];
+        let fields = RedisSection::target(target).unwrap();
+        CompiledTarget::new(target, &fields, config.sink.guarantee).unwrap()
     }
 
     fn calls(commands: &str, words: &[(&str, i64)]) -> Vec<String> {

@@ -34,9 +34,12 @@
 
 use crate::connect::{StateKeys, commit_err, connect, sink_err};
 use crate::render::{CompiledTarget, Rendered, ops_of};
+use crate::section::{RedisSection, RedisSinkFields};
 use redis::aio::ConnectionManager;
 use sluice_core::batch::TopicPartition;
-use sluice_core::config::{Guarantee, SinkConfig};
+use sluice_core::config::{
+    ConfigError, Guarantee, KindSection, SinkConfig, StoreConnection, Writes,
+};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use sluice_core::store::LineageEntry;
 use std::collections::HashMap;
@@ -49,9 +52,6 @@ use std::time::Duration;
 /// of stalling the server.
 pub const MAX_SCRIPT_ARGUMENTS: usize = 2_000_000;
 
-/// Lineage entries kept per pipeline when `sink.lineage_keep` is unset.
-pub const DEFAULT_LINEAGE_KEEP: u64 = 100_000;
-
 /// The Redis sink.
 pub struct RedisSink {
     conn: ConnectionManager,
@@ -62,23 +62,39 @@ pub struct RedisSink {
     script: redis::Script,
 }
 
-/// Opens the sink named by `config.url` (the server must answer).
-pub async fn open(config: &SinkConfig) -> Result<RedisSink, SinkError> {
-    let conn = connect(&config.url, Duration::from_millis(config.lock_timeout_ms)).await?;
-    let targets = config
+/// Opens the sink `sink` configures (the server must answer).
+pub async fn open(sink: &SinkConfig) -> Result<RedisSink, SinkError> {
+    open_with(&sink.store(), sink.writes()).await
+}
+
+/// Opens `store` to write `writes` ([`Writes::NOTHING`] as another sink's
+/// `[state]`: checkpoints and lineage only).
+pub async fn open_with(
+    store: &StoreConnection,
+    writes: Writes<'_>,
+) -> Result<RedisSink, SinkError> {
+    let lineage_keep = RedisSinkFields::of(store)?.lineage_keep();
+    let targets = writes
         .targets
         .iter()
-        .map(|t| Ok((t.name.clone(), CompiledTarget::new(t)?)))
-        .collect::<Result<_, SinkError>>()?;
+        .map(|t| {
+            let fields = RedisSection::target(t)?;
+            Ok((
+                t.name.clone(),
+                CompiledTarget::new(t, &fields, writes.guarantee)?,
+            ))
+        })
+        .collect::<Result<_, ConfigError>>()?;
+    let conn = connect(&store.url, Duration::from_millis(store.lock_timeout_ms)).await?;
     let sink = RedisSink {
         conn,
-        prefix: config.table_prefix.clone(),
+        prefix: store.table_prefix.clone(),
         targets,
-        guarantee: config.guarantee,
-        lineage_keep: config.lineage_keep.unwrap_or(DEFAULT_LINEAGE_KEEP),
+        guarantee: writes.guarantee,
+        lineage_keep,
         script: redis::Script::new(include_str!("commit.lua")),
     };
-    if config.guarantee == Guarantee::AtLeastOnce {
+    if writes.guarantee == Guarantee::AtLeastOnce {
         tracing::info!(
             "redis sink: at-least-once (idempotent commands pipelined, then offsets): a crash \
              between the two runs a batch's commands again"

@@ -10,7 +10,7 @@
 use crate::connect::{connect, store_err};
 use redis::aio::ConnectionManager;
 use sluice_core::batch::{now_ms, sha256_hex};
-use sluice_core::config::SinkConfig;
+use sluice_core::config::StoreConnection;
 use sluice_core::store::{Activation, ModuleStore, StoreError, Version};
 use std::time::Duration;
 
@@ -37,7 +37,7 @@ pub struct RedisModuleStore {
 }
 
 impl RedisModuleStore {
-    pub async fn open(config: &SinkConfig) -> Result<RedisModuleStore, StoreError> {
+    pub async fn open(config: &StoreConnection) -> Result<RedisModuleStore, StoreError> {
         let conn = connect(&config.url, Duration::from_millis(config.lock_timeout_ms))
             .await
             .map_err(|e| StoreError::Unavailable {

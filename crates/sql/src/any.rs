@@ -7,7 +7,7 @@
 //! own typed connection and bulk path.
 
 use super::{Dialect, MYSQL, POSTGRES, SQLITE};
-use crate::config::SinkConfig;
+use crate::config::StoreConnection;
 use crate::sink::{SinkError, SinkKind, redact_url};
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Row};
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// Opens a small pool on the sink's database (it must exist: the sink or
 /// an earlier run created it).
-pub async fn connect_any(sink: &SinkConfig) -> Result<(AnyPool, &'static Dialect), SinkError> {
+pub async fn connect_any(sink: &StoreConnection) -> Result<(AnyPool, &'static Dialect), SinkError> {
     static DRIVERS: Once = Once::new();
     DRIVERS.call_once(sqlx::any::install_default_drivers);
     let dialect = match sink.kind()? {

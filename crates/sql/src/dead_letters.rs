@@ -6,7 +6,7 @@
 //! It must not write: dead letters are written and removed only in a
 //! batch or redrive transaction (`SqlSink::commit`, `SqlSink::redrive`).
 
-use crate::config::SinkConfig;
+use crate::config::StoreConnection;
 use crate::sink::SinkError;
 use crate::{Dialect, connect_any, text_at};
 use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredDeadLetter};
@@ -26,7 +26,7 @@ fn db_err(e: sqlx::Error) -> SinkError {
 impl SqlDeadLetters {
     /// Opens the reader; the sink must have been opened once by this
     /// version (its tables have every column read here).
-    pub async fn open(sink: &SinkConfig) -> Result<SqlDeadLetters, SinkError> {
+    pub async fn open(sink: &StoreConnection) -> Result<SqlDeadLetters, SinkError> {
         let (pool, d) = connect_any(sink).await?;
         Ok(SqlDeadLetters {
             pool,
@@ -74,13 +74,8 @@ fn stored(row: &AnyRow) -> Result<StoredDeadLetter, sqlx::Error> {
     })
 }
 
-fn select(d: &Dialect, sink: &SinkConfig) -> Result<String, SinkError> {
-    let table = |name: &str| {
-        d.qualified(
-            sink.schema.as_deref(),
-            &format!("{}{name}", sink.table_prefix),
-        )
-    };
+fn select(d: &Dialect, sink: &StoreConnection) -> Result<String, SinkError> {
+    let table = |name: &str| crate::own_table(d, sink, name);
     let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
     let of_dead = |cols: &[&str]| {
         cols.iter()

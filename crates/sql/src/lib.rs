@@ -47,6 +47,7 @@ pub mod postgres;
 pub mod reset;
 #[cfg(test)]
 pub(crate) mod scenarios;
+pub mod section;
 pub mod sqlite;
 mod store;
 #[cfg(test)]
@@ -65,9 +66,10 @@ pub use target::{Cell, Target, TypedColumn};
 use sluice_core::{batch, config, output, sink};
 
 use crate::batch::TopicPartition;
-use crate::config::{Guarantee, SinkConfig};
+use crate::config::{Guarantee, StoreConnection, Writes};
 use crate::sink::{Commit, CommitOutcome, SinkError};
 use own_tables::OwnTables;
+use section::{SqlSinkFields, SqlTargetFields};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome};
 use std::collections::HashMap;
@@ -149,24 +151,31 @@ pub struct SqlSink<B: SqlBackend> {
 impl<B: SqlBackend> SqlSink<B> {
     /// Creates sluice's tables and the targets' tables (where `create` is
     /// set) and checks every target's columns exist.
-    pub async fn open(backend: B, config: &SinkConfig) -> Result<Self, SinkError> {
+    pub async fn open(
+        backend: B,
+        store: &StoreConnection,
+        writes: Writes<'_>,
+    ) -> Result<Self, SinkError> {
         let dialect = backend.dialect();
-        let schema = config.schema.as_deref();
+        let schema = SqlSinkFields::of(store)?.schema;
+        let schema = schema.as_deref();
         if let Some(s) = schema {
             create(&backend, &dialect.create_schema(s)?).await?;
         }
-        let own = OwnTables::new(dialect, schema, &config.table_prefix)?;
+        let own = OwnTables::new(dialect, schema, &store.table_prefix)?;
         for ddl in own.ddl(dialect)? {
             create(&backend, &ddl).await?;
         }
         for (table, column, alter) in own.added_columns(dialect) {
-            let table = format!("{}{table}", config.table_prefix);
+            let table = format!("{}{table}", store.table_prefix);
             add_column(&backend, schema, &table, column, &alter).await?;
         }
         let mut targets = HashMap::new();
-        for t in &config.targets {
-            let target = Target::new(t, dialect, schema)?;
-            if t.create {
+        for t in writes.targets {
+            let fields = SqlTargetFields::of(t)?;
+            let creates_table = fields.create;
+            let target = Target::new(t, fields, dialect, schema)?;
+            if creates_table {
                 create(&backend, &target.create_ddl(dialect)).await?;
             }
             target.check_table(&backend.table_columns(schema, &target.table_name).await?)?;
@@ -177,7 +186,7 @@ impl<B: SqlBackend> SqlSink<B> {
             backend,
             own,
             targets,
-            guarantee: config.guarantee,
+            guarantee: writes.guarantee,
         })
     }
 
@@ -428,14 +437,32 @@ async fn add_column<B: SqlBackend>(
     }
 }
 
+/// sluice's own table `name` in `store`: prefixed, in the store's schema,
+/// quoted.
+fn own_table(d: &Dialect, store: &StoreConnection, name: &str) -> Result<String, SinkError> {
+    let schema = SqlSinkFields::of(store)?.schema;
+    d.qualified(schema.as_deref(), &format!("{}{name}", store.table_prefix))
+}
+
 /// Runs a `CREATE ... IF NOT EXISTS`. Instances starting together race on
 /// it (Postgres may then fail one of them with a unique violation in its
 /// catalog); a second try sees the object and passes.
 async fn create<B: SqlBackend>(backend: &B, ddl: &str) -> Result<(), SinkError> {
+    create_racing(ddl, || async { backend.execute(ddl, &[]).await.map(drop) }).await
+}
+
+/// Runs `ddl` through `run` under [`CREATE_RETRY`]: the one retry loop of
+/// every `CREATE ... IF NOT EXISTS`, whatever error type its caller has.
+pub(crate) async fn create_racing<E, Run, Ran>(ddl: &str, mut run: Run) -> Result<(), E>
+where
+    E: std::fmt::Display,
+    Run: FnMut() -> Ran,
+    Ran: std::future::Future<Output = Result<(), E>>,
+{
     let mut backoff = CREATE_RETRY.start();
     loop {
-        let e = match backend.execute(ddl, &[]).await {
-            Ok(_) => return Ok(()),
+        let e = match run().await {
+            Ok(()) => return Ok(()),
             Err(e) => e,
         };
         let Some(wait) = backoff.next_wait() else {
@@ -448,7 +475,7 @@ async fn create<B: SqlBackend>(backend: &B, ddl: &str) -> Result<(), SinkError> 
 
 /// How a `CREATE ... IF NOT EXISTS` that lost a race is tried again: 4
 /// tries, 200 ms apart.
-pub(crate) const CREATE_RETRY: RetryPolicy = RetryPolicy {
+const CREATE_RETRY: RetryPolicy = RetryPolicy {
     first: std::time::Duration::from_millis(200),
     max: std::time::Duration::from_millis(200),
     give_up: GiveUp::AfterTries(4),

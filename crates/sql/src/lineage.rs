@@ -6,7 +6,7 @@
 //! It must not write: lineage is written only in the batch transaction.
 
 use crate::batch::OffsetRange;
-use crate::config::SinkConfig;
+use crate::config::StoreConnection;
 use crate::sink::SinkError;
 use crate::{Dialect, connect_any, text_at};
 use sluice_core::store::{CommittedBatch, LineageStore, Selection};
@@ -25,7 +25,7 @@ fn db_err(e: sqlx::Error) -> SinkError {
 }
 
 impl SqlLineage {
-    pub async fn open(sink: &SinkConfig) -> Result<SqlLineage, SinkError> {
+    pub async fn open(sink: &StoreConnection) -> Result<SqlLineage, SinkError> {
         let (pool, d) = connect_any(sink).await?;
         let (select_batches, select_ranges) = statements(d, sink)?;
         Ok(SqlLineage {
@@ -85,13 +85,8 @@ impl LineageStore for SqlLineage {
     }
 }
 
-fn statements(d: &Dialect, sink: &SinkConfig) -> Result<(String, String), SinkError> {
-    let table = |name: &str| {
-        d.qualified(
-            sink.schema.as_deref(),
-            &format!("{}{name}", sink.table_prefix),
-        )
-    };
+fn statements(d: &Dialect, sink: &StoreConnection) -> Result<(String, String), SinkError> {
+    let table = |name: &str| crate::own_table(d, sink, name);
     let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
     let listed = |cols: &[&str]| cols.iter().map(|n| c(n)).collect::<Vec<_>>().join(", ");
     let batches = format!(

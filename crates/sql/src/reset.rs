@@ -20,7 +20,7 @@
 
 use super::{Dialect, connect_any, text_at};
 use crate::batch::{TopicPartition, now_ms};
-use crate::config::SinkConfig;
+use crate::config::StoreConnection;
 use crate::sink::SinkError;
 use sqlx::{Any, Transaction};
 
@@ -53,9 +53,8 @@ struct Names {
 }
 
 impl Names {
-    fn new(d: &'static Dialect, sink: &SinkConfig) -> Result<Self, SinkError> {
-        let table =
-            |t: &str| d.qualified(sink.schema.as_deref(), &format!("{}{t}", sink.table_prefix));
+    fn new(d: &'static Dialect, sink: &StoreConnection) -> Result<Self, SinkError> {
+        let table = |t: &str| crate::own_table(d, sink, t);
         Ok(Names {
             checkpoints: table("checkpoints")?,
             batches: table("batches")?,
@@ -100,7 +99,7 @@ fn db_err(e: sqlx::Error) -> SinkError {
 /// archiving the lineage and dead letters the move makes stale; with
 /// `dry_run`, reports and rolls back.
 pub async fn reset(
-    sink: &SinkConfig,
+    sink: &StoreConnection,
     pipeline: &str,
     targets: &[(TopicPartition, i64)],
     dry_run: bool,

@@ -475,7 +475,10 @@ pub async fn redrive<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkConfig) {
     use sluice_core::dead_letters::{
         DeadLetterFilter, DeadLetterReader, RecordKey, RedriveOutcome,
     };
-    let n = Names::of(sink, config.schema.as_deref());
+    let schema = crate::section::SqlSinkFields::of(&config.store())
+        .unwrap()
+        .schema;
+    let n = Names::of(sink, schema.as_deref());
     let dead = [
         DeadLetter {
             index: 1,
@@ -493,7 +496,7 @@ pub async fn redrive<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkConfig) {
         .unwrap();
     assert_eq!(outcome, CommitOutcome::Committed);
     let (stored_plan, _) = batch(0, 3);
-    let reader = crate::SqlDeadLetters::open(config).await.unwrap();
+    let reader = crate::SqlDeadLetters::open(&config.store()).await.unwrap();
     let all = reader
         .list("p", &DeadLetterFilter::default())
         .await

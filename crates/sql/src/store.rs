@@ -9,7 +9,8 @@
 //! row is only ever appended: rollback appends the earlier version again.
 
 use crate::batch::{now_ms, sha256_hex};
-use crate::config::SinkConfig;
+use crate::config::StoreConnection;
+use crate::section::SqlSinkFields;
 use crate::sink::SinkError;
 use crate::{Dialect, InsertIgnore, connect_any, text_at};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
@@ -187,7 +188,7 @@ fn version_of(row: &AnyRow) -> Result<Version, StoreError> {
 impl SqlModuleStore {
     /// Opens the store in the sink's database (the sink has created the
     /// schema already) and creates its tables if missing.
-    pub async fn open(sink: &SinkConfig) -> Result<SqlModuleStore, StoreError> {
+    pub async fn open(sink: &StoreConnection) -> Result<SqlModuleStore, StoreError> {
         let (pool, dialect) = connect_any(sink).await.map_err(|e| match e {
             SinkError::Unavailable { context, cause } => StoreError::Unavailable {
                 context: format!("at {context}"),
@@ -195,7 +196,10 @@ impl SqlModuleStore {
             },
             e => StoreError::Settings(e),
         })?;
-        let sql = Statements::new(dialect, sink.schema.as_deref(), &sink.table_prefix)?;
+        let schema = SqlSinkFields::of(sink)
+            .map_err(StoreError::Settings)?
+            .schema;
+        let sql = Statements::new(dialect, schema.as_deref(), &sink.table_prefix)?;
         let store = SqlModuleStore { pool, sql };
         for ddl in [&store.sql.create_modules, &store.sql.create_versions] {
             store.create(ddl).await?;
@@ -206,18 +210,14 @@ impl SqlModuleStore {
     /// `CREATE TABLE IF NOT EXISTS`, tried again when several instances
     /// starting at once race on the catalog.
     async fn create(&self, ddl: &str) -> Result<(), StoreError> {
-        let mut backoff = crate::CREATE_RETRY.start();
-        loop {
-            let e = match sqlx::query(ddl).execute(&self.pool).await {
-                Ok(_) => return Ok(()),
-                Err(e) => e,
-            };
-            let Some(wait) = backoff.next_wait() else {
-                return Err(db_err(e));
-            };
-            tracing::debug!("{ddl}: {e}; trying again");
-            tokio::time::sleep(wait).await;
-        }
+        crate::create_racing(ddl, || async {
+            sqlx::query(ddl)
+                .execute(&self.pool)
+                .await
+                .map(drop)
+                .map_err(db_err)
+        })
+        .await
     }
 
     /// Appends a version row in a transaction, counting again when another

@@ -82,7 +82,7 @@ async fn store_lifecycle_on_sqlite() {
     let url = format!("sqlite://{}", dir.join("sink.db").display());
     let config = sink_config(&url, None, "", COUNTS);
     sqlite::open(&config).await.unwrap();
-    lifecycle(&SqlModuleStore::open(&config).await.unwrap()).await;
+    lifecycle(&SqlModuleStore::open(&config.store()).await.unwrap()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -98,7 +98,7 @@ async fn store_lifecycle_on_postgres() {
         .unwrap();
     let config = sink_config(&url, Some(schema), "", COUNTS);
     postgres::open(&config).await.unwrap();
-    lifecycle(&SqlModuleStore::open(&config).await.unwrap()).await;
+    lifecycle(&SqlModuleStore::open(&config.store()).await.unwrap()).await;
 }
 
 #[tokio::test]
@@ -113,5 +113,5 @@ async fn store_lifecycle_on_mariadb() {
         .unwrap();
     let config = sink_config(&url, Some(schema), "", COUNTS);
     mysql::open(&config).await.unwrap();
-    lifecycle(&SqlModuleStore::open(&config).await.unwrap()).await;
+    lifecycle(&SqlModuleStore::open(&config.store()).await.unwrap()).await;
 }

@@ -8,6 +8,7 @@
 use super::dialect::Dialect;
 use crate::config::{ColumnType, TargetConfig};
 use crate::output::{TargetRows, Value};
+use crate::section::{SqlTargetFields, WriteMode};
 use crate::sink::SinkError;
 use sluice_core::contract::declared_columns;
 
@@ -15,6 +16,8 @@ use sluice_core::contract::declared_columns;
 #[derive(Debug)]
 pub struct Target {
     pub config: TargetConfig,
+    /// How its rows are applied.
+    pub mode: WriteMode,
     /// The table, quoted and schema-qualified.
     pub table: String,
     /// The unquoted table name and schema (for catalog lookups).
@@ -117,6 +120,7 @@ impl<'a> TypedColumn<'a> {
 impl Target {
     pub fn new(
         config: &TargetConfig,
+        fields: SqlTargetFields,
         dialect: &Dialect,
         schema: Option<&str>,
     ) -> Result<Target, SinkError> {
@@ -125,14 +129,15 @@ impl Target {
             .iter()
             .map(|c| dialect.ident(c))
             .collect::<Result<Vec<_>, _>>()?;
-        let keys = config
+        let keys = fields
             .key
             .iter()
             .map(|k| columns.iter().position(|c| c == k).expect("validated"))
             .collect();
         Ok(Target {
-            table: dialect.qualified(schema, config.table())?,
-            table_name: config.table().to_string(),
+            table: dialect.qualified(schema, fields.table(config))?,
+            table_name: fields.table(config).to_string(),
+            mode: fields.mode,
             schema: schema.map(str::to_string),
             types: config.columns.values().copied().collect(),
             config: config.clone(),

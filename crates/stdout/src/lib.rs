@@ -17,16 +17,20 @@
 //! batch. A lost reply from the state store is resolved by the loop from
 //! the checkpoints, as for SQL sinks.
 //!
+//! Its own config fields (`format`) are read in `section`.
+//!
 //! It must not depend on a backend: the state store comes in as a trait.
 
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::{Records, TopicPartition, describe};
-use sluice_core::config::StdoutFormat;
 use sluice_core::output::{TargetRows, Value};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError, commit_all_but_rows};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Mutex;
+
+pub mod section;
+pub use section::{StdoutFormat, StdoutSection};
 
 /// Prints rows, checkpoints in `state`.
 pub struct StdoutSink<S> {

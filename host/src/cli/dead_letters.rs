@@ -143,7 +143,7 @@ pub async fn execute(command: DeadLetterCommand) -> anyhow::Result<()> {
             limit,
             json,
         } => {
-            let config = sluice::config::PipelineConfig::load(&config)?;
+            let config = sluice::backends::load(&config)?;
             let letters = sluice::redrive::list(&config, &filter.filter()?).await?;
             print_list(&letters, limit, json);
             Ok(())
@@ -155,7 +155,7 @@ pub async fn execute(command: DeadLetterCommand) -> anyhow::Result<()> {
             limit,
             sample,
         } => {
-            let config = sluice::config::PipelineConfig::load(&config)?;
+            let config = sluice::backends::load(&config)?;
             let mut filter = filter.filter()?;
             filter.record = record
                 .map(|r| r.parse::<RecordKey>().map_err(anyhow::Error::msg))
@@ -176,7 +176,7 @@ pub async fn execute(command: DeadLetterCommand) -> anyhow::Result<()> {
             kind,
             since,
         } => {
-            let config = sluice::config::PipelineConfig::load(&config)?;
+            let config = sluice::backends::load(&config)?;
             let filter = FilterArgs {
                 batch: which.batch,
                 kind,

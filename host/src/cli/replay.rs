@@ -80,7 +80,7 @@ fn parse_offsets(spec: &str) -> anyhow::Result<(String, i32, i64, i64)> {
 
 pub async fn verify(args: Verify) -> anyhow::Result<()> {
     let Verify { config, select } = args;
-    let config = sluice::config::PipelineConfig::load(&config)?;
+    let config = sluice::backends::load(&config)?;
     let mut replayer = sluice::replay::Replayer::open(&config).await?;
     let (batches, redrives) = replayer.select(&select.selection()?).await?;
     anyhow::ensure!(
@@ -140,15 +140,10 @@ pub async fn shadow(args: Shadow) -> anyhow::Result<()> {
         params,
         last,
     } = args;
-    let config = sluice::config::PipelineConfig::load(&config)?;
+    let config = sluice::backends::load(&config)?;
     let component = std::fs::read(&module)
         .with_context(|| format!("cannot read module {}", module.display()))?;
-    let keys: std::collections::HashMap<String, Vec<String>> = config
-        .sink
-        .targets
-        .iter()
-        .map(|t| (t.name.clone(), t.key.clone()))
-        .collect();
+    let keys = sluice::backends::target_keys(&config)?;
     let mut replayer = sluice::replay::Replayer::open(&config).await?;
     let selection = sluice::replay::Selection {
         last: Some(last),

@@ -72,7 +72,7 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
         partitions,
         dry_run,
     } = args;
-    let config = sluice::config::PipelineConfig::load(&config)?;
+    let config = sluice::backends::load(&config)?;
     let chosen = match partitions.is_empty() {
         true => None,
         false => Some(
@@ -98,7 +98,7 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
         println!(
             "note: target table `{table}` is {mode:?}: re-processed records {} (clear it first if that is not wanted)",
             match mode {
-                sluice::config::WriteMode::Accumulate => "add to it again",
+                sluice::sink::sql::section::WriteMode::Accumulate => "add to it again",
                 _ => "are appended again",
             }
         );

@@ -31,7 +31,7 @@ pub async fn run(args: Run) -> anyhow::Result<()> {
         config,
         until_caught_up,
     } = args;
-    let config = sluice::config::PipelineConfig::load(&config)?;
+    let config = sluice::backends::load(&config)?;
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
     let stats = sluice::app::run(&config, until_caught_up, shutdown)
@@ -50,7 +50,7 @@ pub async fn run(args: Run) -> anyhow::Result<()> {
 }
 
 pub fn check(args: Check) -> anyhow::Result<()> {
-    let config = sluice::config::PipelineConfig::load(&args.config)?;
+    let config = sluice::backends::load(&args.config)?;
     sluice::app::load_transform(&config)?;
     println!("config and module OK");
     Ok(())

@@ -18,4 +18,4 @@ mod sink;
 #[cfg(test)]
 mod tests;
 
-pub use sink::{MysqlBackend, MysqlSink, open};
+pub use sink::{MysqlBackend, MysqlSink, open, open_with};

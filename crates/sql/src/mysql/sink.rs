@@ -8,7 +8,8 @@
 //! [`SinkError::CommitUnknown`].
 
 use super::config::MysqlConfig;
-use crate::config::{SinkConfig, WriteMode};
+use crate::config::{SinkConfig, StoreConnection, Writes};
+use crate::section::WriteMode;
 use crate::sink::{SinkError, redact_url};
 use crate::{
     Dialect, MYSQL, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
@@ -22,11 +23,21 @@ const MAX_PARAMS: usize = 65_535;
 /// The MySQL sink.
 pub type MysqlSink = SqlSink<MysqlBackend>;
 
-/// Connects to the database named by `config.url` and prepares the tables.
-pub async fn open(config: &SinkConfig) -> Result<MysqlSink, SinkError> {
-    let MysqlConfig { options, pool } = MysqlConfig::from_url(&config.url, config.lock_timeout_ms)?;
+/// Opens the sink `sink` configures: sluice's tables and its targets'.
+pub async fn open(sink: &SinkConfig) -> Result<MysqlSink, SinkError> {
+    open_with(&sink.store(), sink.writes()).await
+}
+
+/// Connects to the database named by `store.url` and prepares sluice's
+/// tables and those `writes` names ([`Writes::NOTHING`] as another sink's
+/// `[state]`).
+pub async fn open_with(
+    store: &StoreConnection,
+    writes: Writes<'_>,
+) -> Result<MysqlSink, SinkError> {
+    let MysqlConfig { options, pool } = MysqlConfig::from_url(&store.url, store.lock_timeout_ms)?;
     let pool = pool.connect_with(options).await.map_err(|e| {
-        SinkError::unavailable(format!("cannot connect to {}", redact_url(&config.url)), e)
+        SinkError::unavailable(format!("cannot connect to {}", redact_url(&store.url)), e)
     })?;
     let packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
         .fetch_one(&pool)
@@ -39,7 +50,8 @@ pub async fn open(config: &SinkConfig) -> Result<MysqlSink, SinkError> {
             pool,
             max_statement_bytes,
         },
-        config,
+        store,
+        writes,
     )
     .await
 }
@@ -139,7 +151,7 @@ impl SqlBackend for MysqlBackend {
     async fn statements(&self, target: &Target) -> Result<Statements, SinkError> {
         let keys = target.quoted_keys();
         let non_keys = target.quoted_non_keys();
-        let tail = match target.config.mode {
+        let tail = match target.mode {
             WriteMode::Append | WriteMode::Delete => String::new(),
             // Nothing to update: keep the row (a no-op assignment, not
             // INSERT IGNORE, which would also swallow real errors).
@@ -181,7 +193,7 @@ impl SqlTx<Statements> for MysqlTx {
         columns: &[TypedColumn<'_>],
         rows: usize,
     ) -> Result<(), SinkError> {
-        if target.config.mode == WriteMode::Delete {
+        if target.mode == WriteMode::Delete {
             for row in 0..rows {
                 let mut args = MySqlArguments::default();
                 for &k in &target.keys {

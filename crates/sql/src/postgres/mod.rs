@@ -16,4 +16,4 @@ mod sink;
 #[cfg(test)]
 mod tests;
 
-pub use sink::{PostgresBackend, PostgresSink, open};
+pub use sink::{PostgresBackend, PostgresSink, open, open_with};

@@ -11,7 +11,8 @@
 //! checkpoint and not written twice.
 
 use super::config::PostgresConfig;
-use crate::config::{ColumnType, SinkConfig, WriteMode};
+use crate::config::{ColumnType, SinkConfig, StoreConnection, Writes};
+use crate::section::WriteMode;
 use crate::sink::{SinkError, redact_url};
 use crate::{Cell, Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
 use sqlx::postgres::{PgArguments, PgPool};
@@ -20,14 +21,24 @@ use sqlx::{Arguments, Postgres, Row, Transaction};
 /// The Postgres sink.
 pub type PostgresSink = SqlSink<PostgresBackend>;
 
-/// Connects to the database named by `config.url` and prepares the tables.
-pub async fn open(config: &SinkConfig) -> Result<PostgresSink, SinkError> {
+/// Opens the sink `sink` configures: sluice's tables and its targets'.
+pub async fn open(sink: &SinkConfig) -> Result<PostgresSink, SinkError> {
+    open_with(&sink.store(), sink.writes()).await
+}
+
+/// Connects to the database named by `store.url` and prepares sluice's
+/// tables and those `writes` names ([`Writes::NOTHING`] as another sink's
+/// `[state]`).
+pub async fn open_with(
+    store: &StoreConnection,
+    writes: Writes<'_>,
+) -> Result<PostgresSink, SinkError> {
     let PostgresConfig { options, pool } =
-        PostgresConfig::from_url(&config.url, config.lock_timeout_ms)?;
+        PostgresConfig::from_url(&store.url, store.lock_timeout_ms)?;
     let pool = pool.connect_with(options).await.map_err(|e| {
-        SinkError::unavailable(format!("cannot connect to {}", redact_url(&config.url)), e)
+        SinkError::unavailable(format!("cannot connect to {}", redact_url(&store.url)), e)
     })?;
-    SqlSink::open(PostgresBackend { pool }, config).await
+    SqlSink::open(PostgresBackend { pool }, store, writes).await
 }
 
 pub struct PostgresBackend {
@@ -133,7 +144,7 @@ fn statement(target: &Target) -> Statements {
             target.assignments(set)
         )
     };
-    let sql = match target.config.mode {
+    let sql = match target.mode {
         WriteMode::Append => {
             return Statements::Copy {
                 sql: format!("COPY {table} ({cols}) FROM STDIN"),

@@ -14,4 +14,4 @@ mod sink;
 mod tests;
 
 pub use config::SqliteConfig;
-pub use sink::{SqliteBackend, SqliteSink, open};
+pub use sink::{SqliteBackend, SqliteSink, open, open_with};

@@ -7,7 +7,8 @@
 //! [`SinkError::CommitUnknown`]).
 
 use super::config::SqliteConfig;
-use crate::config::{SinkConfig, WriteMode};
+use crate::config::{SinkConfig, StoreConnection, Writes};
+use crate::section::WriteMode;
 use crate::sink::SinkError;
 use crate::{MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
 use sqlx::pool::PoolConnection;
@@ -20,17 +21,27 @@ const MAX_PARAMS: usize = 30_000;
 /// The SQLite sink.
 pub type SqliteSink = SqlSink<SqliteBackend>;
 
-/// Opens the database named by `config.url` and prepares the tables.
-pub async fn open(config: &SinkConfig) -> Result<SqliteSink, SinkError> {
-    let options = SqliteConfig::from_url(&config.url, config.lock_timeout_ms)?.options;
+/// Opens the sink `sink` configures: sluice's tables and its targets'.
+pub async fn open(sink: &SinkConfig) -> Result<SqliteSink, SinkError> {
+    open_with(&sink.store(), sink.writes()).await
+}
+
+/// Opens the database named by `store.url` and prepares sluice's tables
+/// and those `writes` names ([`Writes::NOTHING`] as another sink's
+/// `[state]`).
+pub async fn open_with(
+    store: &StoreConnection,
+    writes: Writes<'_>,
+) -> Result<SqliteSink, SinkError> {
+    let options = SqliteConfig::from_url(&store.url, store.lock_timeout_ms)?.options;
     // One writer: SQLite serializes writes anyway, and one connection keeps
     // `BEGIN IMMEDIATE` ... `COMMIT` on the same handle.
     let pool = sqlx::sqlite::SqlitePoolOptions::new()
         .max_connections(1)
         .connect_with(options)
         .await
-        .map_err(|e| SinkError::unavailable(format!("cannot open {}", config.url), e))?;
-    SqlSink::open(SqliteBackend { pool }, config).await
+        .map_err(|e| SinkError::unavailable(format!("cannot open {}", store.url), e))?;
+    SqlSink::open(SqliteBackend { pool }, store, writes).await
 }
 
 pub struct SqliteBackend {
@@ -106,7 +117,7 @@ impl SqlBackend for SqliteBackend {
         let keys = target.quoted_keys().join(", ");
         let non_keys = target.quoted_non_keys();
         let table = &target.table;
-        let tail = match target.config.mode {
+        let tail = match target.mode {
             WriteMode::Append | WriteMode::Delete => String::new(),
             _ if non_keys.is_empty() => format!(" ON CONFLICT ({keys}) DO NOTHING"),
             WriteMode::Upsert => {
@@ -149,7 +160,7 @@ impl SqlTx<Statements> for SqliteTx {
         columns: &[TypedColumn<'_>],
         rows: usize,
     ) -> Result<(), SinkError> {
-        if target.config.mode == WriteMode::Delete {
+        if target.mode == WriteMode::Delete {
             for row in 0..rows {
                 let mut args = SqliteArguments::default();
                 for &k in &target.keys {

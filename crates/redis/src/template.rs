@@ -3,8 +3,8 @@
 //! braces), as the Redis sink's commands declare them.
 //!
 //! Owns parsing and checking a template against the declared columns, so
-//! a bad one is refused when the config is read. It must not know a sink:
-//! rendering a row's values into bytes is the sink's.
+//! a bad one is refused when the config is read. It must not render:
+//! turning a row's values into bytes is `render.rs`'s.
 
 /// One piece of a parsed template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,14 +84,6 @@ impl Template {
         })
     }
 
-    /// The columns this template reads.
-    pub fn columns(&self) -> impl Iterator<Item = &str> {
-        self.pieces.iter().filter_map(|p| match p {
-            Piece::Column(c) => Some(c.as_str()),
-            Piece::Literal(_) => None,
-        })
-    }
-
     /// The template's text if it has no placeholder.
     pub fn literal(&self) -> Option<&str> {
         match self.pieces.as_slice() {
@@ -120,7 +112,6 @@ mod tests {
                 Piece::Literal(":{x}".into())
             ]
         );
-        assert_eq!(t.columns().collect::<Vec<_>>(), ["day"]);
         assert_eq!(Template::parse("1", &cols()).unwrap().literal(), Some("1"));
     }
 

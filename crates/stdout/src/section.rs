@@ -1,0 +1,90 @@
+//! The stdout sink's own fields: `format` in `[sink]`; a stdout target has
+//! none (it prints every row). Read and checked here.
+//!
+//! It must not print.
+
+use serde::Deserialize;
+use sluice_core::config::{ConfigError, KindSection, PipelineConfig, SinkConfig};
+use sluice_core::config::{Place, section::read};
+use sluice_core::sink::SinkError;
+
+/// The stdout sink (`stdout://`).
+pub struct StdoutSection;
+
+/// The stdout sink's own fields of `[sink]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutSinkFields {
+    /// `json` (default: one JSON object per row and line) or `table`
+    /// (aligned columns per batch, for a terminal).
+    #[serde(default)]
+    pub format: StdoutFormat,
+}
+
+/// A stdout target's own fields: none.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StdoutTargetFields {}
+
+/// How the stdout sink prints rows.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StdoutFormat {
+    /// One JSON object per row and line.
+    #[default]
+    Json,
+    /// A header per batch, then each target's rows in aligned columns.
+    Table,
+}
+
+impl KindSection for StdoutSection {
+    const FOR: &'static str = "the stdout sink";
+    type Sink = StdoutSinkFields;
+    type Target = StdoutTargetFields;
+
+    fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
+        Self::sink(&config.sink)?;
+        for target in &config.sink.targets {
+            Self::target(target)?;
+        }
+        Ok(())
+    }
+}
+
+impl StdoutSinkFields {
+    /// The fields of the sink's `[sink]`.
+    pub fn of(sink: &SinkConfig) -> Result<StdoutSinkFields, SinkError> {
+        Ok(read(&sink.settings, &Place::Sink, StdoutSection::FOR)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(sink: &str, target: &str) -> Result<StdoutFormat, String> {
+        let text = format!(
+            "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
+             [sink]\nurl = \"stdout://\"\n{sink}\n[[sink.targets]]\nname = \"out\"\n\
+             columns = {{ n = \"integer\" }}\n{target}"
+        );
+        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
+        StdoutSection::check(&config).map_err(|e| e.to_string())?;
+        Ok(StdoutSinkFields::of(&config.sink)
+            .map_err(|e| e.to_string())?
+            .format)
+    }
+
+    #[test]
+    fn the_format_reads_and_a_target_takes_nothing_of_its_own() {
+        assert_eq!(check("", ""), Ok(StdoutFormat::Json));
+        assert_eq!(check("format = \"table\"", ""), Ok(StdoutFormat::Table));
+        let said = check("format = \"csv\"", "").unwrap_err();
+        assert!(said.contains("unknown variant `csv`"), "{said}");
+        let said = check("", "table = \"t\"").unwrap_err();
+        assert!(
+            said.contains("unknown field `table` in target `out`: not a field of the stdout sink"),
+            "{said}"
+        );
+    }
+}
