@@ -184,8 +184,8 @@ async fn run_with<S: Sink>(
                 validations: tokio::sync::Semaphore::new(control::server::MAX_PARALLEL_VALIDATIONS),
             };
             let limits = ServeLimits {
-                request_timeout: Duration::from_millis(c.request_timeout_ms),
-                max_connections: c.max_connections,
+                request_timeout: Duration::from_millis(c.request_timeout_ms.get()),
+                max_connections: c.max_connections.get() as usize,
             };
             Some(spawn_control(&c.listen, state, limits, control_stop.clone()).await?)
         }

@@ -3,7 +3,7 @@
 //! bad configs. No broker needed.
 
 use sluice::batch::{OwnedRecord, Plan, Records, single_partition_batch};
-use sluice::config::LimitsConfig;
+use sluice::config::{Bounded, LimitsConfig};
 use sluice::runtime::{Limits, RunError, Runtime};
 use sluice_tests::*;
 use std::process::Command;
@@ -54,7 +54,7 @@ fn same_batch_gives_identical_output_digests_in_fresh_instances() {
 #[test]
 fn running_out_of_fuel_fails_the_same_way_every_time() {
     let rt = runtime(LimitsConfig {
-        fuel_per_batch: 5_000_000,
+        fuel_per_batch: Bounded::at(5_000_000),
         ..LimitsConfig::default()
     });
     let m = load(&rt, "hostile");
@@ -70,7 +70,7 @@ fn running_out_of_fuel_fails_the_same_way_every_time() {
 #[test]
 fn memory_bomb_is_stopped_and_the_host_keeps_running() {
     let rt = runtime(LimitsConfig {
-        max_memory_mib: 32,
+        max_memory_mib: Bounded::at(32),
         ..LimitsConfig::default()
     });
     let hostile = load(&rt, "hostile");
@@ -90,7 +90,7 @@ fn memory_bomb_is_stopped_and_the_host_keeps_running() {
 #[test]
 fn infinite_loop_is_stopped_by_the_deadline_and_is_retryable() {
     let rt = runtime(LimitsConfig {
-        fuel_per_batch: u64::MAX / 2,
+        fuel_per_batch: Bounded::at(u64::MAX / 2),
         batch_timeout_ms: 300,
         ..LimitsConfig::default()
     });
@@ -276,7 +276,7 @@ fn bad_inputs_get_clear_errors() {
         ),
         (
             "[limits]\nmax_output_mib = 0\n[sink]",
-            "`limits.max_output_mib` must be positive",
+            "`limits.max_output_mib` must be at least 1",
         ),
         (
             "[control]\nlisten = \"127.0.0.1:0\"\nmax_connections = 0\n[sink]",

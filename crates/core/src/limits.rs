@@ -104,15 +104,15 @@ impl IsolationBudget {
 impl Limits {
     pub fn from_config(c: &LimitsConfig) -> Limits {
         Limits {
-            fuel_per_batch: c.fuel_per_batch,
+            fuel_per_batch: c.fuel_per_batch.get(),
             batch_timeout: Duration::from_millis(c.batch_timeout_ms),
-            max_memory_mib: c.max_memory_mib,
-            max_stack_kib: c.max_stack_kib,
-            max_output_bytes: (c.max_output_mib.unwrap_or(c.max_memory_mib) as usize) << 20,
-            compile_timeout: Duration::from_millis(c.compile_timeout_ms),
-            compile_memory_mib: c.compile_memory_mib,
+            max_memory_mib: c.max_memory_mib.get(),
+            max_stack_kib: c.max_stack_kib.get(),
+            max_output_bytes: (c.max_output_mib.unwrap_or(c.max_memory_mib).get() as usize) << 20,
+            compile_timeout: Duration::from_millis(c.compile_timeout_ms.get()),
+            compile_memory_mib: c.compile_memory_mib.get(),
             isolation: IsolationBudget {
-                records: c.isolation_budget,
+                records: c.isolation_budget.get() as u32,
                 max_poison_share: c.max_poison_share,
             },
         }

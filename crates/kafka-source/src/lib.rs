@@ -98,8 +98,8 @@ impl KafkaSource {
             brokers: config.brokers.clone(),
             start: config.start,
             cursors: Cursors::new(Caps {
-                per_partition: config.max_records_per_partition as i64,
-                per_batch: config.max_records_per_batch.map(i64::from),
+                per_partition: config.max_records_per_partition.get() as i64,
+                per_batch: config.max_records_per_batch.map(|cap| cap.get() as i64),
             }),
             beyond_end_since: BTreeMap::new(),
             held_error: None,

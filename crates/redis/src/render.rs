@@ -119,8 +119,8 @@ impl CompiledCommand {
             }
             arguments.push(parsed);
         }
-        if c.ttl_s == Some(0) {
-            return Err("`ttl_s` must be at least 1".into());
+        if let Some(message) = c.ttl_s.and_then(|ttl| ttl.out_of_bounds("ttl_s")) {
+            return Err(message);
         }
         if let Some(fields) = &c.fields {
             if fields.is_empty() {
@@ -143,7 +143,7 @@ impl CompiledCommand {
             command: c.command,
             key,
             arguments,
-            ttl_s: c.ttl_s,
+            ttl_s: c.ttl_s.map(|ttl| ttl.get()),
             fields: c
                 .fields
                 .clone()

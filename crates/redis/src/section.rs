@@ -8,7 +8,9 @@
 use crate::render::CompiledTarget;
 use serde::Deserialize;
 use sluice_core::config::section::read;
-use sluice_core::config::{ConfigError, KindSection, PipelineConfig, Place, StoreConnection};
+use sluice_core::config::{
+    Bounded, ConfigError, KindSection, PipelineConfig, Place, StoreConnection,
+};
 use sluice_core::sink::SinkError;
 
 /// The Redis sink (`redis://`, `rediss://`).
@@ -22,7 +24,7 @@ pub struct RedisSinkFields {
     /// are trimmed in the commit that adds one; `verify` and `shadow` see
     /// only these). Default 100000, at least 1. SQL sinks keep all.
     #[serde(default)]
-    pub lineage_keep: Option<u64>,
+    pub lineage_keep: Option<Bounded<1>>,
 }
 
 /// A Redis target's own fields.
@@ -59,17 +61,16 @@ impl RedisSinkFields {
     /// The fields of the store: `[sink]`'s, or none for `[state]`.
     pub fn of(store: &StoreConnection) -> Result<RedisSinkFields, SinkError> {
         let fields: RedisSinkFields = read(&store.settings, &Place::Sink, RedisSection::FOR)?;
-        if fields.lineage_keep == Some(0) {
-            return Err(
-                ConfigError::Invalid("`sink.lineage_keep` must be at least 1".into()).into(),
-            );
+        if let Some(keep) = fields.lineage_keep {
+            keep.check("sink.lineage_keep")?;
         }
         Ok(fields)
     }
 
     /// Lineage entries kept per pipeline.
     pub fn lineage_keep(&self) -> u64 {
-        self.lineage_keep.unwrap_or(DEFAULT_LINEAGE_KEEP)
+        self.lineage_keep
+            .map_or(DEFAULT_LINEAGE_KEEP, |keep| keep.get())
     }
 }
 
@@ -105,7 +106,7 @@ pub struct RedisCommandConfig {
     pub by: Option<String>,
     /// `set` only: expire the key this many seconds after the write.
     #[serde(default)]
-    pub ttl_s: Option<u64>,
+    pub ttl_s: Option<Bounded<1>>,
     /// `xadd` only: the columns written as the entry's fields. Default:
     /// every column of the target.
     #[serde(default)]

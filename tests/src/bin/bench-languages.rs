@@ -9,7 +9,7 @@
 //! toolchains (`scripts/toolchains.sh`) and a built `sluice` binary.
 
 use sluice::batch::{OwnedRecord, Plan, Records, single_partition_batch};
-use sluice::config::LimitsConfig;
+use sluice::config::{Bounded, LimitsConfig};
 use sluice::runtime::{Limits, Runtime, WasmTransform};
 use sluice::transform::Transform;
 use sluice_tests::{TempDir, plugin, repo_root, sluice_bin};
@@ -47,7 +47,7 @@ fn main() {
     // Interpreted guests spend far more fuel per record than compiled ones:
     // give every language the same generous budget, so the clock decides.
     let limits = Limits::from_config(&LimitsConfig {
-        fuel_per_batch: 1_000_000_000_000,
+        fuel_per_batch: Bounded::at(1_000_000_000_000),
         batch_timeout_ms: 600_000,
         ..LimitsConfig::default()
     });

@@ -3,7 +3,7 @@
 //!
 //! It must not enforce them: the runtime and the preparer do.
 
-use super::ConfigError;
+use super::{Bounded, ConfigError};
 use serde::{Deserialize, Serialize};
 
 /// Sandbox limits, applied to every batch.
@@ -13,18 +13,18 @@ pub struct LimitsConfig {
     /// Fuel per batch (roughly one unit per Wasm instruction). Running out is
     /// deterministic: the same batch fails the same way on every retry.
     #[serde(default = "default_fuel")]
-    pub fuel_per_batch: u64,
+    pub fuel_per_batch: Bounded<1>,
     /// Wall-clock backstop per batch, in milliseconds. Hitting it is treated
     /// as retryable (the machine may have been slow), never as output.
     #[serde(default = "default_timeout")]
     pub batch_timeout_ms: u64,
     /// Linear memory cap per instance, in MiB.
     #[serde(default = "default_memory")]
-    pub max_memory_mib: u64,
+    pub max_memory_mib: Bounded<1>,
     /// Wasm stack size, in KiB (64 to 8192); a module that recurses deeper
     /// traps.
     #[serde(default = "default_stack")]
-    pub max_stack_kib: u64,
+    pub max_stack_kib: Bounded<MIN_STACK_KIB, MAX_STACK_KIB>,
     /// What to do with a record that fails the module on its own: one that
     /// makes it trap (twice), run out of fuel, pass the memory cap, hit the
     /// deadline (twice), write a non-finite float, more than
@@ -45,18 +45,18 @@ pub struct LimitsConfig {
     /// a batch whose records are each fine but together too large fails,
     /// saying to lower `source.max_records_per_partition`.
     #[serde(default)]
-    pub max_output_mib: Option<u64>,
+    pub max_output_mib: Option<Bounded<1>>,
     /// Wall-clock budget for compiling a module, in milliseconds (100 to
     /// 3600000). The `sluice` binary compiles in a child process of lower
     /// priority that is killed past it, so a module made to compile slowly
     /// costs a host's cores at most this long, and is refused.
     #[serde(default = "default_compile_timeout")]
-    pub compile_timeout_ms: u64,
+    pub compile_timeout_ms: Bounded<100, 3_600_000>,
     /// Memory budget for compiling a module, in MiB (128 to 65536): the
     /// compiling child's address-space limit. A module that needs more is
     /// refused.
     #[serde(default = "default_compile_memory")]
-    pub compile_memory_mib: u64,
+    pub compile_memory_mib: Bounded<128, 65_536>,
     /// How much isolating one batch's poison records may cost before the
     /// host decides the module, not the records, is at fault (1 to 1000).
     /// Counted in isolations of a record that exhausts a limit on its own
@@ -67,7 +67,7 @@ pub struct LimitsConfig {
     /// batch is not committed and the pipeline stalls (see
     /// `max_poison_share`).
     #[serde(default = "default_isolation_budget")]
-    pub isolation_budget: u32,
+    pub isolation_budget: Bounded<1, 1000>,
     /// Most of a batch's records that may be isolated as poison, as a share
     /// (over 0, at most 1; never fewer than 8 records). A batch where more
     /// of the records fail on their own is not committed: the module is at
@@ -108,42 +108,20 @@ impl Default for LimitsConfig {
 
 impl LimitsConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        let invalid = |m: String| Err(ConfigError::Invalid(m));
-        if self.fuel_per_batch == 0 || self.max_memory_mib == 0 {
-            return invalid("`limits` must be positive".into());
+        self.fuel_per_batch.check("limits.fuel_per_batch")?;
+        self.max_memory_mib.check("limits.max_memory_mib")?;
+        self.max_stack_kib.check("limits.max_stack_kib")?;
+        if let Some(output) = self.max_output_mib {
+            output.check("limits.max_output_mib")?;
         }
-        if !(MIN_STACK_KIB..=MAX_STACK_KIB).contains(&self.max_stack_kib) {
-            return invalid(format!(
-                "`limits.max_stack_kib` = {} is outside {MIN_STACK_KIB}..={MAX_STACK_KIB}",
-                self.max_stack_kib
-            ));
-        }
-        if self.max_output_mib == Some(0) {
-            return invalid("`limits.max_output_mib` must be positive".into());
-        }
-        if !(100..=3_600_000).contains(&self.compile_timeout_ms) {
-            return invalid(format!(
-                "`limits.compile_timeout_ms` = {} is outside 100..=3600000",
-                self.compile_timeout_ms
-            ));
-        }
-        if !(128..=65_536).contains(&self.compile_memory_mib) {
-            return invalid(format!(
-                "`limits.compile_memory_mib` = {} is outside 128..=65536",
-                self.compile_memory_mib
-            ));
-        }
-        if !(1..=1000).contains(&self.isolation_budget) {
-            return invalid(format!(
-                "`limits.isolation_budget` = {} is outside 1..=1000",
-                self.isolation_budget
-            ));
-        }
+        self.compile_timeout_ms.check("limits.compile_timeout_ms")?;
+        self.compile_memory_mib.check("limits.compile_memory_mib")?;
+        self.isolation_budget.check("limits.isolation_budget")?;
         let share = self.max_poison_share;
         if !(share > 0.0 && share <= 1.0) {
-            return invalid(format!(
+            return Err(ConfigError::Invalid(format!(
                 "`limits.max_poison_share` = {share} must be over 0 and at most 1"
-            ));
+            )));
         }
         Ok(())
     }
@@ -161,32 +139,32 @@ pub const MAX_STACK_KIB: u64 = 8 * 1024;
 /// lifting, the batch loop).
 pub const TRANSFORM_THREAD_STACK_BYTES: usize = (MAX_STACK_KIB as usize + 4 * 1024) * 1024;
 
-fn default_fuel() -> u64 {
-    20_000_000_000
+fn default_fuel() -> Bounded<1> {
+    Bounded::at(20_000_000_000)
 }
 
 fn default_timeout() -> u64 {
     30_000
 }
 
-fn default_memory() -> u64 {
-    256
+fn default_memory() -> Bounded<1> {
+    Bounded::at(256)
 }
 
-fn default_compile_timeout() -> u64 {
-    60_000
+fn default_compile_timeout() -> Bounded<100, 3_600_000> {
+    Bounded::at(60_000)
 }
 
-fn default_compile_memory() -> u64 {
-    2048
+fn default_compile_memory() -> Bounded<128, 65_536> {
+    Bounded::at(2048)
 }
 
-fn default_stack() -> u64 {
-    1024
+fn default_stack() -> Bounded<MIN_STACK_KIB, MAX_STACK_KIB> {
+    Bounded::at(1024)
 }
 
-fn default_isolation_budget() -> u32 {
-    4
+fn default_isolation_budget() -> Bounded<1, 1000> {
+    Bounded::at(4)
 }
 
 fn default_max_poison_share() -> f64 {

@@ -9,10 +9,12 @@
 //! (`host/src/config_reference.rs`). It must not connect to anything, and
 //! must not know any sink kind's own fields.
 
+mod bounded;
 mod limits;
 pub mod section;
 mod sink;
 
+pub use bounded::Bounded;
 pub use limits::{
     LimitsConfig, MAX_STACK_KIB, MIN_STACK_KIB, OnPoison, TRANSFORM_THREAD_STACK_BYTES,
 };
@@ -113,19 +115,19 @@ pub struct ControlConfig {
     /// once. Idle connections, and clients that take over 10 s to send a
     /// request's headers, are closed.
     #[serde(default = "default_max_connections")]
-    pub max_connections: usize,
+    pub max_connections: Bounded<1>,
     /// Longest a request may take, upload and validation included, in
     /// milliseconds; past it the answer is 408.
     #[serde(default = "default_request_timeout_ms")]
-    pub request_timeout_ms: u64,
+    pub request_timeout_ms: Bounded<100>,
 }
 
-fn default_max_connections() -> usize {
-    256
+fn default_max_connections() -> Bounded<1> {
+    Bounded::at(256)
 }
 
-fn default_request_timeout_ms() -> u64 {
-    60_000
+fn default_request_timeout_ms() -> Bounded<100> {
+    Bounded::at(60_000)
 }
 
 fn default_max_module_bytes() -> usize {
@@ -157,13 +159,13 @@ pub struct SourceConfig {
     pub group_id: Option<String>,
     /// Upper bound of a batch, in offsets per partition.
     #[serde(default = "default_max_records")]
-    pub max_records_per_partition: u32,
+    pub max_records_per_partition: Bounded<1, { u32::MAX as u64 }>,
     /// Upper bound of a batch across all its partitions, in offsets,
     /// shared fairly between them. Default: none (each partition up to
     /// `max_records_per_partition`), except on Redis, where a batch is one
     /// script and Redis serves no other client while it runs: 50000 there.
     #[serde(default)]
-    pub max_records_per_batch: Option<u32>,
+    pub max_records_per_batch: Option<Bounded<1, { u32::MAX as u64 }>>,
     /// How long to gather records before cutting a batch, in milliseconds.
     #[serde(default = "default_batch_interval")]
     pub batch_interval_ms: u64,
@@ -305,7 +307,8 @@ impl PipelineConfig {
                 .sink
                 .kind()
                 .ok()
-                .and_then(SinkKind::default_max_records_per_batch);
+                .and_then(SinkKind::default_max_records_per_batch)
+                .map(|cap| Bounded::at(cap.into()));
         }
         source
     }
@@ -368,12 +371,11 @@ impl SourceConfig {
                 ));
             }
         }
-        if self.max_records_per_batch == Some(0) {
-            return invalid("`source.max_records_per_batch` must be at least 1".into());
+        if let Some(cap) = self.max_records_per_batch {
+            cap.check("source.max_records_per_batch")?;
         }
-        if self.max_records_per_partition == 0 {
-            return invalid("`source.max_records_per_partition` must be at least 1".into());
-        }
+        self.max_records_per_partition
+            .check("source.max_records_per_partition")?;
         if let Some(key) = self
             .properties
             .keys()
@@ -396,13 +398,8 @@ impl ControlConfig {
                 self.listen
             ));
         }
-        if self.max_connections == 0 {
-            return invalid("`control.max_connections` must be at least 1".into());
-        }
-        if self.request_timeout_ms < 100 {
-            return invalid("`control.request_timeout_ms` must be at least 100".into());
-        }
-        Ok(())
+        self.max_connections.check("control.max_connections")?;
+        self.request_timeout_ms.check("control.request_timeout_ms")
     }
 }
 
@@ -440,8 +437,8 @@ fn resolve_sqlite_path(url: &mut String, base: &Path) {
     }
 }
 
-fn default_max_records() -> u32 {
-    10_000
+fn default_max_records() -> Bounded<1, { u32::MAX as u64 }> {
+    Bounded::at(10_000)
 }
 
 fn default_batch_interval() -> u64 {
@@ -524,7 +521,11 @@ columns = { n = "integer" }
             ),
             (
                 with("limits", "fuel_per_batch = 0"),
-                "`limits` must be positive",
+                "`limits.fuel_per_batch` must be at least 1 (it is 0)",
+            ),
+            (
+                with("limits", "max_memory_mib = 0"),
+                "`limits.max_memory_mib` must be at least 1 (it is 0)",
             ),
             (
                 with("limits", "max_stack_kib = 63"),
@@ -532,7 +533,7 @@ columns = { n = "integer" }
             ),
             (
                 with("limits", "max_output_mib = 0"),
-                "`limits.max_output_mib` must be positive",
+                "`limits.max_output_mib` must be at least 1 (it is 0)",
             ),
             (
                 with("limits", "compile_timeout_ms = 99"),
@@ -654,7 +655,7 @@ columns = { n = "integer" }
         let config = PipelineConfig::parse(&redis).unwrap();
         assert_eq!(
             config.effective_source().max_records_per_batch,
-            Some(50_000)
+            Some(Bounded::at(50_000))
         );
         let config = PipelineConfig::parse(GOOD).unwrap();
         assert_eq!(config.effective_source().max_records_per_batch, None);

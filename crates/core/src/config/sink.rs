@@ -7,7 +7,7 @@
 //! It must not know any kind's own fields or rules: a new sink kind is a
 //! [`SinkKind`] variant, never a field here.
 
-use super::ConfigError;
+use super::{Bounded, ConfigError};
 use crate::sink::{SinkError, SinkKind};
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,7 +56,7 @@ pub struct SinkConfig {
     /// host); Redis: the longest wait for a reply, after which a batch's
     /// outcome is read back from the checkpoints.
     #[serde(default = "default_lock_timeout_ms")]
-    pub lock_timeout_ms: u64,
+    pub lock_timeout_ms: Bounded<100, 3_600_000>,
     /// The targets a module may write to.
     pub targets: Vec<TargetConfig>,
     /// The sink kind's own fields (SQL: `schema`; Redis: `lineage_keep`;
@@ -205,7 +205,7 @@ impl SinkConfig {
         StoreConnection {
             url: self.url.clone(),
             table_prefix: self.table_prefix.clone(),
-            lock_timeout_ms: self.lock_timeout_ms,
+            lock_timeout_ms: self.lock_timeout_ms.get(),
             settings: self.settings.clone(),
         }
     }
@@ -222,12 +222,7 @@ impl SinkConfig {
     /// one target, names unique, columns declared.
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |m: String| Err(ConfigError::Invalid(m));
-        if !(100..=3_600_000).contains(&self.lock_timeout_ms) {
-            return invalid(format!(
-                "`sink.lock_timeout_ms` = {} is outside 100..=3600000 (0.1 s to 1 h)",
-                self.lock_timeout_ms
-            ));
-        }
+        self.lock_timeout_ms.check("sink.lock_timeout_ms")?;
         if self.targets.is_empty() {
             return invalid("`sink.targets` must declare at least one target".into());
         }
@@ -257,14 +252,14 @@ impl StateConfig {
         StoreConnection {
             url: self.url.clone(),
             table_prefix: self.table_prefix.clone(),
-            lock_timeout_ms: sink.lock_timeout_ms,
+            lock_timeout_ms: sink.lock_timeout_ms.get(),
             settings: toml::Table::new(),
         }
     }
 }
 
-fn default_lock_timeout_ms() -> u64 {
-    10_000
+fn default_lock_timeout_ms() -> Bounded<100, 3_600_000> {
+    Bounded::at(10_000)
 }
 
 pub(super) fn default_prefix() -> String {
