@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Builds every guest plugin for wasm32-unknown-unknown (no WASI imports) and
-# wraps each into a component: plugins/dist/<name>.wasm.
+# Builds every Rust guest of the repository (the workspace in plugins/: the
+# SDK's conformance guest in sdk/rust, the examples' guests in
+# examples/*/plugin, the tests' guests in tests/plugins) for
+# wasm32-unknown-unknown (no WASI imports) and wraps each into a component:
+# plugins/dist/<name>.wasm.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root/plugins"

@@ -2,7 +2,9 @@
 //! scaffolded from templates and built into components by calling the
 //! language's own toolchain.
 //!
-//! Owns the project manifest (`sluice-plugin.toml`), the templates, and
+//! Owns the project manifest (`sluice-plugin.toml`), what every template
+//! shares (`host/templates`: its README and sample; each language's own
+//! files come from its module, out of `sdk/<language>/template`), and
 //! where toolchains are looked for. The WIT and the language SDKs are
 //! compiled into this binary and staged into a fresh directory under the
 //! project's `.sluice-build/` for every build (removed after it), so a
@@ -148,17 +150,11 @@ pub fn new_project(dir: &Path, language: Language) -> Result<(), BuildError> {
     let value = clap::ValueEnum::to_possible_value(&language).expect("no skipped variant");
     let lang = value.get_name();
     let sources: &[(&str, &str)] = match language {
-        Language::Rust => &[
-            ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
-            ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
-        ],
-        Language::C => &[("app.c", include_str!("../templates/c/app.c"))],
-        Language::Python => &[("app.py", include_str!("../templates/python/app.py"))],
-        Language::Js => &[("app.js", include_str!("../templates/js/app.js"))],
-        Language::Go => &[
-            ("go.mod", include_str!("../templates/go/go.mod")),
-            ("main.go", include_str!("../templates/go/main.go")),
-        ],
+        Language::Rust => rust::TEMPLATE,
+        Language::C => c::TEMPLATE,
+        Language::Python => python::TEMPLATE,
+        Language::Js => js::TEMPLATE,
+        Language::Go => go::TEMPLATE,
     };
     let mut files: Vec<(String, String)> = sources
         .iter()

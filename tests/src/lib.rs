@@ -34,7 +34,8 @@ pub fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A component built from `plugins/` by `scripts/build-plugins.sh`.
+/// A component built by `scripts/build-plugins.sh` into `plugins/dist`
+/// (from `sdk/rust`, `examples/*/plugin` and `tests/plugins`).
 pub fn plugin(name: &str) -> PathBuf {
     let path = repo_root()
         .join("plugins/dist")

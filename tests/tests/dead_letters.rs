@@ -3,7 +3,7 @@
 //! once, also when the redrive is SIGKILLed half-way and when two redrives
 //! run at the same time.
 //!
-//! The module is `plugins/testing/picky`: its first version rejects every
+//! The module is `tests/plugins/picky`: its first version rejects every
 //! multiple of 5 (the bug), the fix is the same module with that param off.
 //! The target is append-only, so a record redriven twice would show as a
 //! second row.

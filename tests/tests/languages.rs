@@ -6,8 +6,8 @@
 //! no socket; hostile C, Python, JavaScript and Go modules contained like
 //! Rust ones, with the host's peak memory bounded.
 //!
-//! The C, Python, JavaScript and Go plugins (plugins/c, plugins/python,
-//! plugins/js, plugins/go) are built from source here with `sluice build`,
+//! The C, Python, JavaScript and Go plugins (sdk/c, sdk/python,
+//! sdk/js, sdk/go) are built from source here with `sluice build`,
 //! with the toolchains `scripts/toolchains.sh` installs.
 
 use serde_json::Value as Json;
@@ -36,10 +36,11 @@ fn sluice_ok(args: &[&str]) -> String {
     stdout
 }
 
-/// Builds the plugin project `plugins/<project>` into `dir`.
+/// Builds the plugin project `sdk/<project>` (a language's conformance or
+/// hostile guest) into `dir`.
 fn build(project: &str, dir: &Path) -> PathBuf {
     let out = dir.join(format!("{}.wasm", project.replace('/', "-")));
-    let source = repo_root().join("plugins").join(project);
+    let source = repo_root().join("sdk").join(project);
     sluice_ok(&[
         "build",
         source.to_str().unwrap(),

@@ -8,6 +8,10 @@ use super::{BuildError, io, write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// What `sluice new --lang c` writes (`sdk/c/template`).
+pub(super) const TEMPLATE: &[(&str, &str)] =
+    &[("app.c", include_str!("../../../sdk/c/template/app.c"))];
+
 /// The C SDK (`sluice.h`, `sluice.c`), compiled with the project.
 const C_SDK_HEADER: &str = include_str!("../../../sdk/c/sluice.h");
 const C_SDK: &str = include_str!("../../../sdk/c/sluice.c");

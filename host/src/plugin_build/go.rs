@@ -9,6 +9,12 @@ use super::{BuildError, adapter_realloc, io, write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// What `sluice new --lang go` writes (`sdk/go/template`).
+pub(super) const TEMPLATE: &[(&str, &str)] = &[
+    ("go.mod", include_str!("../../../sdk/go/template/go.mod")),
+    ("main.go", include_str!("../../../sdk/go/template/main.go")),
+];
+
 /// The Go SDK (module `sluice.dev/plugin`), staged as a workspace module.
 const GO_SDK: &[(&str, &str)] = &[
     ("go.mod", include_str!("../../../sdk/go/go.mod")),

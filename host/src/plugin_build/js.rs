@@ -7,6 +7,10 @@ use super::{BuildError, io, write};
 use std::path::Path;
 use std::process::Command;
 
+/// What `sluice new --lang js` writes (`sdk/js/template`).
+pub(super) const TEMPLATE: &[(&str, &str)] =
+    &[("app.js", include_str!("../../../sdk/js/template/app.js"))];
+
 /// The JavaScript SDK (module `sluice.js`).
 const JS_SDK: &str = include_str!("../../../sdk/js/sluice.js");
 /// Pinned: the version the conformance suite passes with.

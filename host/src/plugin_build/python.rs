@@ -7,6 +7,12 @@ use super::{BuildError, write};
 use std::path::Path;
 use std::process::Command;
 
+/// What `sluice new --lang python` writes (`sdk/python/template`).
+pub(super) const TEMPLATE: &[(&str, &str)] = &[(
+    "app.py",
+    include_str!("../../../sdk/python/template/app.py"),
+)];
+
 /// The Python SDK (package `sluice_plugin`).
 const PYTHON_SDK: &str = include_str!("../../../sdk/python/sluice_plugin/__init__.py");
 /// Pinned: the version the conformance suite passes with.

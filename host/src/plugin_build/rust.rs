@@ -9,7 +9,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own.
-const RUST_SDK: &str = include_str!("../../../plugins/sdk/src/lib.rs");
+const RUST_SDK: &str = include_str!("../../../sdk/rust/src/lib.rs");
+
+/// What `sluice new --lang rust` writes (`sdk/rust/template`).
+pub(super) const TEMPLATE: &[(&str, &str)] = &[
+    (
+        "Cargo.toml",
+        include_str!("../../../sdk/rust/template/Cargo.toml"),
+    ),
+    (
+        "src/lib.rs",
+        include_str!("../../../sdk/rust/template/src/lib.rs"),
+    ),
+];
 const RUST_SDK_VERSION: &str = "0.1.0";
 
 /// cargo for `wasm32-unknown-unknown` (no WASI) with `sluice-plugin`

@@ -97,7 +97,7 @@ fn built(name: &'static str, project: &str, dir: &Path) -> Language {
     let started = Instant::now();
     let status = Command::new(sluice_bin())
         .arg("build")
-        .arg(repo_root().join("plugins").join(project))
+        .arg(repo_root().join("sdk").join(project))
         .arg("--out")
         .arg(&module)
         .status()

@@ -1,6 +1,6 @@
 //! Module lifecycle figures, as ratios against baselines measured in the
 //! same run:
-//! - deploy of a ~2 MB component (`plugins/testing/bulky`) through the
+//! - deploy of a ~2 MB component (`tests/plugins/bulky`) through the
 //!   control API, cold (nothing compiled yet): upload + validation +
 //!   compilation + store, against compiling the same bytes in-process with
 //!   the same engine settings (the floor);
