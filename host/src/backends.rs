@@ -87,9 +87,54 @@ fn owner_of(place: &Place, field: &str) -> Option<&'static str> {
 /// Reads, parses and checks a pipeline config: the core's checks and
 /// the sink kind's own.
 pub fn load(path: &std::path::Path) -> Result<PipelineConfig, ConfigError> {
-    let config = PipelineConfig::load(path)?;
+    let mut config = PipelineConfig::load(path)?;
+    tolerate_sql_fields(&mut config);
     check(&config)?;
     Ok(config)
+}
+
+/// SQL fields that other sink kinds accepted and ignored before each kind
+/// read its own fields: `schema`, and on a target `create`, `mode =
+/// "append"` and `key = []` (the defaults; other values were refused).
+/// A config that worked then still does: they are dropped here, with a
+/// warning that says so.
+fn tolerate_sql_fields(config: &mut PipelineConfig) {
+    if config.sink.kind().is_ok_and(SinkKind::is_sql) {
+        return;
+    }
+    let ignored = |field: &str, at: &str| {
+        tracing::warn!("`{field}` in {at} is for SQL sinks: ignored (remove it)");
+    };
+    if config.sink.settings.remove("schema").is_some() {
+        ignored("schema", "`[sink]`");
+    }
+    for target in &mut config.sink.targets {
+        let at = format!("target `{}`", target.name);
+        let settings = &mut target.settings;
+        let defaults = [
+            (
+                "create",
+                settings.get("create").is_some_and(toml::Value::is_bool),
+            ),
+            (
+                "mode",
+                settings.get("mode").and_then(toml::Value::as_str) == Some("append"),
+            ),
+            (
+                "key",
+                settings
+                    .get("key")
+                    .and_then(toml::Value::as_array)
+                    .is_some_and(Vec::is_empty),
+            ),
+        ];
+        for (field, tolerated) in defaults {
+            if tolerated {
+                settings.remove(field);
+                ignored(field, &at);
+            }
+        }
+    }
 }
 
 /// The key columns that identify each target's rows, by target (SQL
@@ -324,12 +369,10 @@ mod tests {
     use super::*;
 
     fn check_text(url: &str, sink: &str, target: &str) -> Result<(), String> {
-        let text = format!(
-            "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
-             [sink]\nurl = \"{url}\"\n{sink}\n[[sink.targets]]\nname = \"out\"\n\
-             columns = {{ n = \"integer\" }}\n{target}"
-        );
-        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
+        let sink = format!("url = \"{url}\"\n{sink}");
+        let columns = "{ n = \"integer\" }";
+        let config = sluice_core::testing::sink_config(&sink, "out", columns, target)
+            .map_err(|e| e.to_string())?;
         check(&config).map_err(|e| e.to_string())
     }
 
@@ -396,5 +439,37 @@ mod tests {
             assert_eq!(check_text(url, "", ""), Ok(()), "{url}");
         }
         assert_eq!(check_text("redis://h/0", "", redis), Ok(()));
+    }
+
+    #[test]
+    fn sql_defaults_other_kinds_ignored_before_still_load() {
+        let dir = std::env::temp_dir().join(format!("sluice-tolerate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, sink: &str, target: &str| {
+            let text = format!(
+                "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\n\
+                 path = \"m.wasm\"\n[sink]\nurl = \"kafka://b:1\"\n{sink}\n[[sink.targets]]\n\
+                 name = \"out\"\ncolumns = {{ n = \"integer\" }}\n{target}\n"
+            );
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let old = write(
+            "old.toml",
+            "schema = \"s\"",
+            "create = false\nmode = \"append\"\nkey = []",
+        );
+        let config = load(&old).unwrap();
+        assert!(config.sink.settings.is_empty());
+        assert!(config.sink.targets[0].settings.is_empty());
+        // What was refused before still is.
+        let upsert = write("upsert.toml", "", "mode = \"upsert\"\nkey = [\"n\"]");
+        let said = load(&upsert).unwrap_err().to_string();
+        assert!(
+            said.contains("`key` is for SQL sinks, not Kafka sinks"),
+            "{said}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

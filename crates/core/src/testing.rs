@@ -1,7 +1,25 @@
 //! Builders for tests of the crates that consume the core (behind the
 //! `testing` feature, never in a release build's API).
 
+use crate::config::{ConfigError, PipelineConfig};
 use crate::output::{Column, ColumnData, Output, TargetRows};
+
+/// A pipeline config for a sink kind's config tests: pipeline `p` reading
+/// `in` from an unreachable broker through `m.wasm`, with `sink` as the
+/// lines of `[sink]` (its `url` among them) and one target `name` of
+/// `columns` (an inline table) with `target` lines after.
+pub fn sink_config(
+    sink: &str,
+    name: &str,
+    columns: &str,
+    target: &str,
+) -> Result<PipelineConfig, ConfigError> {
+    PipelineConfig::parse(&format!(
+        "pipeline = \"p\"\n[source]\nbrokers = \"127.0.0.1:1\"\ntopics = [\"in\"]\n\
+         [module]\npath = \"m.wasm\"\n[sink]\n{sink}\n[[sink.targets]]\nname = \"{name}\"\n\
+         columns = {columns}\n{target}\n"
+    ))
+}
 
 /// One target of (`word` text, `n` int64) rows.
 pub fn words_output(target: &str, words: &[(&str, i64)]) -> Output {

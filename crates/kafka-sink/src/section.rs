@@ -211,12 +211,10 @@ mod tests {
         "[sink.targets.kafka]\ntopic = \"out\"\nkey = \"key\"\nvalue = \"value\"\n";
 
     fn check(sink: &str, layout: &str) -> Result<(), String> {
-        let text = format!(
-            "pipeline = \"kbad\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
-             [sink]\nurl = \"kafka://127.0.0.1:1\"\n{sink}\n[[sink.targets]]\nname = \"records\"\n\
-             columns = {{ key = \"text\", value = \"blob\", offset = \"integer\", n = \"real\" }}\n{layout}"
-        );
-        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
+        let sink = format!("url = \"kafka://127.0.0.1:1\"\n{sink}");
+        let columns = "{ key = \"text\", value = \"blob\", offset = \"integer\", n = \"real\" }";
+        let config = sluice_core::testing::sink_config(&sink, "records", columns, layout)
+            .map_err(|e| e.to_string())?;
         KafkaSection::check(&config).map_err(|e| e.to_string())
     }
 

@@ -208,12 +208,10 @@ mod tests {
     /// A Redis pipeline whose one target has `target` (its commands), with
     /// `sink` added to `[sink]`.
     fn check(sink: &str, target: &str) -> Result<(), String> {
-        let text = format!(
-            "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
-             [sink]\nurl = \"redis://127.0.0.1/0\"\n{sink}\n[[sink.targets]]\nname = \"records\"\n\
-             columns = {{ partition = \"integer\", key = \"blob\", n = \"real\" }}\n{target}"
-        );
-        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
+        let sink = format!("url = \"redis://127.0.0.1/0\"\n{sink}");
+        let columns = "{ partition = \"integer\", key = \"blob\", n = \"real\" }";
+        let config = sluice_core::testing::sink_config(&sink, "records", columns, target)
+            .map_err(|e| e.to_string())?;
         RedisSection::check(&config).map_err(|e| e.to_string())
     }
 

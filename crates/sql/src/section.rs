@@ -133,26 +133,15 @@ impl SqlTargetFields {
 mod tests {
     use super::*;
 
-    const BASE: &str = r#"
-pipeline = "p"
-[source]
-brokers = "127.0.0.1:1"
-topics = ["in"]
-[module]
-path = "m.wasm"
-[sink]
-url = "sqlite://x.db"
-SINK
-[[sink.targets]]
-name = "out"
-columns = { word = "text", n = "integer" }
-TARGET
-"#;
+    const COLUMNS: &str = "{ word = \"text\", n = \"integer\" }";
+
+    fn config(sink: &str, target: &str) -> Result<PipelineConfig, String> {
+        let sink = format!("url = \"sqlite://x.db\"\n{sink}");
+        sluice_core::testing::sink_config(&sink, "out", COLUMNS, target).map_err(|e| e.to_string())
+    }
 
     fn check(sink: &str, target: &str) -> Result<(), String> {
-        let text = BASE.replace("SINK", sink).replace("TARGET", target);
-        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
-        SqlSection::check(&config).map_err(|e| e.to_string())
+        SqlSection::check(&config(sink, target)?).map_err(|e| e.to_string())
     }
 
     #[test]
@@ -209,8 +198,7 @@ TARGET
 
     #[test]
     fn the_table_defaults_to_the_target_name_and_state_has_no_schema() {
-        let text = BASE.replace("SINK", "schema = \"s\"").replace("TARGET", "");
-        let config = PipelineConfig::parse(&text).unwrap();
+        let config = config("schema = \"s\"", "").unwrap();
         let target = &config.sink.targets[0];
         let fields = SqlTargetFields::of(target).unwrap();
         assert_eq!((fields.table(target), fields.create), ("out", true));

@@ -63,12 +63,10 @@ mod tests {
     use super::*;
 
     fn check(sink: &str, target: &str) -> Result<StdoutFormat, String> {
-        let text = format!(
-            "pipeline = \"p\"\n[source]\nbrokers = \"b\"\ntopics = [\"t\"]\n[module]\npath = \"m.wasm\"\n\
-             [sink]\nurl = \"stdout://\"\n{sink}\n[[sink.targets]]\nname = \"out\"\n\
-             columns = {{ n = \"integer\" }}\n{target}"
-        );
-        let config = PipelineConfig::parse(&text).map_err(|e| e.to_string())?;
+        let sink = format!("url = \"stdout://\"\n{sink}");
+        let columns = "{ n = \"integer\" }";
+        let config = sluice_core::testing::sink_config(&sink, "out", columns, target)
+            .map_err(|e| e.to_string())?;
         StdoutSection::check(&config).map_err(|e| e.to_string())?;
         Ok(StdoutSinkFields::of(&config.sink)
             .map_err(|e| e.to_string())?
