@@ -23,7 +23,6 @@ use crate::config::{
 use crate::sink::kafka::{KafkaAtLeastOnce, KafkaProducer, KafkaSection, KafkaSink};
 use crate::sink::redis::RedisSection;
 use crate::sink::sql::section::{SqlSection, SqlTargetFields};
-use crate::sink::stdout::section::StdoutSinkFields;
 use crate::sink::stdout::{StdoutFormat, StdoutSection, StdoutSink};
 use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, redis, sqlite};
 use sluice_core::dead_letters::Redrive;
@@ -68,17 +67,19 @@ pub fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
 }
 
 /// A kind's fields at a place, as its section names them.
-type FieldsAt = fn(&Place) -> &'static [&'static str];
+pub(crate) type FieldsAt = fn(&Place) -> &'static [&'static str];
+
+/// Every kind's section: who its fields are for, and their names.
+pub(crate) const SECTIONS: [(&str, FieldsAt); 4] = [
+    (SqlSection::FOR, SqlSection::fields),
+    (RedisSection::FOR, RedisSection::fields),
+    (KafkaSection::FOR, KafkaSection::fields),
+    (StdoutSection::FOR, StdoutSection::fields),
+];
 
 /// Which kinds have `field` at `place`, as their sections name them.
 fn owner_of(place: &Place, field: &str) -> Option<&'static str> {
-    let sections: [(&str, FieldsAt); 4] = [
-        (SqlSection::FOR, SqlSection::fields),
-        (RedisSection::FOR, RedisSection::fields),
-        (KafkaSection::FOR, KafkaSection::fields),
-        (StdoutSection::FOR, StdoutSection::fields),
-    ];
-    sections
+    SECTIONS
         .into_iter()
         .find(|(_, fields)| fields(place).contains(&field))
         .map(|(owner, _)| owner)
@@ -181,7 +182,7 @@ pub(crate) async fn with_sink<W: WithSink>(
             with_store_sink(&config.sink.store(), config.sink.writes(), work).await
         }
         SinkKind::Stdout => {
-            let printing = Printing(StdoutSinkFields::of(&config.sink)?.format);
+            let printing = Printing(StdoutSection::sink(&config.sink)?.format);
             with_state_under(config, printing, work).await
         }
         SinkKind::Kafka if config.sink.guarantee == Guarantee::AtLeastOnce => {

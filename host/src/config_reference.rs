@@ -5,17 +5,14 @@
 //!
 //! It must not check values: the reference shows examples, not defaults.
 
+use crate::backends::SECTIONS;
 use crate::config::section::fields_of;
 use crate::config::{
-    ControlConfig, KindSection, LimitsConfig, ModuleConfig, PipelineConfig, Place, SinkConfig,
-    SourceConfig, StateConfig, TargetConfig,
+    ControlConfig, LimitsConfig, ModuleConfig, PipelineConfig, Place, SinkConfig, SourceConfig,
+    StateConfig, TargetConfig,
 };
-use crate::sink::kafka::KafkaSection;
 use crate::sink::kafka::section::KafkaTargetConfig;
-use crate::sink::redis::RedisSection;
 use crate::sink::redis::section::RedisCommandConfig;
-use crate::sink::sql::section::SqlSection;
-use crate::sink::stdout::StdoutSection;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Tables whose keys are the user's own (passed through), not fields.
@@ -27,19 +24,14 @@ const FORMER_NAMES: &[&str] = &["limits.on_trap"];
 
 /// Every table of a pipeline config and the fields it takes.
 fn tables() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
-    let sink_own = [
-        SqlSection::fields(&Place::Sink),
-        RedisSection::fields(&Place::Sink),
-        KafkaSection::fields(&Place::Sink),
-        StdoutSection::fields(&Place::Sink),
-    ];
-    let target = Place::Target(String::new());
-    let target_own = [
-        SqlSection::fields(&target),
-        RedisSection::fields(&target),
-        KafkaSection::fields(&target),
-        StdoutSection::fields(&target),
-    ];
+    let own = |place: &Place| -> Vec<&'static str> {
+        SECTIONS
+            .iter()
+            .flat_map(|(_, fields)| fields(place).iter().copied())
+            .collect()
+    };
+    let sink_own = own(&Place::Sink);
+    let target_own = own(&Place::Target(String::new()));
     BTreeMap::from([
         ("", fields_of::<PipelineConfig>().iter().copied().collect()),
         (
@@ -64,18 +56,14 @@ fn tables() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         ),
         (
             "sink",
-            SinkConfig::COMMON
-                .iter()
-                .copied()
-                .chain(sink_own.concat())
-                .collect(),
+            SinkConfig::COMMON.iter().copied().chain(sink_own).collect(),
         ),
         (
             "sink.targets",
             TargetConfig::COMMON
                 .iter()
                 .copied()
-                .chain(target_own.concat())
+                .chain(target_own)
                 .collect(),
         ),
         (
@@ -134,10 +122,11 @@ fn shown() -> BTreeMap<String, BTreeSet<String>> {
 #[test]
 fn the_readme_reference_shows_every_field_and_only_fields() {
     let shown = shown();
+    let tables = tables();
     let mut problems = Vec::new();
-    for (table, fields) in tables() {
-        let here = shown.get(table).cloned().unwrap_or_default();
-        for field in &fields {
+    for (table, fields) in &tables {
+        let here = shown.get(*table).cloned().unwrap_or_default();
+        for field in fields {
             let dotted = format!("{table}.{field}");
             if FORMER_NAMES.contains(&dotted.as_str()) {
                 let readme = include_str!("../../README.md");
@@ -161,7 +150,7 @@ fn the_readme_reference_shows_every_field_and_only_fields() {
         }
     }
     for table in shown.keys() {
-        if !tables().contains_key(table.as_str()) && !FREE_FORM.contains(&table.as_str()) {
+        if !tables.contains_key(table.as_str()) && !FREE_FORM.contains(&table.as_str()) {
             problems.push(format!(
                 "the README shows a table `[{table}]` no struct reads"
             ));

@@ -21,12 +21,13 @@ use crate::client::{
     BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
 };
 use crate::records::BatchLayout;
+use crate::section::KafkaSection;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{Producer, ProducerContext, ThreadedProducer};
 use sluice_core::batch::TopicPartition;
-use sluice_core::config::PipelineConfig;
+use sluice_core::config::{KindSection, PipelineConfig};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError, commit_all_but_rows};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -79,7 +80,10 @@ impl KafkaProducer {
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
         let sink = KafkaProducer {
             brokers,
-            layout: BatchLayout::new(config)?,
+            layout: BatchLayout::new(
+                &config.sink.targets,
+                KafkaSection::sink(&config.sink)?.dead_letter_topic(&config.pipeline),
+            )?,
             producer,
             sending: Mutex::new(()),
         };

@@ -8,11 +8,12 @@
 //! It must not write: entries are written only by the sink's commit.
 
 use crate::client::brokers_of;
-use crate::section::KafkaSinkFields;
+use crate::section::KafkaSection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sluice_core::config::KindSection;
 use sluice_core::config::PipelineConfig;
 use sluice_core::sink::SinkError;
 use sluice_core::store::{CommittedBatch, LineageStore, Selection, select_entries};
@@ -32,7 +33,7 @@ impl KafkaLineage {
     pub fn open(config: &PipelineConfig) -> Result<KafkaLineage, SinkError> {
         Ok(KafkaLineage {
             brokers: brokers_of(&config.sink.url)?,
-            topic: KafkaSinkFields::of(config)?.lineage_topic(&config.pipeline),
+            topic: KafkaSection::sink(&config.sink)?.lineage_topic(&config.pipeline),
         })
     }
 }

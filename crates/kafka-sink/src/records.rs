@@ -6,10 +6,9 @@
 //! to a broker (`sink` and `at_least_once` send what this lays out), nor
 //! hold a batch's records all at once.
 
-use crate::section::{KafkaSinkFields, KafkaTargetConfig, KafkaValue};
+use crate::section::{KafkaTargetConfig, KafkaValue};
 use serde_json::{Map, Value as Json};
 use sluice_core::batch::RecordRef;
-use sluice_core::config::PipelineConfig;
 use sluice_core::config::TargetConfig;
 use sluice_core::contract::declared_columns;
 use sluice_core::output::{Column, TargetRows, Value};
@@ -37,15 +36,15 @@ pub struct BatchLayout {
 }
 
 impl BatchLayout {
-    /// `config`'s targets' layouts and its dead-letter topic.
-    pub fn new(config: &PipelineConfig) -> Result<BatchLayout, SinkError> {
-        let targets = config
-            .sink
-            .targets
+    /// The layouts of `targets`, and the dead-letter topic.
+    pub fn new(
+        targets: &[TargetConfig],
+        dead_letter_topic: String,
+    ) -> Result<BatchLayout, SinkError> {
+        let targets = targets
             .iter()
             .map(|t| Ok((t.name.clone(), TargetLayout::new(t.clone())?)))
             .collect::<Result<_, SinkError>>()?;
-        let dead_letter_topic = KafkaSinkFields::of(config)?.dead_letter_topic(&config.pipeline);
         Ok(BatchLayout {
             targets,
             dead_letter_topic,

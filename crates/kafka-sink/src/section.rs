@@ -9,7 +9,6 @@ use serde::Deserialize;
 use sluice_core::config::{
     ColumnType, ConfigError, Guarantee, KindSection, PipelineConfig, TargetConfig,
 };
-use sluice_core::sink::SinkError;
 
 /// The Kafka sink (`kafka://`).
 pub struct KafkaSection;
@@ -114,11 +113,6 @@ impl KindSection for KafkaSection {
 }
 
 impl KafkaSinkFields {
-    /// `config`'s fields.
-    pub fn of(config: &PipelineConfig) -> Result<KafkaSinkFields, SinkError> {
-        Ok(KafkaSection::sink(&config.sink)?)
-    }
-
     /// The dead-letter topic.
     pub fn dead_letter_topic(&self, pipeline: &str) -> String {
         self.dead_letter_topic

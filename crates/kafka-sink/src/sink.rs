@@ -30,13 +30,14 @@ use crate::client::{
     BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
 };
 use crate::records::BatchLayout;
-use crate::section::KafkaSinkFields;
+use crate::section::KafkaSection;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::batch::{OffsetRange, TopicPartition};
+use sluice_core::config::KindSection;
 use sluice_core::config::PipelineConfig;
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
 use std::collections::HashMap;
@@ -86,11 +87,13 @@ impl KafkaSink {
         let group = offsets
             .group_metadata()
             .ok_or_else(|| SinkError::Config("Kafka sink: no consumer group metadata".into()))?;
+        let fields = KafkaSection::sink(&config.sink)?;
+        let dead_letter_topic = fields.dead_letter_topic(&config.pipeline);
         let sink = KafkaSink {
             brokers,
             pipeline: config.pipeline.clone(),
-            layout: BatchLayout::new(config)?,
-            lineage_topic: KafkaSinkFields::of(config)?.lineage_topic(&config.pipeline),
+            layout: BatchLayout::new(&config.sink.targets, dead_letter_topic)?,
+            lineage_topic: fields.lineage_topic(&config.pipeline),
             offsets,
             group,
             producers: Mutex::new(HashMap::new()),

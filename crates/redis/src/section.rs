@@ -11,7 +11,6 @@ use sluice_core::config::section::read;
 use sluice_core::config::{
     Bounded, ConfigError, KindSection, PipelineConfig, Place, StoreConnection,
 };
-use sluice_core::sink::SinkError;
 
 /// The Redis sink (`redis://`, `rediss://`).
 pub struct RedisSection;
@@ -46,10 +45,7 @@ impl KindSection for RedisSection {
     type Target = RedisTargetFields;
 
     fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
-        RedisSinkFields::of(&config.sink.store()).map_err(|e| match e {
-            SinkError::Section(e) => e,
-            other => ConfigError::Invalid(other.to_string()),
-        })?;
+        RedisSinkFields::of(&config.sink.store())?;
         for target in &config.sink.targets {
             CompiledTarget::new(target, &Self::target(target)?, config.sink.guarantee)?;
         }
@@ -59,7 +55,7 @@ impl KindSection for RedisSection {
 
 impl RedisSinkFields {
     /// The fields of the store: `[sink]`'s, or none for `[state]`.
-    pub fn of(store: &StoreConnection) -> Result<RedisSinkFields, SinkError> {
+    pub fn of(store: &StoreConnection) -> Result<RedisSinkFields, ConfigError> {
         let fields: RedisSinkFields = read(&store.settings, &Place::Sink, RedisSection::FOR)?;
         if let Some(keep) = fields.lineage_keep {
             keep.check("sink.lineage_keep")?;

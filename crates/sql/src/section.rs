@@ -9,7 +9,6 @@ use crate::config::section::read;
 use crate::config::{
     ColumnType, ConfigError, KindSection, PipelineConfig, Place, StoreConnection, TargetConfig,
 };
-use crate::sink::SinkError;
 use serde::Deserialize;
 
 /// The SQL sinks (`sqlite`, `postgres`, `mysql`).
@@ -80,14 +79,14 @@ impl KindSection for SqlSection {
 impl SqlSinkFields {
     /// The fields of the store's database: `[sink]`'s, or none for
     /// `[state]`.
-    pub fn of(store: &StoreConnection) -> Result<SqlSinkFields, SinkError> {
-        Ok(read(&store.settings, &Place::Sink, SqlSection::FOR)?)
+    pub fn of(store: &StoreConnection) -> Result<SqlSinkFields, ConfigError> {
+        read(&store.settings, &Place::Sink, SqlSection::FOR)
     }
 }
 
 impl SqlTargetFields {
     /// `target`'s fields, read and checked.
-    pub fn of(target: &TargetConfig) -> Result<SqlTargetFields, SinkError> {
+    pub fn of(target: &TargetConfig) -> Result<SqlTargetFields, ConfigError> {
         let fields = SqlSection::target(target)?;
         fields.check(target)?;
         Ok(fields)

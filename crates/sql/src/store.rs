@@ -197,7 +197,7 @@ impl SqlModuleStore {
             e => StoreError::Settings(e),
         })?;
         let schema = SqlSinkFields::of(sink)
-            .map_err(StoreError::Settings)?
+            .map_err(|e| StoreError::Settings(e.into()))?
             .schema;
         let sql = Statements::new(dialect, schema.as_deref(), &sink.table_prefix)?;
         let store = SqlModuleStore { pool, sql };

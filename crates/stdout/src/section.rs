@@ -4,9 +4,7 @@
 //! It must not print.
 
 use serde::Deserialize;
-use sluice_core::config::{ConfigError, KindSection, PipelineConfig, SinkConfig};
-use sluice_core::config::{Place, section::read};
-use sluice_core::sink::SinkError;
+use sluice_core::config::{ConfigError, KindSection, PipelineConfig};
 
 /// The stdout sink (`stdout://`).
 pub struct StdoutSection;
@@ -51,13 +49,6 @@ impl KindSection for StdoutSection {
     }
 }
 
-impl StdoutSinkFields {
-    /// The fields of the sink's `[sink]`.
-    pub fn of(sink: &SinkConfig) -> Result<StdoutSinkFields, SinkError> {
-        Ok(read(&sink.settings, &Place::Sink, StdoutSection::FOR)?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,7 +59,7 @@ mod tests {
         let config = sluice_core::testing::sink_config(&sink, "out", columns, target)
             .map_err(|e| e.to_string())?;
         StdoutSection::check(&config).map_err(|e| e.to_string())?;
-        Ok(StdoutSinkFields::of(&config.sink)
+        Ok(StdoutSection::sink(&config.sink)
             .map_err(|e| e.to_string())?
             .format)
     }
