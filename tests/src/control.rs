@@ -14,9 +14,26 @@ use std::time::{Duration, Instant};
 /// The token the tests' hosts accept for writes.
 pub const TOKEN: &str = "test-token-1234";
 
-/// A `[control]` table listening on `port`.
-pub fn control_toml(port: u16, max_module_bytes: usize) -> String {
-    format!("[control]\nlisten = \"127.0.0.1:{port}\"\nmax_module_bytes = {max_module_bytes}\n")
+/// The Prometheus text the control API on `port` serves at `/metrics`.
+pub fn scrape_metrics(port: u16) -> String {
+    let answer = raw_request(port, "GET /metrics HTTP/1.1", b"");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    answer.body
+}
+
+/// Sums the samples of metric `name` whose labels contain every one of
+/// `labels` (`key="value"`) in a Prometheus text scrape.
+pub fn metric_sample(scrape: &str, name: &str, labels: &[&str]) -> f64 {
+    scrape
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(series, _)| {
+            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
+            metric == name && labels.iter().all(|label| rest.contains(label))
+        })
+        .map(|(_, value)| value.parse::<f64>().expect("a sample value"))
+        .sum()
 }
 
 /// A free port for a control API, and its base URL.
@@ -30,6 +47,8 @@ pub fn control_port() -> (u16, String) {
 pub struct Host {
     child: Option<Child>,
     log: PathBuf,
+    /// The control API's port, once [`Host::wait_for_api`] saw it up.
+    api: std::cell::Cell<Option<u16>>,
 }
 
 impl Host {
@@ -46,6 +65,7 @@ impl Host {
         Host {
             child: Some(child),
             log: log.to_path_buf(),
+            api: std::cell::Cell::new(None),
         }
     }
 
@@ -60,6 +80,14 @@ impl Host {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+        self.api.set(Some(port));
+    }
+
+    /// Metric `name` scraped from the control API, summed over its label
+    /// sets (0 before it is first set).
+    pub fn metric(&self, name: &str) -> f64 {
+        let port = self.api.get().expect("wait_for_api first");
+        metric_sample(&scrape_metrics(port), name, &[])
     }
 
     pub fn log(&self) -> String {
@@ -99,6 +127,19 @@ impl Host {
             assert!(
                 Instant::now() < deadline,
                 "`{needle}` not logged {times} times within {limit:?}; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until [`Host::metric`] `name` reaches `at_least`.
+    pub fn wait_for_metric(&self, name: &str, at_least: f64, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.metric(name) < at_least {
+            assert!(
+                Instant::now() < deadline,
+                "`{name}` stayed below {at_least} for {limit:?}; log:\n{}",
                 self.log()
             );
             std::thread::sleep(Duration::from_millis(50));

@@ -7,13 +7,17 @@
 //! read of the input topic ([`read_committed`]), not from what was produced.
 
 pub mod bench;
+pub mod config;
 pub mod control;
 pub mod crash;
+pub mod kafka_out;
 pub mod markers;
 pub mod proxy;
 pub mod redis_server;
+pub mod scenarios;
 pub mod sinks;
 
+pub use config::{PipelineToml, Target};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -460,9 +464,9 @@ impl Drop for TempDir {
 }
 
 /// Writes a pipeline config into `dir` and returns its path.
-pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+pub fn write_config(dir: &Path, text: impl std::fmt::Display) -> PathBuf {
     let path = dir.join("pipeline.toml");
-    std::fs::write(&path, text).expect("write config");
+    std::fs::write(&path, text.to_string()).expect("write config");
     path
 }
 
@@ -550,6 +554,47 @@ pub fn run_ok(config: &Path) {
     );
 }
 
+/// What `sluice run --until-caught-up` says it did when it ends (its
+/// `RunStats`, printed as its last line).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RunSummary {
+    pub batches: u64,
+    pub records: u64,
+    pub rows: u64,
+    pub dead_letters: u64,
+    /// Commits rolled back because another owner moved the offsets first.
+    pub fenced: u64,
+}
+
+impl RunSummary {
+    /// The summary line in `output` (a run's stdout or stderr).
+    pub fn find(output: &str) -> Option<RunSummary> {
+        output.lines().rev().find_map(RunSummary::parse)
+    }
+
+    /// `N batches, N records, N rows, N dead letters[, N fenced commits
+    /// rolled back]`.
+    fn parse(line: &str) -> Option<RunSummary> {
+        let mut summary = RunSummary::default();
+        let mut named = 0;
+        for part in line.trim().split(", ") {
+            let (n, what) = part.split_once(' ')?;
+            let n: u64 = n.parse().ok()?;
+            let field = match what {
+                "batches" => &mut summary.batches,
+                "records" => &mut summary.records,
+                "rows" => &mut summary.rows,
+                "dead letters" => &mut summary.dead_letters,
+                "fenced commits rolled back" => &mut summary.fenced,
+                _ => return None,
+            };
+            *field = n;
+            named += 1;
+        }
+        (named >= 4).then_some(summary)
+    }
+}
+
 /// Opens the pipeline's SQLite database.
 pub async fn sqlite(path: &Path) -> sqlx::SqlitePool {
     let url = format!("sqlite://{}", path.display());
@@ -603,97 +648,35 @@ pub fn assert_ranges_contiguous(rows: Vec<(String, i64, i64, i64)>) {
 }
 
 /// Config of a pipeline that copies every record of `topic` into the
-/// `records` table of `db` with the identity plugin (append mode): the
-/// strongest check of exactly-once, one row per delivered record.
+/// `records` table of the SQLite file `db` with the identity plugin (append
+/// mode): the strongest check of exactly-once, one row per delivered record.
 pub fn identity_config(
     pipeline: &str,
     brokers: &str,
     topic: &str,
     db: &Path,
     max_records: u32,
-) -> String {
-    let sink = sinks::SinkDb::Sqlite(db.to_path_buf()).sink_toml();
-    identity_config_into(pipeline, brokers, topic, &sink, max_records)
+) -> PipelineToml {
+    sinks::SinkDb::Sqlite(db.to_path_buf()).configure(PipelineToml::identity(
+        pipeline,
+        brokers,
+        topic,
+        max_records,
+    ))
 }
 
 /// An identity pipeline from `input` into the Kafka topic `output`: key
 /// and value as they came, the source partition and offset as headers.
-/// `source` and `sink` are extra lines of those sections.
 pub fn kafka_identity_config(
     pipeline: &str,
     brokers: &str,
     input: &str,
     output: &str,
-    source: &str,
-    sink: &str,
-) -> String {
-    format!(
-        r#"
-pipeline = "{pipeline}"
-[source]
-brokers = "{brokers}"
-topics = ["{input}"]
-{source}
-[module]
-path = "{module}"
-[sink]
-url = "kafka://{brokers}"
-{sink}
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-[sink.targets.kafka]
-topic = "{output}"
-key = "key"
-value = "value"
-headers = ["partition", "offset"]
-"#,
-        module = plugin("identity").display()
-    )
+) -> PipelineToml {
+    PipelineToml::new(pipeline, brokers, &[input], &plugin("identity"))
+        .sink_url(&format!("kafka://{brokers}"))
+        .target(Target::records().kafka(output, "key", "value", &["partition", "offset"]))
 }
-
-/// [`identity_config`] with the `[sink]` connection lines given (see
-/// [`sinks::SinkDb::sink_toml`]).
-pub fn identity_config_into(
-    pipeline: &str,
-    brokers: &str,
-    topic: &str,
-    sink: &str,
-    max_records: u32,
-) -> String {
-    format!(
-        r#"
-pipeline = "{pipeline}"
-
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = {max_records}
-batch_interval_ms = 100
-properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
-
-[module]
-path = "{module}"
-
-[sink]
-{sink}
-
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-"#,
-        module = plugin("identity").display(),
-    )
-}
-
-/// The `[[sink.targets]]` table of the `word-count` plugin's output: counts
-/// added by word (accumulate mode).
-pub const WORD_COUNTS_TARGET: &str = r#"[[sink.targets]]
-name = "word_counts"
-mode = "accumulate"
-key = ["word"]
-columns = { word = "text", n = "integer" }
-"#;
 
 /// A `records` row as selected: partition, offset, key, value.
 pub type RecordRow = (i64, i64, Option<Vec<u8>>, Option<Vec<u8>>);

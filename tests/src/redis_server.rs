@@ -5,7 +5,8 @@
 //!
 //! It must not write into a pipeline's keys.
 
-use crate::{Seen, TempDir, free_port};
+use crate::scenarios::TestSink;
+use crate::{PipelineToml, Seen, TempDir, free_port};
 use redis::Commands;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::{Child, Command, Stdio};
@@ -158,6 +159,28 @@ impl RedisServer {
         entries.len()
     }
 
+    /// The stream `rec:{partition}` an identity pipeline writes, as the
+    /// records its entries came from.
+    fn stream(&self, conn: &mut redis::Connection, partition: i32) -> Vec<Seen> {
+        let entries: Vec<(String, BTreeMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
+            .arg(format!("rec:{partition}"))
+            .arg("-")
+            .arg("+")
+            .query(conn)
+            .expect("XRANGE");
+        entries
+            .iter()
+            .map(|(_, f)| Seen {
+                partition,
+                offset: String::from_utf8_lossy(&f["offset"]).parse().unwrap(),
+                key: f
+                    .get("key")
+                    .map(|k| String::from_utf8_lossy(k).into_owned()),
+                value: String::from_utf8_lossy(&f["value"]).into_owned(),
+            })
+            .collect()
+    }
+
     /// Asserts what [`identity_redis_config`] writes equals `expected`
     /// (an independent `read_committed` read): per partition the stream
     /// `rec:P` holds each record once, in offset order; the hash `counts`
@@ -171,23 +194,7 @@ impl RedisServer {
         }
         let counts: BTreeMap<String, i64> = conn.hgetall("counts").expect("HGETALL counts");
         for (p, want) in &by_partition {
-            let entries: Vec<(String, BTreeMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
-                .arg(format!("rec:{p}"))
-                .arg("-")
-                .arg("+")
-                .query(&mut conn)
-                .expect("XRANGE");
-            let got: Vec<Seen> = entries
-                .iter()
-                .map(|(_, f)| Seen {
-                    partition: *p,
-                    offset: String::from_utf8_lossy(&f["offset"]).parse().unwrap(),
-                    key: f
-                        .get("key")
-                        .map(|k| String::from_utf8_lossy(k).into_owned()),
-                    value: String::from_utf8_lossy(&f["value"]).into_owned(),
-                })
-                .collect();
+            let got = self.stream(&mut conn, *p);
             assert_eq!(
                 got.len(),
                 want.len(),
@@ -213,44 +220,93 @@ impl RedisServer {
     }
 }
 
+impl TestSink for RedisServer {
+    fn label(&self) -> String {
+        "redis".into()
+    }
+
+    /// The sink of [`identity_redis_config`].
+    fn configure(&self, config: PipelineToml) -> PipelineToml {
+        redis_identity(config, &self.url())
+    }
+
+    async fn progress(&self, pipeline: &str) -> i64 {
+        self.committed_batches(pipeline)
+    }
+
+    /// The streams `rec:{partition}`.
+    async fn identity_output(&self) -> Vec<Seen> {
+        let mut conn = self.conn();
+        let streams: Vec<String> = conn.keys("rec:*").expect("KEYS");
+        let mut partitions: Vec<i32> = streams
+            .iter()
+            .filter_map(|k| k.strip_prefix("rec:")?.parse().ok())
+            .collect();
+        partitions.sort_unstable();
+        partitions
+            .into_iter()
+            .flat_map(|p| self.stream(&mut conn, p))
+            .collect()
+    }
+
+    async fn assert_lineage(&self, pipeline: &str) -> usize {
+        let batches = self.assert_contiguous_lineage(pipeline);
+        assert_eq!(self.dead_letters(pipeline), 0);
+        batches
+    }
+
+    /// Also: the hash `counts` counts each partition's records, the sets
+    /// `keys:P` hold their keys.
+    async fn assert_identity_exactly_once(&self, pipeline: &str, expected: &[Seen]) -> usize {
+        RedisServer::assert_identity_exactly_once(self, pipeline, expected)
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
 }
 
-/// A pipeline that writes every record of `topic` into Redis with the
-/// identity plugin: XADD to `rec:{partition}` (offset, key, value), HINCRBY
-/// `counts` by partition, SADD the key to `keys:{partition}`; exactly-once.
-/// The SQL tests' [`crate::identity_config_into`] with a Redis `[sink]`
-/// (`lock_timeout_ms = 3000`) and these commands; `extra_source` adds
-/// lines to `[source]`.
+/// The identity pipeline into Redis at `url` (`lock_timeout_ms = 3000`):
+/// each record `xadd`ed to `rec:{partition}` (offset, key, value), counted
+/// by partition in the hash `counts`, its key added to the set
+/// `keys:{partition}`; exactly-once.
 pub fn identity_redis_config(
     pipeline: &str,
     brokers: &str,
     topic: &str,
     url: &str,
     max_records: u32,
-    extra_source: &str,
-) -> String {
-    let sink = format!("url = \"{url}\"\nlock_timeout_ms = 3000");
-    let config = crate::identity_config_into(pipeline, brokers, topic, &sink, max_records)
-        .replace("\n[module]\n", &format!("{extra_source}\n\n[module]\n"));
+) -> PipelineToml {
+    redis_identity(
+        PipelineToml::identity(pipeline, brokers, topic, max_records),
+        url,
+    )
+}
+
+/// `config`'s `[sink]` pointed at Redis `url`, the identity's `records`
+/// written as [`identity_redis_config`] says.
+fn redis_identity(config: PipelineToml, url: &str) -> PipelineToml {
     config
-        + r#"
-[[sink.targets.redis]]
-command = "xadd"
-key = "rec:{partition}"
-fields = ["offset", "key", "value"]
-
-[[sink.targets.redis]]
-command = "hincrby"
-key = "counts"
-field = "{partition}"
-
-[[sink.targets.redis]]
-command = "sadd"
-key = "keys:{partition}"
-member = "{key}"
-"#
+        .sink_url(url)
+        .sink("lock_timeout_ms", 3000)
+        .targets(|target| {
+            target
+                .redis(&[
+                    ("command", "xadd".into()),
+                    ("key", "rec:{partition}".into()),
+                    ("fields", vec!["offset", "key", "value"].into()),
+                ])
+                .redis(&[
+                    ("command", "hincrby".into()),
+                    ("key", "counts".into()),
+                    ("field", "{partition}".into()),
+                ])
+                .redis(&[
+                    ("command", "sadd".into()),
+                    ("key", "keys:{partition}".into()),
+                    ("member", "{key}".into()),
+                ])
+        })
 }

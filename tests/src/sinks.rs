@@ -6,7 +6,8 @@
 //! Services are found by `SLUICE_TEST_POSTGRES_URL` / `SLUICE_TEST_MYSQL_URL`
 //! with the local defaults. It must not write into a pipeline's tables.
 
-use crate::Seen;
+use crate::scenarios::TestSink;
+use crate::{PipelineToml, Seen};
 use sqlx::AnyPool;
 use std::path::PathBuf;
 use std::sync::Once;
@@ -75,20 +76,21 @@ impl SinkDb {
         }
     }
 
-    /// The `url = ...` (and `schema = ...`) lines of the `[sink]` table,
-    /// connecting through `url` instead when given (a fault proxy).
-    pub fn sink_toml_via(&self, url: Option<&str>) -> String {
-        let url = url.map(str::to_string).unwrap_or_else(|| self.url());
-        match self {
-            SinkDb::Sqlite(_) => format!("url = \"{url}\""),
-            SinkDb::Postgres { schema, .. } | SinkDb::Mysql { schema, .. } => {
-                format!("url = \"{url}\"\nschema = \"{schema}\"")
-            }
-        }
+    /// Points `config`'s `[sink]` here (`url`, and `schema` on servers).
+    pub fn configure(&self, config: PipelineToml) -> PipelineToml {
+        self.configure_via(config, &self.url())
     }
 
-    pub fn sink_toml(&self) -> String {
-        self.sink_toml_via(None)
+    /// [`SinkDb::configure`], connecting through `url` instead (a fault
+    /// proxy).
+    pub fn configure_via(&self, config: PipelineToml, url: &str) -> PipelineToml {
+        let config = config.sink_url(url);
+        match self {
+            SinkDb::Sqlite(_) => config,
+            SinkDb::Postgres { schema, .. } | SinkDb::Mysql { schema, .. } => {
+                config.sink("schema", schema.as_str())
+            }
+        }
     }
 
     /// `name` quoted (and schema-qualified for tables) in this dialect.
@@ -178,7 +180,8 @@ impl SinkDb {
 
     /// Asserts lineage rows form contiguous ranges per partition: each range
     /// starts where the previous one ended, with no overlap and no gap.
-    pub async fn assert_contiguous_lineage(&self, pipeline: &str) {
+    /// Returns how many batches `pipeline` committed.
+    pub async fn assert_contiguous_lineage(&self, pipeline: &str) -> usize {
         let sql = format!(
             "SELECT topic, {p}, from_offset, until_offset FROM {t} WHERE pipeline = '{pipeline}' \
              ORDER BY topic, {p}, from_offset",
@@ -191,6 +194,11 @@ impl SinkDb {
             .await
             .expect("lineage");
         crate::assert_ranges_contiguous(rows);
+        let batches = format!(
+            "SELECT count(*) FROM {} WHERE pipeline = '{pipeline}'",
+            self.table("sluice_batches")
+        );
+        self.scalar(&batches).await.expect("batches table") as usize
     }
 
     /// Asserts the `records` table of an identity pipeline equals the
@@ -205,18 +213,40 @@ impl SinkDb {
         pipeline: &str,
     ) -> usize {
         let expected = crate::read_committed(brokers, topic, partitions);
-        let actual = self.identity_rows().await;
-        assert_eq!(
-            actual.len(),
-            expected.len(),
-            "row count differs from the committed input"
-        );
-        assert!(
-            actual == expected,
-            "rows differ from the read_committed input"
-        );
-        self.assert_contiguous_lineage(pipeline).await;
+        self.assert_identity_exactly_once(pipeline, &expected).await
+    }
+}
+
+impl TestSink for SinkDb {
+    fn label(&self) -> String {
+        match self {
+            SinkDb::Sqlite(_) => "sqlite",
+            SinkDb::Postgres { .. } => "postgres",
+            SinkDb::Mysql { .. } => "mariadb",
+        }
+        .into()
+    }
+
+    fn configure(&self, config: PipelineToml) -> PipelineToml {
+        SinkDb::configure(self, config)
+    }
+
+    async fn progress(&self, _pipeline: &str) -> i64 {
+        self.committed_batches().await
+    }
+
+    /// The `records` table (none before the first batch made it).
+    async fn identity_output(&self) -> Vec<Seen> {
+        let exists = format!("SELECT count(*) FROM {}", self.table("records"));
+        match self.scalar(&exists).await {
+            Some(_) => self.identity_rows().await,
+            None => Vec::new(),
+        }
+    }
+
+    async fn assert_lineage(&self, pipeline: &str) -> usize {
+        let batches = self.assert_contiguous_lineage(pipeline).await;
         assert_eq!(self.dead_letters().await, 0);
-        actual.len()
+        batches
     }
 }

@@ -9,10 +9,9 @@
 
 use sluice::control::{ClientError, ControlClient};
 use sluice_tests::control::{
-    Host, Producer, TOKEN, closed_within, control_port, control_toml, raw_answer_or_closed,
-    raw_request,
+    Host, Producer, TOKEN, closed_within, control_port, raw_answer_or_closed, raw_request,
 };
-use sluice_tests::{TempDir, create_topic, identity_config, plugin, shared_broker};
+use sluice_tests::{PipelineToml, TempDir, create_topic, identity_config, plugin, shared_broker};
 use std::io::Write;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
@@ -20,24 +19,25 @@ use std::time::{Duration, Instant};
 /// The control API's header read timeout (`control::HEADER_READ_TIMEOUT`).
 const HEADER_TIMEOUT: Duration = sluice::control::HEADER_READ_TIMEOUT;
 
-/// A host of an identity pipeline on `topic` serving its API with the
-/// given extra `[control]` lines; returns it with its port and URL.
-fn host(name: &str, topic: &str, dir: &TempDir, control_extra: &str) -> (Host, u16, String) {
+/// A host of an identity pipeline on `topic` serving its API, its config
+/// changed by `change`; returns it with its port and URL.
+fn host(
+    name: &str,
+    topic: &str,
+    dir: &TempDir,
+    change: impl FnOnce(PipelineToml) -> PipelineToml,
+) -> (Host, u16, String) {
     create_topic(shared_broker(), topic, 2);
     let (port, url) = control_port();
-    let config = format!(
-        "{}\n{}{control_extra}\n",
-        identity_config(
-            name,
-            shared_broker(),
-            topic,
-            &dir.path().join("out.db"),
-            500
-        ),
-        control_toml(port, 4 * 1024 * 1024)
-    );
-    let path = dir.path().join("pipeline.toml");
-    std::fs::write(&path, config).unwrap();
+    let config = identity_config(
+        name,
+        shared_broker(),
+        topic,
+        &dir.path().join("out.db"),
+        500,
+    )
+    .control(port, 4 * 1024 * 1024);
+    let path = change(config).write(dir.path());
     let host = Host::start(&path, &dir.path().join("host.log"));
     host.wait_for_api(port);
     (host, port, url)
@@ -48,11 +48,11 @@ fn host(name: &str, topic: &str, dir: &TempDir, control_extra: &str) -> (Host, u
 fn host_under_load(
     topic: &str,
     dir: &TempDir,
-    control_extra: &str,
+    change: impl FnOnce(PipelineToml) -> PipelineToml,
 ) -> (Host, u16, String, Producer) {
-    let (host, port, url) = host(topic, topic, dir, control_extra);
+    let (host, port, url) = host(topic, topic, dir, change);
     let producer = Producer::start(shared_broker(), topic, 2);
-    host.wait_for_log("batch committed", 1, Duration::from_secs(60));
+    host.wait_for_metric("sluice_batches_total", 1.0, Duration::from_secs(60));
     (host, port, url, producer)
 }
 
@@ -70,7 +70,7 @@ fn refused<T: std::fmt::Debug>(result: Result<T, ClientError>) -> u16 {
 #[tokio::test(flavor = "multi_thread")]
 async fn refusals_leave_a_kept_alive_connection_usable() {
     let dir = TempDir::new("cp-keepalive");
-    let (host, _, url) = host("cp-keepalive", "cp-keepalive", &dir, "");
+    let (host, _, url) = host("cp-keepalive", "cp-keepalive", &dir, |c| c);
     let stamp = std::fs::read(plugin("stamp")).unwrap();
     let anonymous = ControlClient::new(&url, Some("wrong".into()));
     let writer = ControlClient::new(&url, Some(TOKEN.into()));
@@ -110,7 +110,8 @@ async fn refusals_leave_a_kept_alive_connection_usable() {
 async fn slow_and_idle_clients_are_cut_off_while_batches_go_on() {
     let topic = "cp-slowloris";
     let dir = TempDir::new(topic);
-    let (host, port, url, producer) = host_under_load(topic, &dir, "max_connections = 16");
+    let (host, port, url, producer) =
+        host_under_load(topic, &dir, |c| c.field("control", "max_connections", 16));
     let rss_before = host.rss_mib();
 
     let opened = Instant::now();
@@ -170,12 +171,9 @@ async fn slow_and_idle_clients_are_cut_off_while_batches_go_on() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stalled_body_times_out() {
     let dir = TempDir::new("cp-stalled");
-    let (host, port, _) = host(
-        "cp-stalled",
-        "cp-stalled",
-        &dir,
-        "request_timeout_ms = 2000",
-    );
+    let (host, port, _) = host("cp-stalled", "cp-stalled", &dir, |c| {
+        c.field("control", "request_timeout_ms", 2000)
+    });
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let head = format!(
         "POST /v1/activate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
@@ -198,7 +196,7 @@ async fn a_stalled_body_times_out() {
 #[tokio::test(flavor = "multi_thread")]
 async fn bodies_are_bounded_and_every_error_is_json() {
     let dir = TempDir::new("cp-errors");
-    let (host, port, _) = host("cp-errors", "cp-errors", &dir, "");
+    let (host, port, _) = host("cp-errors", "cp-errors", &dir, |c| c);
     let rss_before = host.rss_mib();
     let auth = format!("Authorization: Bearer {TOKEN}");
     // 200 MB declared, the first MiB sent: refused without reading more.
@@ -293,7 +291,7 @@ async fn bodies_are_bounded_and_every_error_is_json() {
 #[tokio::test(flavor = "multi_thread")]
 async fn params_travel_in_the_body_and_only_token_holders_read_them() {
     let dir = TempDir::new("cp-params");
-    let (host, _, url) = host("cp-params", "cp-params", &dir, "");
+    let (host, _, url) = host("cp-params", "cp-params", &dir, |c| c);
     let writer = ControlClient::new(&url, Some(TOKEN.into()));
     let secret = format!("secret-{}", "x".repeat(100 * 1024));
     let params = serde_json::json!({ "tag": secret }).to_string();
@@ -341,7 +339,7 @@ async fn params_travel_in_the_body_and_only_token_holders_read_them() {
 async fn api_fuzzed_from_its_openapi_document_never_fails() {
     let topic = "cp-fuzz";
     let dir = TempDir::new(topic);
-    let (mut host, _, url, producer) = host_under_load(topic, &dir, "");
+    let (mut host, _, url, producer) = host_under_load(topic, &dir, |c| c);
     let schema = format!("{url}/v1/openapi.json");
     for auth in [None, Some(format!("Authorization: Bearer {TOKEN}"))] {
         let mut st = std::process::Command::new("st");
@@ -378,8 +376,12 @@ async fn api_fuzzed_from_its_openapi_document_never_fails() {
         );
     }
     assert!(!host.log().contains("panicked"), "{}", host.log());
-    let before = host.log().matches("batch committed").count();
-    host.wait_for_log("batch committed", before + 2, Duration::from_secs(30));
+    let before = host.metric("sluice_batches_total");
+    host.wait_for_metric(
+        "sluice_batches_total",
+        before + 2.0,
+        Duration::from_secs(30),
+    );
     producer.stop();
     host.stop();
 }
@@ -392,7 +394,7 @@ async fn api_fuzzed_from_its_openapi_document_never_fails() {
 async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails() {
     let topic = "cp-deploy-burst";
     let dir = TempDir::new(topic);
-    let (mut host, _, url, producer) = host_under_load(topic, &dir, "");
+    let (mut host, _, url, producer) = host_under_load(topic, &dir, |c| c);
     let stamp = std::fs::read(plugin("stamp")).unwrap();
     let digest = sluice::batch::sha256_hex(&stamp);
     let deploys: Vec<_> = (0..80)
@@ -412,7 +414,7 @@ async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails(
             })
         })
         .collect();
-    let committed_before = host.log().matches("batch committed").count();
+    let committed_before = host.metric("sluice_batches_total");
     for deploy in deploys {
         let (good, answer) = deploy.await.unwrap();
         match (good, answer) {
@@ -426,9 +428,9 @@ async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails(
             (good, other) => panic!("deploy with good params = {good} answered {other:?}"),
         }
     }
-    host.wait_for_log(
-        "batch committed",
-        committed_before + 3,
+    host.wait_for_metric(
+        "sluice_batches_total",
+        committed_before + 3.0,
         Duration::from_secs(30),
     );
     assert!(host.is_running());
@@ -448,7 +450,7 @@ async fn eighty_parallel_deploys_under_load_get_true_answers_and_no_batch_fails(
 async fn parallel_activations_under_load_are_stored_or_told_to_retry() {
     let topic = "cp-activate-burst";
     let dir = TempDir::new(topic);
-    let (mut host, _, url, producer) = host_under_load(topic, &dir, "");
+    let (mut host, _, url, producer) = host_under_load(topic, &dir, |c| c);
     let stamp = std::fs::read(plugin("stamp")).unwrap();
     let client = ControlClient::new(&url, Some(TOKEN.into()));
     let stored = client
@@ -481,8 +483,12 @@ async fn parallel_activations_under_load_are_stored_or_told_to_retry() {
     distinct.sort_unstable();
     distinct.dedup();
     assert_eq!(distinct.len(), versions.len(), "{versions:?}");
-    let committed = host.log().matches("batch committed").count();
-    host.wait_for_log("batch committed", committed + 3, Duration::from_secs(60));
+    let committed = host.metric("sluice_batches_total");
+    host.wait_for_metric(
+        "sluice_batches_total",
+        committed + 3.0,
+        Duration::from_secs(60),
+    );
     assert!(host.is_running());
     producer.stop();
     host.stop();

@@ -10,9 +10,10 @@
 //!
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
-use sluice_tests::control::{Host, cli_ok, control_port, control_toml, sluice_ok};
+use sluice_tests::control::{Host, cli_ok, control_port, sluice_ok};
 use sluice_tests::{
-    Produce, TempDir, create_topic, plugin, produce, shared_broker, sluice_bin, sqlite_count,
+    PipelineToml, Produce, Target, TempDir, create_topic, plugin, produce, shared_broker,
+    sluice_bin, sqlite_count,
 };
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,31 +24,20 @@ const NOT_NUMBERS: usize = 3;
 
 fn pipeline_config(dir: &TempDir, topic: &str, port: u16) -> std::path::PathBuf {
     let db = dir.path().join("out.db");
-    let config = format!(
-        r#"
-pipeline = "{topic}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 20
-batch_interval_ms = 50
-[module]
-path = "{module}"
-params = {{ reject_multiples_of = 5 }}
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "numbers"
-columns = {{ n = "integer", partition = "integer", offset = "integer", timestamp = "integer" }}
-{control}"#,
-        brokers = shared_broker(),
-        module = plugin("picky").display(),
-        db = db.display(),
-        control = control_toml(port, 4 * 1024 * 1024),
-    );
-    let path = dir.path().join("pipeline.toml");
-    std::fs::write(&path, config).unwrap();
-    path
+    PipelineToml::new(topic, shared_broker(), &[topic], &plugin("picky"))
+        .max_records_per_partition(20)
+        .batch_interval_ms(50)
+        .module_param("reject_multiples_of", 5)
+        .sink_url(&format!("sqlite://{}", db.display()))
+        .target(
+            Target::new("numbers")
+                .column("n", "integer")
+                .column("partition", "integer")
+                .column("offset", "integer")
+                .column("timestamp", "integer"),
+        )
+        .control(port, 4 * 1024 * 1024)
+        .write(dir.path())
 }
 
 /// Dead letters still stored from the pipeline's own batches.
@@ -370,30 +360,14 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
 fn dead_letter_commands_refuse_what_they_cannot_do() {
     let dir = TempDir::new("dl-refusals");
     let redis = dir.path().join("redis.toml");
-    std::fs::write(
-        &redis,
-        format!(
-            r#"
-pipeline = "dl-refusals"
-[source]
-brokers = "127.0.0.1:1"
-topics = ["t"]
-[module]
-path = "{}"
-[sink]
-url = "redis://127.0.0.1:6379/0"
-[[sink.targets]]
-name = "numbers"
-columns = {{ n = "integer" }}
-[[sink.targets.redis]]
-command = "set"
-key = "n:{{n}}"
-value = "{{n}}"
-"#,
-            plugin("picky").display()
-        ),
-    )
-    .unwrap();
+    let config = PipelineToml::new("dl-refusals", "127.0.0.1:1", &["t"], &plugin("picky"))
+        .sink_url("redis://127.0.0.1:6379/0")
+        .target(Target::new("numbers").column("n", "integer").redis(&[
+            ("command", "set".into()),
+            ("key", "n:{n}".into()),
+            ("value", "{n}".into()),
+        ]));
+    std::fs::write(&redis, config.to_string()).unwrap();
     let fails = |args: &[&str]| {
         let out = Command::new(sluice_bin()).args(args).output().unwrap();
         assert!(!out.status.success(), "{args:?} succeeded");

@@ -5,6 +5,7 @@
 //! Also keeps the broker's known aborted-record leak visible (docs/ARCHITECTURE.md).
 
 use rand::{Rng, SeedableRng};
+use sluice_tests::scenarios::{KillLoop, TwoOwners};
 use sluice_tests::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,43 +15,38 @@ const PARTITIONS: i32 = 4;
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_random_moments_loses_and_duplicates_nothing() {
     let broker = Broker::start();
-    let topic = "crash-input";
-    create_topic(&broker.brokers, topic, PARTITIONS);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
-    let sent = crash::produce_mixed_input(&broker.brokers, topic, PARTITIONS, &mut rng);
-    assert!(
-        sent >= 100_000,
-        "the test needs at least 100k committed records, sent {sent}"
-    );
-
     let dir = TempDir::new("crash");
-    let db = dir.path().join("crash.db");
-    let config = write_config(
-        dir.path(),
-        &identity_config("crash", &broker.brokers, topic, &db, 100),
-    );
-
-    let sink = sinks::SinkDb::Sqlite(db.clone());
-    let (kills, batches_before_final) = crash::kill_loop(
-        &config,
-        async || sink.committed_batches().await,
-        24,
-        &mut rng,
-    )
-    .await;
-    assert!(
-        kills >= 20,
-        "only {kills} kills happened before the pipeline finished; make batches smaller"
-    );
-
-    run_ok(&config);
-
-    let delivered = sink
-        .assert_exactly_once(&broker.brokers, topic, PARTITIONS, "crash")
+    let kill_loop = KillLoop {
+        brokers: &broker.brokers,
+        name: "crash-input",
+        seed: 0x5eed,
+        kills: 24,
+        max_records: 100,
+        batch_interval_ms: 100,
+        assigned: false,
+    };
+    kill_loop
+        .run(&sinks::SinkDb::Sqlite(dir.path().join("crash.db")))
         .await;
-    println!(
-        "{kills} SIGKILLs; {batches_before_final} batches committed between kills; {delivered} records delivered exactly once"
-    );
+}
+
+/// Two processes statically assigned the same partitions race for every
+/// range of one SQLite file: each range is committed once, the loser rolls
+/// back.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_owners_of_the_same_partitions_fence_each_other() {
+    let dir = TempDir::new("sqlite-fence");
+    let two_owners = TwoOwners {
+        brokers: shared_broker(),
+        name: "sqlite-fence",
+        records: 40_000,
+        partitions: PARTITIONS,
+        max_records: 100,
+        batch_interval_ms: 20,
+    };
+    two_owners
+        .run(&sinks::SinkDb::Sqlite(dir.path().join("fence.db")))
+        .await;
 }
 
 /// Word count accumulates into SQLite across SIGKILLs: the totals equal the
@@ -79,27 +75,13 @@ async fn word_count_totals_survive_sigkill() {
 
     let dir = TempDir::new("wc-crash");
     let db = dir.path().join("wc.db");
-    let config = write_config(
-        dir.path(),
-        &format!(
-            r#"
-pipeline = "wc-crash"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 300
-batch_interval_ms = 50
-properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
-[module]
-path = "{module}"
-[sink]
-url = "sqlite://{db}"
-{target}"#,
-            module = plugin("word-count").display(),
-            target = WORD_COUNTS_TARGET,
-            db = db.display()
-        ),
-    );
+    let config = PipelineToml::new("wc-crash", brokers, &[topic], &plugin("word-count"))
+        .max_records_per_partition(300)
+        .batch_interval_ms(50)
+        .short_session()
+        .sink_url(&format!("sqlite://{}", db.display()))
+        .target(Target::word_counts())
+        .write(dir.path());
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     for _ in 0..5 {
         let mut child = Command::new(sluice_bin())
@@ -265,11 +247,9 @@ async fn a_partition_at_its_end_does_not_hold_a_batch_back() {
     create_topic(brokers, topic, 2);
     let dir = TempDir::new("tail");
     let db = dir.path().join("tail.db");
-    let config = identity_config("tail", brokers, topic, &db, 10_000).replace(
-        "batch_interval_ms = 100",
-        &format!("batch_interval_ms = {}", INTERVAL.as_millis()),
-    );
-    let config = write_config(dir.path(), &config);
+    let config = identity_config("tail", brokers, topic, &db, 10_000)
+        .batch_interval_ms(INTERVAL.as_millis() as u64)
+        .write(dir.path());
     let sink = sinks::SinkDb::Sqlite(db.clone());
 
     produce(brokers, topic, &numbered("tail-0", 50, 2));
@@ -333,10 +313,8 @@ async fn two_instances_share_partitions_exactly_once() {
     produce(brokers, topic, &numbered("shared", 40_000, 4));
     let dir = TempDir::new("shared");
     let db = dir.path().join("shared.db");
-    let config = write_config(
-        dir.path(),
-        &identity_config("shared", brokers, topic, &db, 250),
-    );
+    let shared = identity_config("shared", brokers, topic, &db, 250);
+    let config = shared.write(dir.path());
     let spawn = || {
         Command::new(sluice_bin())
             .args(["run", "--until-caught-up"])
@@ -362,12 +340,9 @@ async fn two_instances_share_partitions_exactly_once() {
     // checkpoint lives in the sink. (Joining the old group again sometimes
     // waits forever on Tansu after two members left: a broker defect noted
     // in the issue, not reproduced minimally yet.)
-    let final_config = write_config(
-        dir.path(),
-        &std::fs::read_to_string(&config)
-            .unwrap()
-            .replace("[source]", "[source]\ngroup_id = \"sluice-shared-final\""),
-    );
+    let final_config = shared
+        .source("group_id", "sluice-shared-final")
+        .write(dir.path());
     run_ok(&final_config);
     let pool = sqlite(&db).await;
     assert_eq!(

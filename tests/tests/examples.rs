@@ -6,18 +6,21 @@ use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
 use std::path::Path;
 
-/// Copies an example's config into `dir`, pointing it at `brokers`, the
-/// example's plugin and a database in `dir`.
-fn adapt_config(example: &Path, brokers: &str, dir: &Path) -> std::path::PathBuf {
-    let text = std::fs::read_to_string(example.join("pipeline.toml")).expect("example config");
-    let text = text
-        .replace("127.0.0.1:19092", brokers)
-        .replace(
-            "../../plugins/dist/",
-            &format!("{}/", repo_root().join("plugins/dist").display()),
-        )
-        .replace("sqlite://", &format!("sqlite://{}/", dir.display()));
-    write_config(dir, &text)
+/// An example's config pointed at `brokers`, the example's plugin by its
+/// absolute path, and a SQLite file (if it writes one) in `dir`.
+fn adapt_config(example: &Path, brokers: &str, dir: &Path) -> PipelineToml {
+    let config = PipelineToml::read(&example.join("pipeline.toml"));
+    let module = example.join(config.get("module", "path").expect("module path"));
+    let url = config.get("sink", "url").expect("sink url").to_string();
+    let url = match url.split_once("://") {
+        Some(("sqlite", file)) => format!("sqlite://{}/{file}", dir.display()),
+        Some(("kafka", _)) => format!("kafka://{brokers}"),
+        _ => url,
+    };
+    config
+        .source("brokers", brokers)
+        .module_path(&module)
+        .sink_url(&url)
 }
 
 fn produce_lines(brokers: &str, topic: &str, file: &Path, partitions: i32) {
@@ -47,7 +50,7 @@ async fn run_example(
     create_topic(brokers, topic, partitions);
     produce_lines(brokers, topic, &example.join(data), partitions);
     let dir = TempDir::new(name);
-    run_ok(&adapt_config(&example, brokers, dir.path()));
+    run_ok(&adapt_config(&example, brokers, dir.path()).write(dir.path()));
     let pool = sqlite(&dir.path().join(format!("{name}.db"))).await;
     (dir, pool)
 }
@@ -156,22 +159,13 @@ async fn run_sql_example(
         );
     }
     let dir = TempDir::new(name);
-    let config = adapt_config(&example, brokers, dir.path());
     // The test's own topic, so no two tests read one topic.
-    let text = std::fs::read_to_string(&config).unwrap();
-    let text: String = text
-        .lines()
-        .map(|l| match l.starts_with("topics = ") {
-            true => format!("topics = [\"{topic}\"]\n"),
-            false => format!("{l}\n"),
-        })
-        .collect();
-    std::fs::write(&config, text).unwrap();
+    let mut config = adapt_config(&example, brokers, dir.path()).topics(&[topic]);
     if let Some(p) = pipeline {
-        let text = std::fs::read_to_string(&config).unwrap();
-        let text = text.replacen("pipeline = \"", &format!("pipeline = \"{p}-"), 1);
-        std::fs::write(&config, text).unwrap();
+        let renamed = format!("{p}-{}", config.name());
+        config = config.renamed(&renamed);
     }
+    let config = config.write(dir.path());
     run_ok(&config);
 }
 
@@ -315,13 +309,9 @@ fn dedupe_config(
     brokers: &str,
     redis: &sluice_tests::redis_server::RedisServer,
     dir: &Path,
-) -> std::path::PathBuf {
+) -> PipelineToml {
     let example = repo_root().join("examples/dedupe-redis");
-    let config = adapt_config(&example, brokers, dir);
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("redis://127.0.0.1:6379/0", &redis.url());
-    write_config(dir, &text)
+    adapt_config(&example, brokers, dir).sink_url(&redis.url())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -332,7 +322,7 @@ async fn dedupe_redis_example_gives_expected_sets_and_counts() {
     produce_lines(brokers, "user-events", &example.join("events.jsonl"), 2);
     let redis = sluice_tests::redis_server::RedisServer::start("dedupe-example");
     let dir = TempDir::new("dedupe-redis");
-    run_ok(&dedupe_config(brokers, &redis, dir.path()));
+    run_ok(&dedupe_config(brokers, &redis, dir.path()).write(dir.path()));
     assert_eq!(dedupe_summary(&redis), expected("dedupe-redis"));
 }
 
@@ -371,15 +361,11 @@ async fn dedupe_redis_example_is_exact_across_crashes() {
     produce_transaction(brokers, topic, "dedupe-commit", &events[25_000..], true);
     let mut redis = sluice_tests::redis_server::RedisServer::start("dedupe-crash");
     let dir = TempDir::new("dedupe-crash");
-    let config = dedupe_config(brokers, &redis, dir.path());
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("user-events", topic)
-        .replace(
-            "[source]",
-            "[source]\nmax_records_per_partition = 300\nbatch_interval_ms = 50",
-        );
-    let config = write_config(dir.path(), &text);
+    let config = dedupe_config(brokers, &redis, dir.path())
+        .topics(&[topic])
+        .max_records_per_partition(300)
+        .batch_interval_ms(50)
+        .write(dir.path());
     let lineage = "dedupe:sluice:lineage:dedupe-redis";
     let committed = async || -> i64 {
         use redis::Commands;
@@ -435,11 +421,9 @@ async fn inspect_stdout_example_prints_the_json_filter_rows() {
         &repo_root().join("examples/inspect-stdout"),
         brokers,
         dir.path(),
-    );
-    let text = std::fs::read_to_string(&config)
-        .unwrap()
-        .replace("[\"events\"]", &format!("[\"{topic}\"]"));
-    let config = write_config(dir.path(), &text);
+    )
+    .topics(&[topic])
+    .write(dir.path());
     let out = std::process::Command::new(sluice_bin())
         .args(["run", "--until-caught-up"])
         .arg(&config)
@@ -493,7 +477,7 @@ fn enrich_kafka_example_enriches_valid_orders_and_dead_letters_the_rest() {
     }
     produce_lines(brokers, "order-events", &example.join("orders.jsonl"), 2);
     let dir = TempDir::new("enrich-kafka");
-    run_ok(&adapt_config(&example, brokers, dir.path()));
+    run_ok(&adapt_config(&example, brokers, dir.path()).write(dir.path()));
     let mut out = read_consumed(brokers, "orders-enriched", 2);
     out.sort_by_key(|r| r.key.as_deref().unwrap_or("").parse::<i64>().unwrap_or(-1));
     let dead = read_consumed(brokers, "enrich.dead-letters", 1);

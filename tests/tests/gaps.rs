@@ -241,7 +241,7 @@ async fn poison_records_become_dead_letters_and_the_rest_commits() {
     let db = dir.path().join("out.db");
     let config = write_config(
         dir.path(),
-        &hostile_config("poison", topic, &db, &POISON, ""),
+        hostile_config("poison", topic, &db, &POISON, ""),
     );
     run_ok(&config);
     let pool = sqlite(&db).await;
@@ -269,75 +269,50 @@ async fn poison_records_become_dead_letters_and_the_rest_commits() {
 struct Mode {
     name: &'static str,
     target: &'static str,
-    columns: &'static str,
+    columns: &'static [(&'static str, &'static str)],
 }
 
 /// Passes records through to `echo`, misbehaving on poison values.
 const POISON: Mode = Mode {
     name: "poison",
     target: "echo",
-    columns: r#"{ offset = "integer", value = "text" }"#,
+    columns: &[("offset", "integer"), ("value", "text")],
 };
 
 /// Writes N boolean rows to `flood` for a record `flood:N`.
 const FLOOD: Mode = Mode {
     name: "flood",
     target: "flood",
-    columns: r#"{ flag = "boolean" }"#,
+    columns: &[("flag", "boolean")],
 };
 
 /// Writes a text cell of N bytes to `wide` for a record `wide:N`.
 const WIDE: Mode = Mode {
     name: "wide",
     target: "wide",
-    columns: r#"{ text = "text" }"#,
+    columns: &[("text", "text")],
 };
 
-/// A hostile module's config into SQLite, in `mode`, under `limits`.
+/// A hostile module's config into SQLite, in `mode`, under `limits`
+/// (`[limits]` lines).
 fn hostile_config(
     pipeline: &str,
     topic: &str,
     db: &std::path::Path,
     mode: &Mode,
     limits: &str,
-) -> String {
-    hostile_config_with(pipeline, topic, db, mode, limits, "")
-}
-
-/// [`hostile_config`] with more `[source]` settings.
-fn hostile_config_with(
-    pipeline: &str,
-    topic: &str,
-    db: &std::path::Path,
-    mode: &Mode,
-    limits: &str,
-    source: &str,
-) -> String {
-    format!(
-        r#"
-pipeline = "{pipeline}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-{source}
-[module]
-path = "{module}"
-params = {{ mode = "{mode}" }}
-[limits]
-{limits}
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "{target}"
-columns = {columns}
-"#,
-        brokers = shared_broker(),
-        module = plugin("hostile").display(),
-        db = db.display(),
-        mode = mode.name,
-        target = mode.target,
-        columns = mode.columns,
-    )
+) -> PipelineToml {
+    let target = mode
+        .columns
+        .iter()
+        .fold(Target::new(mode.target), |t, (name, kind)| {
+            t.column(name, kind)
+        });
+    PipelineToml::new(pipeline, shared_broker(), &[topic], &plugin("hostile"))
+        .module_param("mode", mode.name)
+        .limits(limits)
+        .sink_url(&format!("sqlite://{}", db.display()))
+        .target(target)
 }
 
 /// `transform_ms` of the first batch the log shows committed with dead
@@ -356,6 +331,8 @@ fn transform_ms_of_batch_with_dead_letters(log: &str) -> u64 {
 struct HostileRun {
     /// Keeps the database and config until the test ends.
     dir: TempDir,
+    /// The config, as built and as written.
+    toml: PipelineToml,
     config: std::path::PathBuf,
     run: MeasuredRun,
     pool: sqlx::SqlitePool,
@@ -367,11 +344,13 @@ async fn run_mode(topic: &str, records: &[Produce], mode: &Mode, limits: &str) -
     produce(shared_broker(), topic, records);
     let dir = TempDir::new(topic);
     let db = dir.path().join("out.db");
-    let config = write_config(dir.path(), &hostile_config(topic, topic, &db, mode, limits));
+    let toml = hostile_config(topic, topic, &db, mode, limits);
+    let config = toml.write(dir.path());
     let run = run_measured(&config, "info");
     let pool = sqlite(&db).await;
     HostileRun {
         dir,
+        toml,
         config,
         run,
         pool,
@@ -465,7 +444,7 @@ async fn bisection_cost_of_one_poison_record_in_ten_thousand() {
         let dir = TempDir::new(name);
         let config = write_config(
             dir.path(),
-            &hostile_config(name, name, &dir.path().join("out.db"), &POISON, ""),
+            hostile_config(name, name, &dir.path().join("out.db"), &POISON, ""),
         );
         let run = run_measured(&config, "info");
         assert!(run.success, "{}", run.log);
@@ -542,7 +521,7 @@ async fn deep_recursion_under_the_largest_stack_traps_instead_of_crashing_the_ho
     let db = h.dir.path().join("out.db");
     let refused = write_config(
         h.dir.path(),
-        &hostile_config(topic, topic, &db, &POISON, &too_deep),
+        hostile_config(topic, topic, &db, &POISON, &too_deep),
     );
     let out = run_until_caught_up(&refused, Duration::from_secs(60));
     assert!(!out.status.success());
@@ -611,12 +590,10 @@ async fn verify_replays_a_batch_under_the_limits_it_ran_with() {
             "{s}"
         );
     }
-    let text = std::fs::read_to_string(&h.config).unwrap();
-    std::fs::write(
-        &h.config,
-        text.replace("max_memory_mib = 64", "max_memory_mib = 256"),
-    )
-    .unwrap();
+    h.toml
+        .clone()
+        .field("limits", "max_memory_mib", 256)
+        .write(h.dir.path());
     let said = sluice_ok(&["verify", h.config.to_str().unwrap()]);
     assert!(
         said.contains("0 differ") && !said.contains("note:"),
@@ -799,14 +776,7 @@ async fn sigterm_interrupts_an_isolation_at_once() {
         let limits = format!("{limits}\nisolation_budget = 1000\nmax_poison_share = 1");
         let config = write_config(
             dir.path(),
-            &hostile_config_with(
-                topic,
-                topic,
-                &db,
-                &mode,
-                &limits,
-                &format!("assign = {{ \"{topic}\" = [0] }}"),
-            ),
+            hostile_config(topic, topic, &db, &mode, &limits).assign(topic, &[0]),
         );
         let mut host = sluice_tests::control::Host::start(&config, &dir.path().join("run.log"));
         host.wait_for_log("bisecting the batch", 1, Duration::from_secs(120));
@@ -851,12 +821,11 @@ async fn a_restart_after_sigterm_in_isolation_resumes_from_the_checkpoint() {
     produce(shared_broker(), topic, &records);
     let dir = TempDir::new(topic);
     let db = dir.path().join("out.db");
-    let source = format!("max_records_per_partition = 500\nassign = {{ \"{topic}\" = [0] }}");
     let config = |limits: &str| {
-        write_config(
-            dir.path(),
-            &hostile_config_with(topic, topic, &db, &POISON, limits, &source),
-        )
+        hostile_config(topic, topic, &db, &POISON, limits)
+            .max_records_per_partition(500)
+            .assign(topic, &[0])
+            .write(dir.path())
     };
     let config_path =
         config("fuel_per_batch = 300000000\nisolation_budget = 1000\nmax_poison_share = 1");
@@ -905,10 +874,10 @@ async fn a_record_whose_output_breaks_the_contract_becomes_a_contract_dead_lette
         (
             "contract-rust",
             plugin("hostile"),
-            r#"{ mode = "raw" }"#,
+            Some(("mode", "raw")),
             "echo",
         ),
-        ("contract-c", c_module, "{}", "out"),
+        ("contract-c", c_module, None, "out"),
     ];
     for (topic, module, params, target) in guests {
         create_topic(shared_broker(), topic, 1);
@@ -917,28 +886,17 @@ async fn a_record_whose_output_breaks_the_contract_becomes_a_contract_dead_lette
         produce_values(shared_broker(), topic, &values);
         let dir = TempDir::new(topic);
         let db = dir.path().join("out.db");
-        let config = write_config(
-            dir.path(),
-            &format!(
-                r#"
-pipeline = "{topic}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-[module]
-path = "{module}"
-params = {params}
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "{target}"
-columns = {{ offset = "integer", value = "text" }}
-"#,
-                brokers = shared_broker(),
-                module = module.display(),
-                db = db.display(),
-            ),
-        );
+        let mut config = PipelineToml::new(topic, shared_broker(), &[topic], &module)
+            .sink_url(&format!("sqlite://{}", db.display()))
+            .target(
+                Target::new(target)
+                    .column("offset", "integer")
+                    .column("value", "text"),
+            );
+        if let Some((key, value)) = params {
+            config = config.module_param(key, value);
+        }
+        let config = config.write(dir.path());
         run_ok(&config);
         let pool = sqlite(&db).await;
         assert_eq!(
@@ -1001,9 +959,7 @@ async fn a_log_flood_costs_the_host_its_cut_lines_only() {
 /// once, under the new version.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_running_pipeline_stalls_on_a_version_at_fault_until_another_is_activated() {
-    use sluice_tests::control::{
-        Host, cli_ok, control_port, control_toml, deploy_hostile, raw_request,
-    };
+    use sluice_tests::control::{Host, cli_ok, control_port, deploy_hostile, raw_request};
     let topic = "stall-service";
     create_topic(shared_broker(), topic, 1);
     produce(shared_broker(), topic, &numbered("ok", 300, 1));
@@ -1014,18 +970,16 @@ async fn a_running_pipeline_stalls_on_a_version_at_fault_until_another_is_activa
         name: "spin",
         ..POISON
     };
-    let text = hostile_config_with(
+    let config = hostile_config(
         topic,
         topic,
         &db,
         &mode,
         "fuel_per_batch = 100000000\nisolation_budget = 1",
-        &format!("assign = {{ \"{topic}\" = [0] }}"),
-    );
-    let config = write_config(
-        dir.path(),
-        &format!("{text}\n{}", control_toml(port, 32 << 20)),
-    );
+    )
+    .assign(topic, &[0])
+    .control(port, 32 << 20)
+    .write(dir.path());
     let host = Host::start(&config, &dir.path().join("run.log"));
     host.wait_for_api(port);
     host.wait_for_log(

@@ -10,186 +10,28 @@
 //! output with `read_committed` is reproduced here by name.
 
 use rand::SeedableRng;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::Producer as _;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice_tests::control::{Host, Producer, cli_ok, control_port, control_toml, sluice_ok};
+use sluice_tests::control::{Host, Producer, sluice_ok};
+use sluice_tests::kafka_out::{
+    By, GroupOffsets, KafkaOut, assert_lineage_contiguous, assert_output_exactly_once,
+    create_sink_topics,
+};
 use sluice_tests::markers::{has_open_transaction, read_committed_by_markers};
+use sluice_tests::scenarios::{BadConfigs, KillLoop, Lifecycle};
 use sluice_tests::*;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 const PARTITIONS: i32 = 4;
 
-/// The sum of the group's committed offsets over `topic`'s partitions: it
-/// grows with every committed batch.
-struct GroupOffsets {
-    consumer: BaseConsumer,
-    topic: String,
-    partitions: i32,
-}
-
-impl GroupOffsets {
-    fn new(brokers: &str, group: &str, topic: &str, partitions: i32) -> GroupOffsets {
-        let consumer = ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("group.id", group)
-            .set("isolation.level", "read_committed")
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("offsets consumer");
-        GroupOffsets {
-            consumer,
-            topic: topic.to_string(),
-            partitions,
-        }
-    }
-
-    fn total(&self) -> i64 {
-        let mut list = TopicPartitionList::new();
-        for p in 0..self.partitions {
-            list.add_partition(&self.topic, p);
-        }
-        let Ok(committed) = self
-            .consumer
-            .committed_offsets(list, Duration::from_secs(10))
-        else {
-            return 0;
-        };
-        committed
-            .elements()
-            .iter()
-            .map(|e| match e.offset() {
-                Offset::Offset(o) => o,
-                _ => 0,
-            })
-            .sum()
-    }
-
-    /// Waits until the offsets add up to `sent` (every record consumed),
-    /// failing after `limit` with what `logs` says.
-    async fn wait_for(&self, sent: i64, limit: Duration, logs: impl Fn() -> String) {
-        let deadline = std::time::Instant::now() + limit;
-        while self.total() < sent {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the group's offsets reached {} of {sent}\n{}",
-                self.total(),
-                logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
 /// [`kafka_identity_config`] with small, frequent batches and a short
 /// session (so a frozen member is noticed in seconds).
-fn kafka_config(pipeline: &str, brokers: &str, input: &str, output: &str, extra: &str) -> String {
-    let source = format!(
-        "max_records_per_partition = 500\nbatch_interval_ms = 50\nproperties = {{ \
-         \"session.timeout.ms\" = \"6000\", \"heartbeat.interval.ms\" = \"500\" }}\n{extra}"
-    );
-    kafka_identity_config(pipeline, brokers, input, output, &source, "")
-}
-
-/// The sink's topics for `pipeline`: output, dead letters, lineage.
-fn create_sink_topics(brokers: &str, pipeline: &str, output: &str) {
-    create_topic(brokers, output, PARTITIONS);
-    create_topic(brokers, &format!("{pipeline}.dead-letters"), 1);
-    create_topic(brokers, &format!("{pipeline}.lineage"), 1);
-}
-
-/// How an output topic is read: librdkafka's `read_committed`, or the
-/// broker's transaction markers (where aborted output exists).
-#[derive(Clone, Copy)]
-enum By {
-    Librdkafka,
-    Markers,
-}
-
-/// The lineage topic's committed entries: their ranges contiguous per
-/// partition (each batch starts where the one before ended: no batch
-/// committed twice, none skipped). Returns how many there are.
-fn assert_lineage_contiguous(brokers: &str, pipeline: &str, by: By) -> usize {
-    let topic = format!("{pipeline}.lineage");
-    let entries = match by {
-        By::Librdkafka => read_consumed(brokers, &topic, 1),
-        By::Markers => read_committed_by_markers(brokers, &topic, 1),
-    };
-    let mut rows = Vec::new();
-    for e in &entries {
-        assert_eq!(
-            e.key.as_deref(),
-            Some(pipeline),
-            "lineage keyed by pipeline"
-        );
-        let entry: serde_json::Value = serde_json::from_str(&e.value).expect("lineage JSON");
-        for r in entry["ranges"].as_array().expect("ranges") {
-            rows.push((
-                r["topic"].as_str().unwrap().to_string(),
-                r["partition"].as_i64().unwrap(),
-                r["from"].as_i64().unwrap(),
-                r["until"].as_i64().unwrap(),
-            ));
-        }
-    }
-    rows.sort();
-    assert_ranges_contiguous(rows);
-    entries.len()
-}
-
-/// Every committed input record is in the output exactly once, its key and
-/// value unchanged, its headers naming where it came from, and the records
-/// of a key in input order.
-fn assert_output_exactly_once(input: &[Seen], output: &[Consumed]) {
-    let mut by_origin: BTreeMap<(i32, i64), &Consumed> = BTreeMap::new();
-    for o in output {
-        let origin = (
-            o.headers["partition"]
-                .parse::<i32>()
-                .expect("partition header"),
-            o.headers["offset"].parse::<i64>().expect("offset header"),
-        );
-        assert!(
-            by_origin.insert(origin, o).is_none(),
-            "input record {origin:?} is in the output twice"
-        );
-    }
-    for i in input {
-        let o = by_origin.get(&(i.partition, i.offset)).unwrap_or_else(|| {
-            panic!(
-                "input record {}:{} is not in the output",
-                i.partition, i.offset
-            )
-        });
-        assert_eq!(
-            (&o.key, &o.value),
-            (&i.key, &i.value),
-            "record {}:{}",
-            i.partition,
-            i.offset
-        );
-    }
-    assert_eq!(
-        by_origin.len(),
-        input.len(),
-        "output holds records not in the committed input"
-    );
-    // Per key: one output partition, offsets rising in input order.
-    let mut last: BTreeMap<&str, (i32, i64)> = BTreeMap::new();
-    for o in output {
-        let key = o.key.as_deref().expect("keyed");
-        let origin = (
-            o.headers["partition"].parse().unwrap(),
-            o.headers["offset"].parse().unwrap(),
-        );
-        if let Some(before) = last.insert(key, origin) {
-            assert!(
-                before < origin,
-                "key {key}: {origin:?} came after {before:?}"
-            );
-        }
-    }
+fn kafka_config(pipeline: &str, brokers: &str, input: &str, output: &str) -> PipelineToml {
+    kafka_identity_config(pipeline, brokers, input, output)
+        .max_records_per_partition(500)
+        .batch_interval_ms(50)
+        .short_session()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -215,10 +57,7 @@ async fn identity_into_kafka_lands_every_record_once_and_verify_replays_it() {
     );
     produce(brokers, input, &numbered("after", 1_000, PARTITIONS));
     let dir = TempDir::new(pipeline);
-    let config = write_config(
-        dir.path(),
-        &kafka_config(pipeline, brokers, input, output, ""),
-    );
+    let config = write_config(dir.path(), kafka_config(pipeline, brokers, input, output));
     run_ok(&config);
     let expected = read_committed(brokers, input, PARTITIONS);
     let out = read_consumed(brokers, output, PARTITIONS);
@@ -257,9 +96,9 @@ async fn at_least_once_into_kafka_checkpoints_in_state_and_verify_replays_it() {
     );
     produce(brokers, input, &numbered("after", 600, PARTITIONS));
     let dir = TempDir::new(pipeline);
-    let text = kafka_config(pipeline, brokers, input, output, "")
-        .replace("[sink]\n", "[sink]\nguarantee = \"at-least-once\"\n");
-    let config = write_config(dir.path(), &text);
+    let config = kafka_config(pipeline, brokers, input, output)
+        .sink("guarantee", "at-least-once")
+        .write(dir.path());
     run_ok(&config);
     let expected = read_committed(brokers, input, PARTITIONS);
     let out = read_consumed(brokers, output, PARTITIONS);
@@ -307,10 +146,10 @@ async fn sigkill_into_kafka_at_least_once_loses_nothing_and_repeats_at_most_a_ba
     let mut rng = rand::rngs::StdRng::seed_from_u64(0xa10);
     produce(brokers, input, &numbered("plain", 40_000, PARTITIONS));
     let dir = TempDir::new(pipeline);
-    let assign = format!("assign = {{ \"{input}\" = [0, 1, 2, 3] }}");
-    let text = kafka_config(pipeline, brokers, input, output, &assign)
-        .replace("[sink]\n", "[sink]\nguarantee = \"at-least-once\"\n");
-    let config = write_config(dir.path(), &text);
+    let config = kafka_config(pipeline, brokers, input, output)
+        .assign(input, &[0, 1, 2, 3])
+        .sink("guarantee", "at-least-once")
+        .write(dir.path());
     let state_file = dir.path().join(".sluice-state.db");
     // The state store's offsets; 0 while the file or its tables are not
     // there yet (the first run is creating them).
@@ -381,37 +220,18 @@ async fn sigkill_into_kafka_at_least_once_loses_nothing_and_repeats_at_most_a_ba
 async fn sigkill_at_random_moments_into_kafka_loses_and_duplicates_nothing() {
     let broker = Broker::start();
     let brokers = broker.brokers.as_str();
-    let (pipeline, input, output) = ("kcrash", "kcrash-in", "kcrash-out");
-    create_topic(brokers, input, PARTITIONS);
-    create_sink_topics(brokers, pipeline, output);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x6af4a);
-    let sent = crash::produce_mixed_input(brokers, input, PARTITIONS, &mut rng);
-    assert!(
-        sent >= 100_000,
-        "the test needs 100k committed records, sent {sent}"
-    );
-    let dir = TempDir::new(pipeline);
-    let assign = format!("assign = {{ \"{input}\" = [0, 1, 2, 3] }}");
-    let config = write_config(
-        dir.path(),
-        &kafka_config(pipeline, brokers, input, output, &assign),
-    );
-    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, PARTITIONS);
-    let (kills, moved) = crash::kill_loop(&config, async || offsets.total(), 24, &mut rng).await;
-    assert!(
-        kills >= 20,
-        "only {kills} kills before the pipeline finished"
-    );
-    run_ok(&config);
-    let batches = assert_lineage_contiguous(brokers, pipeline, By::Markers);
-    let expected = read_committed(brokers, input, PARTITIONS);
-    let out = read_committed_by_markers(brokers, output, PARTITIONS);
-    assert_output_exactly_once(&expected, &out);
-    println!(
-        "{kills} SIGKILLs (offsets had moved {moved} by the last); {batches} batches, {} \
-         records exactly once in Kafka",
-        out.len()
-    );
+    let kill_loop = KillLoop {
+        brokers,
+        name: "kcrash",
+        seed: 0x6af4a,
+        kills: 24,
+        max_records: 500,
+        batch_interval_ms: 50,
+        assigned: true,
+    };
+    kill_loop
+        .run(&KafkaOut::create(brokers, "kcrash", "kcrash"))
+        .await;
 }
 
 /// A zombie: instance A is paused (SIGSTOP) inside a transaction (an
@@ -431,11 +251,9 @@ async fn a_zombie_resumed_after_its_session_expired_is_fenced_and_the_output_sta
     // transaction.
     produce(brokers, input, &numbered("backlog", 200_000, 2));
     let dir = TempDir::new(pipeline);
-    let text = kafka_config(pipeline, brokers, input, output, "").replace(
-        "max_records_per_partition = 500",
-        "max_records_per_partition = 20000",
-    );
-    let config = write_config(dir.path(), &text);
+    let config = kafka_config(pipeline, brokers, input, output)
+        .max_records_per_partition(20_000)
+        .write(dir.path());
     let logs = |a: &Host, b: Option<&Host>| {
         format!(
             "\nA:\n{}\nB:\n{}",
@@ -513,10 +331,7 @@ async fn a_rebalance_closes_the_producers_of_the_partitions_handed_over() {
     create_topic(brokers, input, PARTITIONS);
     create_sink_topics(brokers, pipeline, output);
     let dir = TempDir::new(pipeline);
-    let config = write_config(
-        dir.path(),
-        &kafka_config(pipeline, brokers, input, output, ""),
-    );
+    let config = write_config(dir.path(), kafka_config(pipeline, brokers, input, output));
     let logs = |a: &Host, b: &Host| format!("\nA:\n{}\nB:\n{}", a.log(), b.log());
     let producing = Producer::start(brokers, input, PARTITIONS);
     let a = Host::start(&config, &dir.path().join("a.log"));
@@ -566,79 +381,20 @@ async fn a_rebalance_closes_the_producers_of_the_partitions_handed_over() {
 #[tokio::test(flavor = "multi_thread")]
 async fn module_lifecycle_works_on_kafka() {
     let brokers = shared_broker();
-    let (pipeline, input, output) = ("klife", "klife-in", "klife-out");
-    create_topic(brokers, input, 2);
-    create_sink_topics(brokers, pipeline, output);
-    let dir = TempDir::new(pipeline);
-    let (port, url) = control_port();
-    let config = write_config(
-        dir.path(),
-        &format!(
-            "{}\n{}",
-            kafka_config(pipeline, brokers, input, output, ""),
-            control_toml(port, 1 << 25)
-        ),
-    );
-    let host = Host::start(&config, &dir.path().join("host.log"));
-    host.wait_for_api(port);
-    let producing = Producer::start(brokers, input, 2);
-    host.wait_for_log("batch committed", 3, Duration::from_secs(90));
-    let stamp = plugin("stamp").display().to_string();
-    let out = cli_ok(
-        &url,
-        &[
-            "deploy",
-            &stamp,
-            "--params",
-            r#"{"tag":"v2:"}"#,
-            "--activate",
-        ],
-    );
-    assert!(out.contains("activated version 2"), "{out}");
-    host.wait_for_log("switching to module version", 1, Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let out = cli_ok(&url, &["rollback"]);
-    assert!(out.contains("activated version 3"), "{out}");
-    host.wait_for_log("switching to module version", 2, Duration::from_secs(30));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let sent = producing.stop() as i64;
-    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, 2);
-    offsets
-        .wait_for(sent, Duration::from_secs(120), || host.log())
+    let pipeline = "klife";
+    let lifecycle = Lifecycle {
+        brokers,
+        name: pipeline,
+        max_records: 500,
+    };
+    let run = lifecycle
+        .run(&KafkaOut::create(brokers, pipeline, pipeline))
         .await;
-    let status = cli_ok(&url, &["status"]);
-    let identity = sluice::batch::sha256_hex(&std::fs::read(plugin("identity")).unwrap());
-    assert!(status.contains(&identity), "{status}");
-    host.stop();
-
-    let expected = read_committed(brokers, input, 2);
-    let out = read_committed_by_markers(brokers, output, PARTITIONS);
-    let stamped = out.iter().filter(|r| r.value.starts_with("v2:")).count();
-    assert!(
-        stamped > 0 && stamped < out.len(),
-        "both versions wrote records"
-    );
-    let unstamped: Vec<Consumed> = out
-        .into_iter()
-        .map(|mut r| {
-            if let Some(v) = r.value.strip_prefix("v2:") {
-                r.value = v.to_string();
-            }
-            r
-        })
-        .collect();
-    assert_output_exactly_once(&expected, &unstamped);
-    let n = assert_lineage_contiguous(brokers, pipeline, By::Librdkafka);
-    let config_arg = config.to_str().unwrap();
-    let verified = sluice_ok(&["verify", config_arg]);
-    assert!(
-        verified.contains(&format!("verified {n} batches: {n} match, 0 differ")),
-        "{verified}"
-    );
     // shadow: a candidate's difference is shown, nothing is written.
+    let stamp = plugin("stamp").display().to_string();
     let shadowed = sluice_ok(&[
         "shadow",
-        config_arg,
+        run.config.to_str().unwrap(),
         &stamp,
         "--params",
         r#"{"tag":"x:"}"#,
@@ -647,11 +403,10 @@ async fn module_lifecycle_works_on_kafka() {
     ]);
     assert!(shadowed.contains("x:value"), "{shadowed}");
     assert_eq!(
-        assert_lineage_contiguous(brokers, pipeline, By::Librdkafka),
-        n,
+        assert_lineage_contiguous(brokers, pipeline, By::Markers),
+        run.batches,
         "shadow wrote lineage"
     );
-    println!("{sent} records, {stamped} by the swapped-in version; {verified}");
 }
 
 /// Reproduces, reduced to its core, what a SIGKILL mid-batch does on this
@@ -690,28 +445,16 @@ async fn a_flooding_module_does_not_blow_up_the_host_through_the_kafka_sink() {
         }],
     );
     let dir = TempDir::new(pipeline);
-    let text = format!(
-        r#"
-pipeline = "{pipeline}"
-[source]
-brokers = "{brokers}"
-topics = ["{input}"]
-[module]
-path = "{module}"
-params = {{ mode = "flood" }}
-[limits]
-max_memory_mib = {cap_mib}
-[sink]
-url = "kafka://{brokers}"
-[[sink.targets]]
-name = "flood"
-columns = {{ flag = "boolean" }}
-[sink.targets.kafka]
-topic = "{output}"
-"#,
-        module = plugin("hostile").display()
-    );
-    let config = write_config(dir.path(), &text);
+    let config = PipelineToml::new(pipeline, brokers, &[input], &plugin("hostile"))
+        .module_param("mode", "flood")
+        .field("limits", "max_memory_mib", cap_mib as i64)
+        .sink_url(&format!("kafka://{brokers}"))
+        .target(
+            Target::new("flood")
+                .column("flag", "boolean")
+                .kafka_topic(output),
+        )
+        .write(dir.path());
     let run = run_measured(&config, "info");
     assert!(run.success, "{}", run.log);
     let lineage = read_consumed(brokers, &format!("{pipeline}.lineage"), 1);
@@ -867,7 +610,7 @@ fn a_missing_sink_topic_is_refused_before_anything_runs() {
     let dir = TempDir::new(pipeline);
     let config = write_config(
         dir.path(),
-        &kafka_config(pipeline, brokers, input, "kafka-missing-out", ""),
+        kafka_config(pipeline, brokers, input, "kafka-missing-out"),
     );
     let out = run_until_caught_up(&config, Duration::from_secs(60));
     let said = String::from_utf8_lossy(&out.stderr);
@@ -889,37 +632,50 @@ fn a_missing_sink_topic_is_refused_before_anything_runs() {
     );
 }
 
+/// Configs every sink kind refuses are refused on Kafka too, before
+/// anything is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_configs_of_any_sink_are_refused_on_kafka_and_write_nothing() {
+    let brokers = shared_broker();
+    let name = "kafka-bad-any";
+    let bad = BadConfigs { brokers, name };
+    bad.run(&KafkaOut::create(brokers, name, name)).await;
+}
+
 #[test]
 fn kafka_layouts_that_do_not_fit_their_columns_are_refused() {
     let dir = TempDir::new("kafka-bad-config");
-    let base = kafka_config("kbad", "127.0.0.1:1", "in", "out", "");
+    let base = kafka_config("kbad", "127.0.0.1:1", "in", "out");
+    let layout = |key: &str, value: &str, topic: &str| {
+        let (key, value, topic) = (key.to_string(), value.to_string(), topic.to_string());
+        base.clone()
+            .targets(move |t| t.kafka(&topic, &key, &value, &["partition", "offset"]))
+    };
     let cases = [
         (
-            base.replace("key = \"key\"", "key = \"nope\""),
+            layout("nope", "value", "out"),
             "key column `nope` is not one of the target's columns",
         ),
         (
-            base.replace("value = \"value\"", "value = \"offset\""),
+            layout("key", "offset", "out"),
             "value column `offset` is integer",
         ),
         (
-            base.replace("topic = \"out\"", "topic = \"bad topic\""),
+            layout("key", "value", "bad topic"),
             "`bad topic` is not a Kafka topic name",
         ),
         (
-            base.replace("[sink]\n", "[sink]\nlineage_keep = 5\n"),
+            base.clone().sink("lineage_keep", 5),
             "`sink.lineage_keep` is for Redis sinks, not Kafka sinks",
         ),
         (
-            base.replace(
-                "[sink]\n",
-                "[sink]\nguarantee = \"at-least-once\"\nlineage_topic = \"l\"\n",
-            ),
+            base.clone()
+                .sink("guarantee", "at-least-once")
+                .sink("lineage_topic", "l"),
             "`sink.lineage_topic` is for an exactly-once Kafka sink",
         ),
         (
-            kafka_config("kbad", "127.0.0.1:1", "in", "out", "")
-                .replace("url = \"kafka://127.0.0.1:1\"", "url = \"sqlite://x.db\""),
+            base.clone().sink_url("sqlite://x.db"),
             "`kafka` is for Kafka sinks, not SQL sinks",
         ),
     ];

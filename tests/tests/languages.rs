@@ -424,26 +424,25 @@ fn wasi_languages_get_deterministic_wasi_and_no_files_or_sockets() {
 
 /// Minimal pipeline config whose `[limits]` `sluice test` takes.
 fn limits_config(dir: &Path, limits: &str) -> PathBuf {
-    write_config(
-        dir,
-        &format!(
-            r#"
-pipeline = "contained"
-[source]
-brokers = "127.0.0.1:1"
-topics = ["unused"]
-[module]
-path = "unused.wasm"
-[limits]
-{limits}
-[sink]
-url = "sqlite://unused.db"
-[[sink.targets]]
-name = "probe"
-columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
-"#
-        ),
+    PipelineToml::new(
+        "contained",
+        "127.0.0.1:1",
+        &["unused"],
+        Path::new("unused.wasm"),
     )
+    .limits(limits)
+    .sink_url("sqlite://unused.db")
+    .target(probe_target())
+    .write(dir)
+}
+
+/// The hostile guests' `probe` target.
+fn probe_target() -> Target {
+    Target::new("probe")
+        .column("offset", "integer")
+        .column("what", "text")
+        .column("n", "integer")
+        .column("text", "text")
 }
 
 /// A C, a Python, a JavaScript and a Go module that loop, allocate without
@@ -594,28 +593,12 @@ async fn python_and_go_pipelines_read_the_batch_time_and_verify() {
         std::fs::create_dir_all(&dir).unwrap();
         let module = build(&format!("{lang}/hostile"), &dir);
         let db = dir.join("out.db");
-        let config = write_config(
-            &dir,
-            &format!(
-                r#"
-pipeline = "{lang}-probe"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 50
-batch_interval_ms = 100
-[module]
-path = "{module}"
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-name = "probe"
-columns = {{ offset = "integer", what = "text", n = "integer", text = "text" }}
-"#,
-                module = module.display(),
-                db = db.display()
-            ),
-        );
+        let config = PipelineToml::new(&format!("{lang}-probe"), brokers, &[topic], &module)
+            .max_records_per_partition(50)
+            .batch_interval_ms(100)
+            .sink_url(&format!("sqlite://{}", db.display()))
+            .target(probe_target())
+            .write(&dir);
         run_ok(&config);
         let pool = sqlite(&db).await;
         let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM probe")

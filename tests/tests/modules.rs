@@ -10,12 +10,12 @@ use sluice::batch::sha256_hex;
 use sluice::control::api::Versions;
 use sluice::control::{ClientError, ControlClient};
 use sluice_tests::control::{
-    Host, Producer, TOKEN, assert_rows_follow_lineage, cli, cli_ok, control_port, control_toml,
-    deploy_hostile, lineage, wait_for_rows,
+    Host, Producer, TOKEN, assert_rows_follow_lineage, cli, cli_ok, control_port, deploy_hostile,
+    lineage, wait_for_rows,
 };
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::{
-    TempDir, create_topic, identity_config_into, plugin, read_committed, shared_broker,
+    PipelineToml, Target, TempDir, create_topic, plugin, read_committed, shared_broker,
 };
 use std::time::Duration;
 
@@ -41,9 +41,9 @@ fn versioned_value(tag: &str) -> impl Fn(&str, &str) -> String {
 }
 
 /// An identity pipeline into `db` serving its control API on `port`.
-fn pipeline_config(name: &str, topic: &str, db: &SinkDb, port: u16) -> String {
-    let base = identity_config_into(name, shared_broker(), topic, &db.sink_toml(), 500);
-    format!("{base}\n{}", control_toml(port, 4 * 1024 * 1024))
+fn pipeline_config(name: &str, topic: &str, db: &SinkDb, port: u16) -> PipelineToml {
+    db.configure(PipelineToml::identity(name, shared_broker(), topic, 500))
+        .control(port, 4 * 1024 * 1024)
 }
 
 /// One instance of the identity pipeline into `db`, its config in `dir`
@@ -57,7 +57,11 @@ fn start_instance(
 ) -> (Host, std::path::PathBuf, String) {
     let (port, url) = control_port();
     let config = dir.path().join(format!("{name}.toml"));
-    std::fs::write(&config, pipeline_config(pipeline, topic, db, port)).unwrap();
+    std::fs::write(
+        &config,
+        pipeline_config(pipeline, topic, db, port).to_string(),
+    )
+    .unwrap();
     let host = Host::start(&config, &dir.path().join(format!("{name}.log")));
     host.wait_for_api(port);
     (host, config, url)
@@ -141,14 +145,14 @@ async fn hot_swap_under_load_then_rollback(db: SinkDb, topic: &str) {
 
     let deployed = deploy_stamp_v2(&url);
     assert!(deployed.contains("activated version 2"), "{deployed}");
-    host.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    host.wait_for_metric("sluice_module_swaps_total", 1.0, Duration::from_secs(10));
     // v2 must commit batches before the rollback, however loaded the
     // machine is (a fixed sleep was once too short on a busy CI run).
     wait_for_batches_of(&db, pipeline, &digest_of("stamp")).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let rolled = cli_ok(&url, &["rollback"]);
     assert!(rolled.contains("activated version 3"), "{rolled}");
-    host.wait_for_log("switching to module version", 2, Duration::from_secs(10));
+    host.wait_for_metric("sluice_module_swaps_total", 2.0, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let produced = producer.stop();
 
@@ -250,8 +254,8 @@ async fn two_instances_both_follow_one_activation() {
     tokio::time::sleep(Duration::from_secs(8)).await;
 
     deploy_stamp_v2(&url);
-    a.wait_for_log("switching to module version", 1, Duration::from_secs(10));
-    b.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    a.wait_for_metric("sluice_module_swaps_total", 1.0, Duration::from_secs(10));
+    b.wait_for_metric("sluice_module_swaps_total", 1.0, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let produced = producer.stop();
 
@@ -439,30 +443,37 @@ async fn a_version_one_host_cannot_run_leaves_both_running_and_rollback_works() 
     create_topic(shared_broker(), topic, PARTITIONS);
     let db = SinkDb::fresh_postgres("sluice_modules_limits").await;
     let dir = TempDir::new("limits");
-    let echo_target = "\n[[sink.targets]]\nname = \"echo\"\ncolumns = { offset = \"integer\", value = \"text\" }\n";
-    let write = |name: &str, port: u16, extra: &str| {
-        let config = dir.path().join(format!("{name}.toml"));
-        let base = identity_config_into(pipeline, shared_broker(), topic, &db.sink_toml(), 500);
-        let text = format!(
-            "{base}{echo_target}\n{}{extra}",
-            control_toml(port, 4 << 20)
-        );
-        std::fs::write(&config, text).unwrap();
-        config
+    let echo_target = Target::new("echo")
+        .column("offset", "integer")
+        .column("value", "text");
+    let config = |port: u16| {
+        db.configure(PipelineToml::identity(
+            pipeline,
+            shared_broker(),
+            topic,
+            500,
+        ))
+        .target(echo_target.clone())
+        .control(port, 4 << 20)
+    };
+    let write = |name: &str, config: PipelineToml| {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, config.to_string()).unwrap();
+        path
     };
     let (port_a, url_a) = control_port();
     let (port_b, url_b) = control_port();
-    let config_a = write("a", port_a, "");
-    let config_b = write("b", port_b, "\n[limits]\nmax_memory_mib = 64\n");
+    let config_a = write("a", config(port_a));
+    let config_b = write("b", config(port_b).field("limits", "max_memory_mib", 64));
     let producer = Producer::start(shared_broker(), topic, PARTITIONS);
     let a = Host::start(&config_a, &dir.path().join("a.log"));
     let b = Host::start(&config_b, &dir.path().join("b.log"));
     a.wait_for_api(port_a);
     b.wait_for_api(port_b);
-    a.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    a.wait_for_metric("sluice_batches_total", 1.0, Duration::from_secs(90));
 
     deploy_hostile(&url_a, "hungry");
-    a.wait_for_log("switching to module version", 1, Duration::from_secs(30));
+    a.wait_for_metric("sluice_module_swaps_total", 1.0, Duration::from_secs(30));
     b.wait_for_log("cannot run on this host", 1, Duration::from_secs(30));
     let status_b = ControlClient::new(&url_b, None).status().await.unwrap();
     let problem = status_b["running"]["version_problem"]
@@ -487,8 +498,8 @@ async fn a_version_one_host_cannot_run_leaves_both_running_and_rollback_works() 
     );
     cli_ok(&url_b, &["rollback"]);
     b.wait_for_log("running module version", 1, Duration::from_secs(30));
-    b.wait_for_log("batch committed", 1, Duration::from_secs(90));
-    a.wait_for_log("switching to module version", 2, Duration::from_secs(30));
+    b.wait_for_metric("sluice_batches_total", 1.0, Duration::from_secs(90));
+    a.wait_for_metric("sluice_module_swaps_total", 2.0, Duration::from_secs(30));
     let healthy = ControlClient::new(&url_b, None).status().await.unwrap();
     assert!(healthy["running"]["version_problem"].is_null(), "{healthy}");
     producer.stop();
@@ -517,25 +528,17 @@ async fn a_state_store_apart_holds_the_modules_and_the_sink_the_rows_and_lineage
     let sink = SinkDb::Sqlite(dir.path().join("sink.db"));
     let (port, url) = control_port();
     let config = dir.path().join("sluice.toml");
-    let state_toml = format!(
-        "[state]\nurl = \"{}\"\ntable_prefix = \"{prefix}\"\n",
-        state.url()
-    );
-    std::fs::write(
-        &config,
-        format!(
-            "{}\n{state_toml}",
-            pipeline_config(pipeline, topic, &sink, port)
-        ),
-    )
-    .unwrap();
+    let text = pipeline_config(pipeline, topic, &sink, port)
+        .field("state", "url", state.url())
+        .field("state", "table_prefix", prefix);
+    std::fs::write(&config, text.to_string()).unwrap();
     let host = Host::start(&config, &dir.path().join("sluice.log"));
     host.wait_for_api(port);
     let producer = Producer::start(shared_broker(), topic, 2);
     tokio::time::sleep(Duration::from_secs(2)).await;
     let deployed = deploy_stamp_v2(&url);
     assert!(deployed.contains("activated version 2"), "{deployed}");
-    host.wait_for_log("switching to module version", 1, Duration::from_secs(10));
+    host.wait_for_metric("sluice_module_swaps_total", 1.0, Duration::from_secs(10));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let produced = producer.stop();
     wait_for_rows(&sink, produced, Duration::from_secs(60)).await;

@@ -7,28 +7,14 @@
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
 use serde_json::Value as Json;
-use sluice_tests::control::{Host, TOKEN, control_port, control_toml, raw_request};
+use sluice_tests::control::{Host, TOKEN, control_port, metric_sample, raw_request};
 use sluice_tests::{
-    Produce, TempDir, create_topic, identity_config, plugin, produce, shared_broker, sluice_bin,
+    PipelineToml, Produce, Target, TempDir, create_topic, identity_config, plugin, produce,
+    shared_broker, sluice_bin,
 };
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// Sums the samples of metric `name` whose labels contain every one of
-/// `labels` (`key="value"`) in a Prometheus text scrape.
-fn sample(scrape: &str, name: &str, labels: &[&str]) -> f64 {
-    scrape
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(series, _)| {
-            let (metric, rest) = series.split_once('{').unwrap_or((series, ""));
-            metric == name && labels.iter().all(|label| rest.contains(label))
-        })
-        .map(|(_, value)| value.parse::<f64>().expect("a sample value"))
-        .sum()
-}
 
 fn scrape(port: u16) -> String {
     let answer = raw_request(port, "GET /metrics HTTP/1.1", b"");
@@ -51,33 +37,18 @@ fn start_host(
     dir: &TempDir,
     topic: &str,
     module: &str,
-    target: &str,
+    target: Target,
 ) -> (Host, u16, std::path::PathBuf) {
     create_topic(shared_broker(), topic, 2);
     let (port, _) = control_port();
     let db = dir.path().join("out.db");
-    let config = format!(
-        r#"
-pipeline = "{topic}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 300
-batch_interval_ms = 100
-[module]
-path = "{module}"
-[sink]
-url = "sqlite://{db}"
-[[sink.targets]]
-{target}
-{control}"#,
-        brokers = shared_broker(),
-        module = plugin(module).display(),
-        db = db.display(),
-        control = control_toml(port, 4 * 1024 * 1024),
-    );
-    let path = dir.path().join("pipeline.toml");
-    std::fs::write(&path, config).unwrap();
+    let path = PipelineToml::new(topic, shared_broker(), &[topic], &plugin(module))
+        .max_records_per_partition(300)
+        .batch_interval_ms(100)
+        .sink_url(&format!("sqlite://{}", db.display()))
+        .target(target)
+        .control(port, 4 * 1024 * 1024)
+        .write(dir.path());
     let host = Host::start(&path, &dir.path().join("host.log"));
     host.wait_for_api(port);
     (host, port, db)
@@ -88,7 +59,7 @@ fn scrape_when_caught_up(port: u16, records: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let metrics = scrape(port);
-        if sample(&metrics, "sluice_records_in_total", &[]) >= records as f64 {
+        if metric_sample(&metrics, "sluice_records_in_total", &[]) >= records as f64 {
             return metrics;
         }
         assert!(Instant::now() < deadline, "not caught up:\n{metrics}");
@@ -111,8 +82,10 @@ async fn metrics_agree_with_the_committed_lineage() {
         &dir,
         topic,
         "json-filter",
-        r#"name = "purchases"
-columns = { id = "integer", user = "text", amount = "real" }"#,
+        Target::new("purchases")
+            .column("id", "integer")
+            .column("user", "text")
+            .column("amount", "real"),
     );
     let pool = sluice_tests::sqlite(&db).await;
     let mut produced = 0;
@@ -136,7 +109,7 @@ columns = { id = "integer", user = "text", amount = "real" }"#,
         let of_pipeline = |name: &str, labels: &[&str]| {
             let mut all = labels.to_vec();
             all.push(&pipeline);
-            sample(&metrics, name, &all)
+            metric_sample(&metrics, name, &all)
         };
         let lineage: (i64, i64, i64, i64) = sqlx::query_as(
             "SELECT count(*), sum(records_in), sum(rows_out), sum(dead_letters) FROM sluice_batches",
@@ -232,8 +205,9 @@ async fn module_logs_are_kept_with_their_level_and_batch_and_followed() {
         &dir,
         topic,
         "chatty",
-        r#"name = "records"
-columns = { offset = "integer", value = "text" }"#,
+        Target::new("records")
+            .column("offset", "integer")
+            .column("value", "text"),
     );
     let url = format!("http://127.0.0.1:{port}");
     let values = |from: usize, to: usize| -> Vec<Produce> {
@@ -411,7 +385,8 @@ fn json_log_format_gives_one_object_per_line() {
             topic,
             &dir.path().join("out.db"),
             100,
-        ),
+        )
+        .to_string(),
     )
     .unwrap();
     let out = Command::new(sluice_bin())
@@ -504,8 +479,10 @@ async fn the_status_page_shows_in_a_browser_what_the_api_says() {
         &dir,
         topic,
         "json-filter",
-        r#"name = "purchases"
-columns = { id = "integer", user = "text", amount = "real" }"#,
+        Target::new("purchases")
+            .column("id", "integer")
+            .column("user", "text")
+            .column("amount", "real"),
     );
     let records: Vec<Produce> = (0..1500)
         .map(|i| Produce {
@@ -627,8 +604,9 @@ async fn a_bisected_batch_logs_each_records_lines_once() {
         &dir,
         topic,
         "chatty",
-        r#"name = "records"
-columns = { offset = "integer", value = "text" }"#,
+        Target::new("records")
+            .column("offset", "integer")
+            .column("value", "text"),
     );
     // Partition 0: a warn every 7th record, one panic at its offset 100.
     let records: Vec<Produce> = (0..400)

@@ -7,7 +7,9 @@
 //! Each test has its own topic, pipeline and SQLite file.
 
 use sluice_tests::control::{Host, Producer, sluice_ok};
-use sluice_tests::{TempDir, create_topic, identity_config, shared_broker, sqlite_count};
+use sluice_tests::{
+    PipelineToml, TempDir, create_topic, identity_config, shared_broker, sqlite_count,
+};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -20,25 +22,22 @@ fn start_until_first_commit(config: &Path, log: &Path) -> (Host, Duration) {
     (host, started.elapsed())
 }
 
-/// An identity pipeline on `topic` (2 partitions) with `extra` lines in its
-/// `[source]` table, written to `dir`.
-fn pipeline(name: &str, dir: &TempDir, extra: &str) -> std::path::PathBuf {
+/// An identity pipeline on `name` (2 partitions), changed by `change`,
+/// written to `dir`.
+fn pipeline(
+    name: &str,
+    dir: &TempDir,
+    change: impl FnOnce(PipelineToml) -> PipelineToml,
+) -> std::path::PathBuf {
     create_topic(shared_broker(), name, 2);
-    let config = identity_config(name, shared_broker(), name, &dir.path().join("out.db"), 500)
-        .replace(
-            "batch_interval_ms = 100",
-            &format!("batch_interval_ms = 100\n{extra}"),
-        );
-    let config = match extra.contains("session.timeout.ms") {
-        true => config.replace(
-            "properties = { \"session.timeout.ms\" = \"6000\", \"heartbeat.interval.ms\" = \"500\" }\n",
-            "",
-        ),
-        false => config,
-    };
-    let path = dir.path().join("pipeline.toml");
-    std::fs::write(&path, config).unwrap();
-    path
+    change(identity_config(
+        name,
+        shared_broker(),
+        name,
+        &dir.path().join("out.db"),
+        500,
+    ))
+    .write(dir.path())
 }
 
 /// Kills the first run with SIGKILL and measures the restart's time to its
@@ -65,17 +64,17 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(20);
 #[test]
 fn a_restarted_static_member_takes_its_partitions_back_at_once() {
     let dynamic_dir = TempDir::new("recovery-dynamic");
-    let session = format!(
-        "properties = {{ \"session.timeout.ms\" = \"{}\", \"heartbeat.interval.ms\" = \"500\" }}",
-        SESSION_TIMEOUT.as_millis()
-    );
-    let dynamic = pipeline("recovery-dynamic", &dynamic_dir, &session);
+    let session = |config: PipelineToml| {
+        config.source_property(
+            "session.timeout.ms",
+            &SESSION_TIMEOUT.as_millis().to_string(),
+        )
+    };
+    let dynamic = pipeline("recovery-dynamic", &dynamic_dir, session);
     let static_dir = TempDir::new("recovery-static");
-    let fixed = pipeline(
-        "recovery-static",
-        &static_dir,
-        &format!("{session}\ninstance_id = \"recovery-host-a\""),
-    );
+    let fixed = pipeline("recovery-static", &static_dir, |config| {
+        session(config).source("instance_id", "recovery-host-a")
+    });
     let producers = [
         Producer::start(shared_broker(), "recovery-dynamic", 2),
         Producer::start(shared_broker(), "recovery-static", 2),
@@ -109,7 +108,7 @@ fn a_restarted_static_member_takes_its_partitions_back_at_once() {
 fn a_partition_returning_to_its_former_owner_resumes_at_the_new_checkpoint() {
     let name = "recovery-return";
     let dir = TempDir::new(name);
-    let config = pipeline(name, &dir, "");
+    let config = pipeline(name, &dir, |config| config);
     let producer = Producer::start(shared_broker(), name, 2);
     let (first, _) = start_until_first_commit(&config, &dir.path().join("first.log"));
     let second = Host::start(&config, &dir.path().join("second.log"));
@@ -143,7 +142,7 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     use sluice_tests::{numbered, produce, run_ok, sqlite};
     let name = "recovery-reset";
     let dir = TempDir::new(name);
-    let config = pipeline(name, &dir, "");
+    let config = pipeline(name, &dir, |config| config);
     let config_arg = config.to_str().unwrap();
     produce(shared_broker(), name, &numbered(name, 200, 2));
     run_ok(&config);

@@ -5,93 +5,46 @@
 //! at-least-once (idempotent) mode and bad configs. Results are compared
 //! with an independent `read_committed` read of the input.
 
-use rand::SeedableRng;
 use redis::Commands;
-use sluice_tests::control::{self, Host, Producer, cli_ok, sluice_ok};
 use sluice_tests::proxy::FaultProxy;
 use sluice_tests::redis_server::{RedisServer, identity_redis_config};
+use sluice_tests::scenarios::{BadConfigs, KillLoop, Lifecycle, TwoOwners};
 use sluice_tests::*;
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use toml::Value;
 
 const PARTITIONS: i32 = 4;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_random_moments_on_redis_loses_and_duplicates_nothing() {
     let broker = Broker::start();
-    let topic = "redis-crash";
-    create_topic(&broker.brokers, topic, PARTITIONS);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x7ed15);
-    let sent = crash::produce_mixed_input(&broker.brokers, topic, PARTITIONS, &mut rng);
-    assert!(
-        sent >= 100_000,
-        "the test needs 100k committed records, sent {sent}"
-    );
-    let redis = RedisServer::start("crash");
-    let dir = TempDir::new("redis-crash");
-    let config = write_config(
-        dir.path(),
-        &identity_redis_config("rcrash", &broker.brokers, topic, &redis.url(), 100, ""),
-    );
-    let (kills, batches) = crash::kill_loop(
-        &config,
-        async || redis.committed_batches("rcrash"),
-        24,
-        &mut rng,
-    )
-    .await;
-    assert!(
-        kills >= 20,
-        "only {kills} kills before the pipeline finished"
-    );
-    run_ok(&config);
-    let expected = read_committed(&broker.brokers, topic, PARTITIONS);
-    let n = redis.assert_identity_exactly_once("rcrash", &expected);
-    println!(
-        "{kills} SIGKILLs ({batches} batches between them); {n} records exactly once in Redis"
-    );
+    let kill_loop = KillLoop {
+        brokers: &broker.brokers,
+        name: "redis-crash",
+        seed: 0x7ed15,
+        kills: 24,
+        max_records: 100,
+        batch_interval_ms: 100,
+        assigned: false,
+    };
+    kill_loop.run(&RedisServer::start("crash")).await;
 }
 
 /// Two processes statically assigned the same partitions race for every
 /// range; the script's compare-and-set lets one commit each.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_owners_of_one_partition_commit_each_range_once() {
-    let brokers = shared_broker();
-    let topic = "redis-fence";
-    create_topic(brokers, topic, 2);
-    produce(brokers, topic, &numbered(topic, 30_000, 2));
-    let redis = RedisServer::start("fence");
-    let dir = TempDir::new("redis-fence");
-    let assign = format!("assign = {{ \"{topic}\" = [0, 1] }}");
-    let config = write_config(
-        dir.path(),
-        &identity_redis_config("rfence", brokers, topic, &redis.url(), 50, &assign),
-    );
-    let spawn = || {
-        Command::new(sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(&config)
-            .env("SLUICE_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn sluice")
+    let two_owners = TwoOwners {
+        brokers: shared_broker(),
+        name: "redis-fence",
+        records: 30_000,
+        partitions: 2,
+        max_records: 50,
+        batch_interval_ms: 100,
     };
-    let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    let logs = format!(
-        "{}{}",
-        String::from_utf8_lossy(&a.stderr),
-        String::from_utf8_lossy(&b.stderr)
-    );
-    assert!(a.status.success() && b.status.success(), "{logs}");
-    let fenced = logs
-        .matches("fenced: another owner moved the offsets first")
-        .count();
-    assert!(fenced > 0, "the two owners never raced: {logs}");
-    let n = redis.assert_identity_exactly_once("rfence", &read_committed(brokers, topic, 2));
-    println!("{fenced} commits fenced; {n} records exactly once");
+    two_owners.run(&RedisServer::start("fence")).await;
 }
 
 /// A batch is bounded across its partitions when it is planned, not split
@@ -107,14 +60,8 @@ async fn batches_are_capped_up_front_across_partitions() {
     let dir = TempDir::new("redis-cap");
     let config = write_config(
         dir.path(),
-        &identity_redis_config(
-            "rcap",
-            brokers,
-            topic,
-            &redis.url(),
-            1000,
-            "max_records_per_batch = 300",
-        ),
+        identity_redis_config("rcap", brokers, topic, &redis.url(), 1000)
+            .source("max_records_per_batch", 300),
     );
     run_ok(&config);
     let entries: Vec<String> = redis.conn().lrange("sluice_lineage:rcap", 0, -1).unwrap();
@@ -149,7 +96,7 @@ async fn redis_killed_and_restarted_mid_run_resumes_exactly() {
     let dir = TempDir::new("redis-restart");
     let config = write_config(
         dir.path(),
-        &identity_redis_config("rrestart", brokers, topic, &redis.url(), 100, ""),
+        identity_redis_config("rrestart", brokers, topic, &redis.url(), 100),
     );
     let child = spawn_until_caught_up(&config, "info", Stdio::piped());
     let started = Instant::now();
@@ -187,9 +134,9 @@ async fn frozen_redis_is_waited_out_and_the_result_is_exact() {
     produce(brokers, topic, &numbered(topic, 40_000, PARTITIONS));
     let redis = RedisServer::start("frozen");
     let dir = TempDir::new("redis-frozen");
-    let text = identity_redis_config("rfrozen", brokers, topic, &redis.url(), 100, "")
-        .replace("lock_timeout_ms = 3000", "lock_timeout_ms = 500");
-    let config = write_config(dir.path(), &text);
+    let config = identity_redis_config("rfrozen", brokers, topic, &redis.url(), 100)
+        .sink("lock_timeout_ms", 500)
+        .write(dir.path());
     let child = spawn_until_caught_up(&config, "info", Stdio::piped());
     let started = Instant::now();
     while redis.committed_batches("rfrozen") < 5 {
@@ -231,7 +178,7 @@ async fn lost_script_reply_is_resolved_from_the_checkpoints() {
     let dir = TempDir::new("redis-lost-reply");
     let config = write_config(
         dir.path(),
-        &identity_redis_config("rlost", brokers, topic, &via, 200, ""),
+        identity_redis_config("rlost", brokers, topic, &via, 200),
     );
     let out = spawn_until_caught_up(&config, "info", Stdio::piped())
         .wait_with_output()
@@ -258,109 +205,12 @@ async fn lost_script_reply_is_resolved_from_the_checkpoints() {
 /// the module store and lineage live in Redis.
 #[tokio::test(flavor = "multi_thread")]
 async fn module_lifecycle_works_on_redis() {
-    let brokers = shared_broker();
-    let topic = "redis-lifecycle";
-    create_topic(brokers, topic, 2);
-    let redis = RedisServer::start("lifecycle");
-    let dir = TempDir::new("redis-lifecycle");
-    let (port, url) = control::control_port();
-    let config = write_config(
-        dir.path(),
-        &format!(
-            "{}\n{}",
-            identity_redis_config("rlife", brokers, topic, &redis.url(), 200, ""),
-            control::control_toml(port, 1 << 25)
-        ),
-    );
-    let host = Host::start(&config, &dir.path().join("host.log"));
-    host.wait_for_api(port);
-    let producer = Producer::start(brokers, topic, 2);
-    let stamp = plugin("stamp").display().to_string();
-    while redis.committed_batches("rlife") < 3 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let out = cli_ok(
-        &url,
-        &[
-            "deploy",
-            &stamp,
-            "--params",
-            r#"{"tag":"v2:"}"#,
-            "--activate",
-        ],
-    );
-    assert!(out.contains("activated version 2"), "{out}");
-    let wait_for_stamped = async || {
-        let started = Instant::now();
-        loop {
-            let mut conn = redis.conn();
-            let last: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XREVRANGE")
-                .arg("rec:0")
-                .arg("+")
-                .arg("-")
-                .arg("COUNT")
-                .arg(1)
-                .query(&mut conn)
-                .unwrap();
-            if last
-                .first()
-                .is_some_and(|(_, f)| f["value"].starts_with("v2:"))
-            {
-                return;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(60),
-                "the swap never showed"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let lifecycle = Lifecycle {
+        brokers: shared_broker(),
+        name: "redis-lifecycle",
+        max_records: 200,
     };
-    wait_for_stamped().await;
-    let out = cli_ok(&url, &["rollback"]);
-    assert!(out.contains("activated version 3"), "{out}");
-    let versions = cli_ok(&url, &["versions"]);
-    assert!(versions.contains("(active)"), "{versions}");
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let produced = producer.stop();
-    let started = Instant::now();
-    loop {
-        let counts: BTreeMap<String, i64> = redis.conn().hgetall("counts").unwrap();
-        if counts.values().sum::<i64>() as usize >= produced {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(120),
-            "pipeline fell behind"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    host.stop();
-    // Every record once, written by the version its batch ran.
-    let expected = read_committed(brokers, topic, 2);
-    assert_eq!(expected.len(), produced);
-    let mut conn = redis.conn();
-    let mut stamped = 0;
-    for p in 0..2 {
-        let entries: Vec<(String, BTreeMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(format!("rec:{p}"))
-            .arg("-")
-            .arg("+")
-            .query(&mut conn)
-            .unwrap();
-        let want: Vec<&Seen> = expected.iter().filter(|s| s.partition == p).collect();
-        assert_eq!(entries.len(), want.len(), "partition {p}");
-        for ((_, f), w) in entries.iter().zip(&want) {
-            assert_eq!(f["offset"], w.offset.to_string());
-            let value = f["value"].strip_prefix("v2:").unwrap_or(&f["value"]);
-            stamped += f["value"].starts_with("v2:") as usize;
-            assert_eq!(value, w.value);
-        }
-    }
-    assert!(stamped > 0);
-    redis.assert_contiguous_lineage("rlife");
-    let verified = sluice_ok(&["verify", config.to_str().unwrap()]);
-    assert!(verified.contains(" 0 differ"), "{verified}");
-    println!("{produced} records, {stamped} by the swapped-in version; {verified}");
+    lifecycle.run(&RedisServer::start("lifecycle")).await;
 }
 
 /// At-least-once (idempotent) mode: commands pipelined, offsets after.
@@ -373,42 +223,30 @@ async fn idempotent_mode_writes_idempotent_commands() {
     produce(brokers, topic, &numbered(topic, 10_000, PARTITIONS));
     let redis = RedisServer::start("idempotent");
     let dir = TempDir::new("redis-idempotent");
-    let config = write_config(
-        dir.path(),
-        &format!(
-            r#"
-pipeline = "ridem"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 500
-[module]
-path = "{module}"
-[sink]
-url = "{url}"
-guarantee = "idempotent"
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-[[sink.targets.redis]]
-command = "hset"
-key = "values:{{partition}}"
-field = "{{offset}}"
-value = "{{value}}"
-[[sink.targets.redis]]
-command = "pfadd"
-key = "distinct-keys"
-member = "{{key}}"
-[[sink.targets.redis]]
-command = "set"
-key = "last:{{partition}}"
-value = "{{offset}}"
-ttl_s = 3600
-"#,
-            module = plugin("identity").display(),
-            url = redis.url()
-        ),
-    );
+    let records = Target::records()
+        .redis(&[
+            ("command", "hset".into()),
+            ("key", "values:{partition}".into()),
+            ("field", "{offset}".into()),
+            ("value", "{value}".into()),
+        ])
+        .redis(&[
+            ("command", "pfadd".into()),
+            ("key", "distinct-keys".into()),
+            ("member", "{key}".into()),
+        ])
+        .redis(&[
+            ("command", "set".into()),
+            ("key", "last:{partition}".into()),
+            ("value", "{offset}".into()),
+            ("ttl_s", 3600.into()),
+        ]);
+    let config = PipelineToml::new("ridem", brokers, &[topic], &plugin("identity"))
+        .max_records_per_partition(500)
+        .sink_url(&redis.url())
+        .sink("guarantee", "idempotent")
+        .target(records)
+        .write(dir.path());
     run_ok(&config);
     run_ok(&config); // caught up: a second run finds nothing to do
     let expected = read_committed(brokers, topic, PARTITIONS);
@@ -439,30 +277,30 @@ ttl_s = 3600
     redis.assert_contiguous_lineage("ridem");
 }
 
+/// Configs every sink kind refuses are refused on Redis too, before
+/// anything is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_configs_of_any_sink_are_refused_on_redis_and_write_nothing() {
+    let bad = BadConfigs {
+        brokers: shared_broker(),
+        name: "redis-bad-any",
+    };
+    bad.run(&RedisServer::start("bad-any")).await;
+}
+
 /// Bad configs are refused by `check` (no network) with the reason; a key
 /// of another type already in Redis fails the first batch with nothing
 /// written.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_redis_configs_are_refused_and_write_nothing() {
-    let base = |commands: &str, extra: &str| {
-        format!(
-            r#"
-pipeline = "rbad"
-[source]
-brokers = "127.0.0.1:1"
-topics = ["t"]
-[module]
-path = "{module}"
-[sink]
-url = "redis://127.0.0.1:6379/0"
-{extra}
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-{commands}
-"#,
-            module = plugin("identity").display()
-        )
+    // The identity pipeline into Redis with these commands.
+    let with = |commands: &[&[(&str, Value)]]| {
+        let target = commands
+            .iter()
+            .fold(Target::records(), |target, command| target.redis(command));
+        PipelineToml::new("rbad", "127.0.0.1:1", &["t"], &plugin("identity"))
+            .sink_url("redis://127.0.0.1:6379/0")
+            .target(target)
     };
     let dir = TempDir::new("redis-bad");
     let check = |text: &str| {
@@ -479,67 +317,66 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
     };
     let cases = [
         (
-            base(
-                "[[sink.targets.redis]]\ncommand = \"lpush\"\nkey = \"k\"\n",
-                "",
-            ),
+            with(&[&[("command", "lpush".into()), ("key", "k".into())]]),
             "unknown variant `lpush`",
         ),
         (
-            base(
-                "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"k:{part}\"\nmember = \"{key}\"\n",
-                "",
-            ),
+            with(&[&[
+                ("command", "sadd".into()),
+                ("key", "k:{part}".into()),
+                ("member", "{key}".into()),
+            ]]),
             "names column `part`",
         ),
         (
-            base(
-                "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"\"\nmember = \"{key}\"\n",
-                "",
-            ),
+            with(&[&[
+                ("command", "sadd".into()),
+                ("key", "".into()),
+                ("member", "{key}".into()),
+            ]]),
             "must not be empty",
         ),
         (
-            base(
-                "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"k\"\n",
-                "",
-            ),
+            with(&[&[("command", "sadd".into()), ("key", "k".into())]]),
             "`sadd` needs `member`",
         ),
         (
-            base(
-                "[[sink.targets.redis]]\ncommand = \"incrby\"\nkey = \"k\"\nby = \"two\"\n",
-                "",
-            ),
+            with(&[&[
+                ("command", "incrby".into()),
+                ("key", "k".into()),
+                ("by", "two".into()),
+            ]]),
             "is not a number",
         ),
         (
-            base(
-                "[[sink.targets.redis]]\ncommand = \"hincrby\"\nkey = \"k\"\nfield = \"{partition}\"\n",
-                "guarantee = \"at-least-once\"",
-            ),
+            with(&[&[
+                ("command", "hincrby".into()),
+                ("key", "k".into()),
+                ("field", "{partition}".into()),
+            ]])
+            .sink("guarantee", "at-least-once"),
             "`hincrby` is not idempotent",
         ),
-        (base("", ""), "needs at least one `[[sink.targets.redis]]`"),
+        (with(&[]), "needs at least one `[[sink.targets.redis]]`"),
         (
-            base(
-                "mode = \"upsert\"\nkey = [\"offset\"]\n[[sink.targets.redis]]\ncommand = \"del\"\nkey = \"k\"\n",
-                "",
-            ),
+            with(&[&[("command", "del".into()), ("key", "k".into())]])
+                .targets(|t| t.field("mode", "upsert").field("key", vec!["offset"])),
             "target `records`: `key` is for SQL sinks, not Redis sinks",
         ),
     ];
     for (config, expected) in &cases {
-        let (ok, err) = check(config);
+        let (ok, err) = check(&config.to_string());
         assert!(
             !ok && err.contains(expected),
             "expected {expected:?}, got: {err}"
         );
     }
-    let good = base(
-        "[[sink.targets.redis]]\ncommand = \"sadd\"\nkey = \"k:{partition}\"\nmember = \"{key}\"\n",
-        "",
-    );
+    let good = with(&[&[
+        ("command", "sadd".into()),
+        ("key", "k:{partition}".into()),
+        ("member", "{key}".into()),
+    ]])
+    .to_string();
     let (ok, err) = check(&good);
     assert!(ok, "{err}");
     // `reset` moves SQL checkpoints only, and says so before connecting.
@@ -563,7 +400,7 @@ columns = {{ partition = "integer", offset = "integer", key = "blob", value = "b
     let _: () = redis.conn().set("counts", "not a hash").unwrap();
     let config = write_config(
         dir.path(),
-        &identity_redis_config("rwrong", brokers, topic, &redis.url(), 100, ""),
+        identity_redis_config("rwrong", brokers, topic, &redis.url(), 100),
     );
     let out = run_until_caught_up(&config, Duration::from_secs(60));
     let err = String::from_utf8_lossy(&out.stderr);

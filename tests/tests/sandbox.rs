@@ -166,9 +166,9 @@ fn json_filter_projects_and_rejects() {
     assert_eq!(out.rejections[0].index, 2);
 }
 
-fn check(config_text: &str) -> (bool, String) {
+fn check(config: impl std::fmt::Display) -> (bool, String) {
     let dir = TempDir::new("check");
-    let path = write_config(dir.path(), config_text);
+    let path = write_config(dir.path(), config);
     let out = Command::new(sluice_bin())
         .arg("check")
         .arg(&path)
@@ -180,22 +180,10 @@ fn check(config_text: &str) -> (bool, String) {
     )
 }
 
-fn config_with_module(module: &str) -> String {
-    format!(
-        r#"
-pipeline = "bad"
-[source]
-brokers = "127.0.0.1:1"
-topics = ["t"]
-[module]
-path = "{module}"
-[sink]
-url = "sqlite://bad.db"
-[[sink.targets]]
-name = "t"
-columns = {{ a = "integer" }}
-"#
-    )
+fn config_with_module(module: impl AsRef<std::path::Path>) -> PipelineToml {
+    PipelineToml::new("bad", "127.0.0.1:1", &["t"], module.as_ref())
+        .sink_url("sqlite://bad.db")
+        .target(Target::new("t").column("a", "integer"))
 }
 
 /// `sink.kind` names the sink kind or is inferred from the URL; a kind the
@@ -203,10 +191,8 @@ columns = {{ a = "integer" }}
 /// so is a `[state]` URL of a kind that cannot keep state.
 #[test]
 fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
-    let identity = plugin("identity").display().to_string();
-    let with_kind = |kind: &str| {
-        config_with_module(&identity).replace("[sink]\n", &format!("[sink]\nkind = \"{kind}\"\n"))
-    };
+    let identity = plugin("identity");
+    let with_kind = |kind: &str| config_with_module(&identity).sink("kind", kind);
     let (ok, err) = check(&config_with_module(&identity));
     assert!(ok, "inferred from the URL: {err}");
     let (ok, err) = check(&with_kind("sqlite"));
@@ -221,12 +207,7 @@ fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
     assert!(!ok);
     assert!(err.contains("unknown variant `cassandra`"), "{err}");
     // A state store apart must be one sluice can keep state in.
-    let state = |url: &str| {
-        format!(
-            "{}\n[state]\nurl = \"{url}\"\n",
-            config_with_module(&identity)
-        )
-    };
+    let state = |url: &str| config_with_module(&identity).field("state", "url", url);
     let (ok, err) = check(&state("sqlite://state.db"));
     assert!(ok, "{err}");
     let (ok, err) = check(&state("redis://127.0.0.1:6379"));
@@ -241,9 +222,7 @@ fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
 
 #[test]
 fn bad_inputs_get_clear_errors() {
-    let (ok, err) = check(&config_with_module(
-        &plugin("identity").display().to_string(),
-    ));
+    let (ok, err) = check(config_with_module(plugin("identity")));
     assert!(ok, "a good config passes: {err}");
 
     let (ok, err) = check("pipeline = \"x\"\n[source]\nbrokers = 1\n");
@@ -253,46 +232,44 @@ fn bad_inputs_get_clear_errors() {
         "{err}"
     );
 
-    let (ok, err) = check(
-        &config_with_module(&plugin("identity").display().to_string())
-            .replace("[sink]", "[sink]\ncolour = \"red\""),
-    );
+    let (ok, err) = check(config_with_module(plugin("identity")).sink("colour", "red"));
     assert!(!ok);
     assert!(err.contains("unknown field `colour`"), "{err}");
 
-    let good = config_with_module(&plugin("identity").display().to_string());
-    for (change, says) in [
+    let good = config_with_module(plugin("identity"));
+    let listening = |c: PipelineToml| c.field("control", "listen", "127.0.0.1:0");
+    for (changed, says) in [
         (
-            "[sink]\nlock_timeout_ms = 0",
+            good.clone().sink("lock_timeout_ms", 0),
             "`sink.lock_timeout_ms` = 0 is outside",
         ),
         (
-            "[limits]\ncompile_timeout_ms = 10\n[sink]",
+            good.clone().field("limits", "compile_timeout_ms", 10),
             "`limits.compile_timeout_ms` = 10 is outside 100..=3600000",
         ),
         (
-            "[limits]\ncompile_memory_mib = 64\n[sink]",
+            good.clone().field("limits", "compile_memory_mib", 64),
             "`limits.compile_memory_mib` = 64 is outside 128..=65536",
         ),
         (
-            "[limits]\nmax_output_mib = 0\n[sink]",
+            good.clone().field("limits", "max_output_mib", 0),
             "`limits.max_output_mib` must be at least 1",
         ),
         (
-            "[control]\nlisten = \"127.0.0.1:0\"\nmax_connections = 0\n[sink]",
+            listening(good.clone()).field("control", "max_connections", 0),
             "`control.max_connections` must be at least 1",
         ),
         (
-            "[control]\nlisten = \"127.0.0.1:0\"\nrequest_timeout_ms = 5\n[sink]",
+            listening(good.clone()).field("control", "request_timeout_ms", 5),
             "`control.request_timeout_ms` must be at least 100",
         ),
     ] {
-        let (ok, err) = check(&good.replace("[sink]", change));
-        assert!(!ok, "{change}");
-        assert!(err.contains(says), "{change}: {err}");
+        let (ok, err) = check(&changed);
+        assert!(!ok, "{changed}");
+        assert!(err.contains(says), "{changed}: {err}");
     }
 
-    let (ok, err) = check(&config_with_module("/nonexistent/module.wasm"));
+    let (ok, err) = check(config_with_module("/nonexistent/module.wasm"));
     assert!(!ok);
     assert!(
         err.contains("cannot read module") && err.contains("/nonexistent/module.wasm"),
@@ -304,19 +281,15 @@ fn bad_inputs_get_clear_errors() {
     let dir = TempDir::new("garbage");
     let garbage = dir.path().join("garbage.wasm");
     std::fs::write(&garbage, b"this is not wasm at all").unwrap();
-    let (ok, err) = check(&config_with_module(&garbage.display().to_string()));
+    let (ok, err) = check(config_with_module(&garbage));
     assert!(!ok);
     assert!(err.contains("not a WebAssembly component"), "{err}");
 
-    let (ok, err) = check(&config_with_module(
-        &plugin("forbidden-import").display().to_string(),
-    ));
+    let (ok, err) = check(config_with_module(plugin("forbidden-import")));
     assert!(!ok);
     assert!(err.contains("imports `test:evil/net`"), "{err}");
 
-    let (ok, err) = check(&config_with_module(
-        &plugin("other-world").display().to_string(),
-    ));
+    let (ok, err) = check(config_with_module(plugin("other-world")));
     assert!(!ok);
     assert!(
         err.contains("does not implement the sluice:plugin/transform"),
@@ -429,13 +402,16 @@ fn slow_to_compile(functions: usize, lines: usize, import: Option<&str>) -> Vec<
 fn check_measured(
     dir: &TempDir,
     module: &[u8],
-    limits: &str,
+    limits: &[(&str, i64)],
 ) -> (bool, String, u64, u64, Duration) {
     let path = dir.path().join("module.wasm");
     std::fs::write(&path, module).unwrap();
-    let config = config_with_module(&path.display().to_string())
-        .replace("[sink]", &format!("[limits]\n{limits}\n[sink]"));
-    let config = write_config(dir.path(), &config);
+    let config = limits
+        .iter()
+        .fold(config_with_module(&path), |config, (key, value)| {
+            config.field("limits", key, *value)
+        })
+        .write(dir.path());
     let started = Instant::now();
     let run = sluice_tests::control::sluice_sampled(&["check".as_ref(), config.as_os_str()]);
     (
@@ -454,7 +430,7 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
     eprintln!("compile bomb: {} KiB", bomb.len() / 1024);
 
     let (ok, err, host_mib, worker_mib, took) =
-        check_measured(&dir, &bomb, "compile_timeout_ms = 1000");
+        check_measured(&dir, &bomb, &[("compile_timeout_ms", 1000)]);
     assert!(!ok);
     assert!(
         err.contains(
@@ -475,7 +451,7 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
     let (ok, err, host_mib, worker_mib, took) = check_measured(
         &dir,
         &bomb,
-        "compile_timeout_ms = 600000\ncompile_memory_mib = 128",
+        &[("compile_timeout_ms", 600_000), ("compile_memory_mib", 128)],
     );
     assert!(!ok);
     assert!(
@@ -500,7 +476,7 @@ fn a_module_that_compiles_too_long_or_too_big_is_refused_at_its_budget() {
 fn a_forbidden_import_is_refused_before_compiling() {
     let dir = TempDir::new("import-bomb");
     let bomb = slow_to_compile(1500, 400, Some("wasi:http/outgoing-handler@0.2.0"));
-    let (ok, err, _, _, took) = check_measured(&dir, &bomb, "compile_timeout_ms = 600000");
+    let (ok, err, _, _, took) = check_measured(&dir, &bomb, &[("compile_timeout_ms", 600_000)]);
     assert!(!ok);
     assert!(
         err.contains("imports `wasi:http/outgoing-handler@0.2.0`"),
@@ -520,7 +496,7 @@ fn a_module_within_its_compile_budget_runs_the_same() {
     let (ok, err, _, _, _) = check_measured(
         &dir,
         &identity,
-        "compile_timeout_ms = 60000\ncompile_memory_mib = 1024",
+        &[("compile_timeout_ms", 60_000), ("compile_memory_mib", 1024)],
     );
     assert!(ok, "{err}");
 }

@@ -7,9 +7,9 @@
 //! Tests of one database run one at a time (a restart would disturb the
 //! others); each owns its schema/database and topic.
 
-use rand::SeedableRng;
 use sluice_tests::control::sluice_ok;
 use sluice_tests::proxy::FaultProxy;
+use sluice_tests::scenarios::{BadConfigs, KillLoop, Lifecycle, TwoOwners};
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
 use std::process::{Command, Stdio};
@@ -113,34 +113,18 @@ impl Db {
 async fn sigkill_cycles(which: Db, name: &str) {
     let _only = which.lock().lock().await;
     let broker = Broker::start();
-    create_topic(&broker.brokers, name, PARTITIONS);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0xdb);
-    let sent = crash::produce_mixed_input(&broker.brokers, name, PARTITIONS, &mut rng);
-    assert!(
-        sent >= 100_000,
-        "needs at least 100k committed records, sent {sent}"
-    );
-    let db = which.fresh(name).await;
-    let dir = TempDir::new(name);
     // Small batches: each restart gets a few in before its kill, so the
     // input outlasts the kills (with 200 a loaded run once finished after 19).
-    let config = write_config(
-        dir.path(),
-        &identity_config_into(name, &broker.brokers, name, &db.sink_toml(), 100),
-    );
-    let (kills, batches) =
-        crash::kill_loop(&config, async || db.committed_batches().await, 22, &mut rng).await;
-    assert!(
-        kills >= 20,
-        "only {kills} kills before the pipeline finished"
-    );
-    run_ok(&config);
-    let rows = db
-        .assert_exactly_once(&broker.brokers, name, PARTITIONS, name)
-        .await;
-    println!(
-        "{which:?}: {kills} SIGKILLs, {batches} batches between kills, {rows} records exactly once"
-    );
+    let kill_loop = KillLoop {
+        brokers: &broker.brokers,
+        name,
+        seed: 0xdb,
+        kills: 22,
+        max_records: 100,
+        batch_interval_ms: 100,
+        assigned: false,
+    };
+    kill_loop.run(&which.fresh(name).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -154,37 +138,18 @@ async fn mysql_survives_sigkill_cycles_exactly_once() {
 }
 
 /// Two processes statically assigned the same partitions race for every
-/// range: each range is committed once, the loser rolls back and logs that
-/// it was fenced.
+/// range: each range is committed once, the loser rolls back.
 async fn two_owners_fence(which: Db, name: &str) {
     let _only = which.lock().lock().await;
-    let brokers = shared_broker();
-    create_topic(brokers, name, PARTITIONS);
-    produce(brokers, name, &numbered(name, 40_000, PARTITIONS));
-    let db = which.fresh(name).await;
-    let dir = TempDir::new(name);
-    let config = identity_config_into(name, brokers, name, &db.sink_toml(), 100).replace(
-        "batch_interval_ms = 100",
-        &format!("batch_interval_ms = 20\nassign = {{ \"{name}\" = [0, 1, 2, 3] }}"),
-    );
-    let config = write_config(dir.path(), &config);
-    let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
-    let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    let logs = format!(
-        "{}\n{}",
-        String::from_utf8_lossy(&a.stderr),
-        String::from_utf8_lossy(&b.stderr)
-    );
-    assert!(a.status.success() && b.status.success(), "{logs}");
-    let fenced = logs
-        .matches("fenced: another owner moved the offsets first")
-        .count();
-    assert!(fenced > 0, "the two owners never collided: {logs}");
-    let rows = db
-        .assert_exactly_once(brokers, name, PARTITIONS, name)
-        .await;
-    println!("{which:?}: {fenced} fenced commits rolled back; {rows} records exactly once");
+    let two_owners = TwoOwners {
+        brokers: shared_broker(),
+        name,
+        records: 40_000,
+        partitions: PARTITIONS,
+        max_records: 100,
+        batch_interval_ms: 20,
+    };
+    two_owners.run(&which.fresh(name).await).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -197,21 +162,62 @@ async fn mysql_fences_a_second_owner_of_the_same_partitions() {
     two_owners_fence(Db::Mysql, "sluice_my_fence").await;
 }
 
+/// Configs every sink kind refuses are refused on each SQL database
+/// before anything is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_configs_of_any_sink_are_refused_on_sql_and_write_nothing() {
+    let dir = TempDir::new("sql-bad-any");
+    let bad = |name| BadConfigs {
+        brokers: shared_broker(),
+        name,
+    };
+    bad("sqlite_bad_any")
+        .run(&SinkDb::Sqlite(dir.path().join("bad.db")))
+        .await;
+    for (which, name) in [
+        (Db::Postgres, "sluice_pg_bad_any"),
+        (Db::Mysql, "sluice_my_bad_any"),
+    ] {
+        let _only = which.lock().lock().await;
+        bad(name).run(&which.fresh(name).await).await;
+    }
+}
+
+/// Deploy, hot swap under load, rollback and `verify` on MariaDB: the
+/// module store and lineage live in the sink's database.
+#[tokio::test(flavor = "multi_thread")]
+async fn module_lifecycle_works_on_mariadb() {
+    let name = "sluice_my_lifecycle";
+    let _only = Db::Mysql.lock().lock().await;
+    let lifecycle = Lifecycle {
+        brokers: shared_broker(),
+        name,
+        max_records: 200,
+    };
+    lifecycle.run(&Db::Mysql.fresh(name).await).await;
+}
+
 /// The database goes down for `down` while the pipeline (with `properties`
 /// added to its librdkafka ones) runs; it waits the outage out, re-reads
 /// the checkpoint and finishes by itself, exactly once. Returns its log.
-async fn outage(which: Db, name: &str, records: usize, down: Duration, properties: &str) -> String {
+async fn outage(
+    which: Db,
+    name: &str,
+    records: usize,
+    down: Duration,
+    properties: &[(&str, &str)],
+) -> String {
     let _only = which.lock().lock().await;
     let brokers = shared_broker();
     create_topic(brokers, name, PARTITIONS);
     produce(brokers, name, &numbered(name, records, PARTITIONS));
     let db = which.fresh(name).await;
     let dir = TempDir::new(name);
-    let config = identity_config_into(name, brokers, name, &db.sink_toml(), 100).replace(
-        "\"heartbeat.interval.ms\" = \"500\"",
-        &format!("\"heartbeat.interval.ms\" = \"500\"{properties}"),
-    );
-    let config = write_config(dir.path(), &config);
+    let mut config = db.configure(PipelineToml::identity(name, brokers, name, 100));
+    for (key, value) in properties {
+        config = config.source_property(key, value);
+    }
+    let config = config.write(dir.path());
     let child = spawn_until_caught_up(&config, "info", Stdio::piped());
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.committed_batches().await < 5 {
@@ -248,7 +254,7 @@ async fn outage(which: Db, name: &str, records: usize, down: Duration, propertie
 /// pipeline's own retry with backoff is exercised, not only the pool's
 /// waiting.
 async fn database_restart(which: Db, name: &str) {
-    outage(which, name, 60_000, Duration::from_secs(12), "").await;
+    outage(which, name, 60_000, Duration::from_secs(12), &[]).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -270,12 +276,13 @@ async fn lost_commit_reply(which: Db, name: &str) {
     produce(brokers, name, &numbered(name, 20_000, PARTITIONS));
     let db = which.fresh(name).await;
     let proxy = FaultProxy::start(&format!("127.0.0.1:{}", which.port()), 5, 4);
-    let via = db.sink_toml_via(Some(&which.url_via(proxy.port)));
     let dir = TempDir::new(name);
-    let config = write_config(
-        dir.path(),
-        &identity_config_into(name, brokers, name, &via, 200),
-    );
+    let config = db
+        .configure_via(
+            PipelineToml::identity(name, brokers, name, 200),
+            &which.url_via(proxy.port),
+        )
+        .write(dir.path());
     let out = spawn_until_caught_up(&config, "info", Stdio::piped())
         .wait_with_output()
         .expect("run sluice");
@@ -359,33 +366,27 @@ async fn at_least_once_replays_dead_letters_after_a_crash_between_its_transactio
     produce(brokers, name, &events(0, 2_000));
     let db = Db::Postgres.fresh(name).await;
     let dir = TempDir::new(name);
-    let config = format!(
-        r#"
-pipeline = "{name}"
-[source]
-brokers = "{brokers}"
-topics = ["{name}"]
-batch_interval_ms = 100
-max_records_per_partition = 500
-# Static assignment: no group join, so nothing waits on the coordinator.
-assign = {{ "{name}" = [0, 1] }}
-[module]
-path = "{module}"
-params = {{ event = "purchase" }}
-[sink]
-{sink}
-guarantee = "at-least-once"
-lock_timeout_ms = 60000
-[[sink.targets]]
-name = "purchases"
-mode = "upsert"
-key = ["id"]
-columns = {{ id = "integer", user = "text", amount = "real" }}
-"#,
-        module = plugin("json-filter").display(),
-        sink = db.sink_toml(),
-    );
-    let config = write_config(dir.path(), &config);
+    let config = db
+        .configure(
+            PipelineToml::new(name, brokers, &[name], &plugin("json-filter"))
+                .batch_interval_ms(100)
+                .max_records_per_partition(500)
+                // Static assignment: no group join, so nothing waits on the
+                // coordinator.
+                .assign(name, &[0, 1])
+                .module_param("event", "purchase")
+                .sink("guarantee", "at-least-once")
+                .sink("lock_timeout_ms", 60_000)
+                .target(
+                    Target::new("purchases")
+                        .field("mode", "upsert")
+                        .field("key", vec!["id"])
+                        .column("id", "integer")
+                        .column("user", "text")
+                        .column("amount", "real"),
+                ),
+        )
+        .write(dir.path());
     let first_log = dir.path().join("first.log");
     let mut first = spawn_until_caught_up(
         &config,
@@ -575,25 +576,15 @@ async fn a_frozen_instance_holds_the_others_up_for_at_most_the_lock_timeout() {
     let db = Db::Postgres.fresh(name).await;
     let dir = TempDir::new(name);
     let lock_timeout_ms = 3000u64;
-    let config = format!(
-        r#"
-pipeline = "{name}"
-[source]
-brokers = "{brokers}"
-topics = ["{name}"]
-batch_interval_ms = 100
-properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
-[module]
-path = "{module}"
-[sink]
-{sink}
-lock_timeout_ms = {lock_timeout_ms}
-{target}"#,
-        module = plugin("word-count").display(),
-        target = WORD_COUNTS_TARGET,
-        sink = db.sink_toml(),
-    );
-    let config = write_config(dir.path(), &config);
+    let config = db
+        .configure(
+            PipelineToml::new(name, brokers, &[name], &plugin("word-count"))
+                .batch_interval_ms(100)
+                .short_session()
+                .sink("lock_timeout_ms", lock_timeout_ms as i64)
+                .target(Target::word_counts()),
+        )
+        .write(dir.path());
     let words = [
         "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta",
     ];
@@ -748,7 +739,7 @@ async fn a_two_minute_database_outage_keeps_the_group_membership() {
         "sluice_pg_long_outage",
         40_000,
         Duration::from_secs(120),
-        ", \"max.poll.interval.ms\" = \"20000\"",
+        &[("max.poll.interval.ms", "20000")],
     )
     .await;
     // Closing the consumer at the end leaves the group (a revocation);
@@ -784,25 +775,18 @@ async fn floats_follow_one_rule(db: SinkDb, name: &str) {
         .collect();
     produce(brokers, name, &records);
     let dir = TempDir::new(name);
-    let config = format!(
-        r#"
-pipeline = "{name}"
-[source]
-brokers = "{brokers}"
-topics = ["{name}"]
-[module]
-path = "{module}"
-params = {{ mode = "floats" }}
-[sink]
-{sink}
-[[sink.targets]]
-name = "floats"
-columns = {{ offset = "integer", x = "real" }}
-"#,
-        module = plugin("hostile").display(),
-        sink = db.sink_toml(),
-    );
-    run_ok(&write_config(dir.path(), &config));
+    let config = db
+        .configure(
+            PipelineToml::new(name, brokers, &[name], &plugin("hostile"))
+                .module_param("mode", "floats")
+                .target(
+                    Target::new("floats")
+                        .column("offset", "integer")
+                        .column("x", "real"),
+                ),
+        )
+        .write(dir.path());
+    run_ok(&config);
     let pool = db.pool().await;
     let (o, x) = (db.ident("offset"), db.ident("x"));
     let rows: Vec<(i64, Option<f64>)> = sqlx::query_as(&format!(
@@ -868,10 +852,9 @@ async fn older_lineage_table_is_migrated(db: SinkDb, name: &str) {
     create_topic(shared_broker(), name, 1);
     produce(shared_broker(), name, &numbered("old", 200, 1));
     let dir = TempDir::new(name);
-    let config = write_config(
-        dir.path(),
-        &identity_config_into(name, shared_broker(), name, &db.sink_toml(), 50),
-    );
+    let config = db
+        .configure(PipelineToml::identity(name, shared_broker(), name, 50))
+        .write(dir.path());
     run_ok(&config);
     let batches = db.table("sluice_batches");
     let pool = db.pool().await;

@@ -14,44 +14,22 @@ use std::time::{Duration, Instant};
 const PARTITIONS: i32 = 4;
 const MAX_RECORDS: i64 = 200;
 
-fn stdout_config(
-    pipeline: &str,
-    brokers: &str,
-    topic: &str,
-    plugin_name: &str,
-    extra: &str,
-) -> String {
-    let columns = match plugin_name {
-        "identity" => {
-            r#"{ partition = "integer", offset = "integer", key = "blob", value = "blob" }"#
-        }
-        _ => r#"{ id = "integer", user = "text", amount = "real" }"#,
+/// Pipeline `pipeline` running `plugin_name` (`identity`, or
+/// `json-filter` into `purchases`) on `topic`, printing to stdout.
+fn stdout_config(pipeline: &str, brokers: &str, topic: &str, plugin_name: &str) -> PipelineToml {
+    let target = match plugin_name {
+        "identity" => Target::records(),
+        _ => Target::new("purchases")
+            .column("id", "integer")
+            .column("user", "text")
+            .column("amount", "real"),
     };
-    let target = if plugin_name == "identity" {
-        "records"
-    } else {
-        "purchases"
-    };
-    format!(
-        r#"
-pipeline = "{pipeline}"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = {MAX_RECORDS}
-batch_interval_ms = 50
-properties = {{ "session.timeout.ms" = "6000", "heartbeat.interval.ms" = "500" }}
-[module]
-path = "{module}"
-[sink]
-url = "stdout://"
-{extra}
-[[sink.targets]]
-name = "{target}"
-columns = {columns}
-"#,
-        module = plugin(plugin_name).display()
-    )
+    PipelineToml::new(pipeline, brokers, &[topic], &plugin(plugin_name))
+        .max_records_per_partition(MAX_RECORDS as u32)
+        .batch_interval_ms(50)
+        .short_session()
+        .sink_url("stdout://")
+        .target(target)
 }
 
 /// Lineage batches the state store next to `config` holds.
@@ -78,7 +56,7 @@ async fn stdout_resumes_after_sigkill_and_repeats_at_most_the_batch_in_flight() 
     let dir = TempDir::new("stdout-crash");
     let config = write_config(
         dir.path(),
-        &stdout_config("stdout-crash", brokers, topic, "identity", ""),
+        stdout_config("stdout-crash", brokers, topic, "identity"),
     );
     let printed = dir.path().join("printed.jsonl");
     let spawn = || {
@@ -186,13 +164,7 @@ async fn stdout_prints_tables_and_dead_letters_and_verifies() {
     let dir = TempDir::new("stdout-table");
     let config = write_config(
         dir.path(),
-        &stdout_config(
-            "stdout-table",
-            brokers,
-            topic,
-            "json-filter",
-            "format = \"table\"",
-        ),
+        stdout_config("stdout-table", brokers, topic, "json-filter").sink("format", "table"),
     );
     let out = Command::new(sluice_bin())
         .args(["run", "--until-caught-up"])

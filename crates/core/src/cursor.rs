@@ -71,6 +71,18 @@ impl Cursor {
     }
 }
 
+/// What [`Cursors::read`] did with a record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Read {
+    /// Buffered: the first record read since the partition's checkpoint.
+    FirstSinceCheckpoint,
+    /// Buffered behind others.
+    Kept,
+    /// Not buffered: the partition is not owned or not started, or the
+    /// offset is below its position.
+    Ignored,
+}
+
 /// The cursors of every owned partition, and the caps batches are cut to.
 #[derive(Debug)]
 pub struct Cursors {
@@ -152,22 +164,25 @@ impl Cursors {
     /// Buffers a record read at `offset` of `tp` (`record` makes it, only
     /// if kept). Ignored for a partition not owned or not started, and for
     /// an offset below the position (the buffer stays in offset order).
-    /// True if it was kept.
     pub fn read(
         &mut self,
         tp: &TopicPartition,
         offset: i64,
         record: impl FnOnce() -> OwnedRecord,
-    ) -> bool {
+    ) -> Read {
         let Some(cursor) = self.partitions.get_mut(tp) else {
-            return false;
+            return Read::Ignored;
         };
         if cursor.next.is_none() || offset < cursor.position {
-            return false;
+            return Read::Ignored;
         }
+        let first = cursor.idle_at().is_some();
         cursor.buffer.push_back(record());
         cursor.position = offset + 1;
-        true
+        match first {
+            true => Read::FirstSinceCheckpoint,
+            false => Read::Kept,
+        }
     }
 
     /// Moves `tp`'s position up to `position` (never back): the source has
@@ -355,12 +370,22 @@ mod tests {
         cursors.assign([tp(0), tp(1)]);
         assert_eq!(cursors.unstarted(), [tp(0), tp(1)]);
         assert!(cursors.plan_ranges().is_empty(), "nothing before a start");
-        assert!(!cursors.read(&tp(0), 5, || record(5)), "not started");
+        assert_eq!(
+            cursors.read(&tp(0), 5, || record(5)),
+            Read::Ignored,
+            "not started"
+        );
         cursors.start(&tp(0), 5);
-        for offset in [5, 6, 8] {
-            assert!(cursors.read(&tp(0), offset, || record(offset)));
-        }
-        assert!(!cursors.read(&tp(0), 6, || record(6)), "below the position");
+        let read: Vec<Read> = [5, 6, 8]
+            .into_iter()
+            .map(|offset| cursors.read(&tp(0), offset, || record(offset)))
+            .collect();
+        assert_eq!(read, [Read::FirstSinceCheckpoint, Read::Kept, Read::Kept]);
+        assert_eq!(
+            cursors.read(&tp(0), 6, || record(6)),
+            Read::Ignored,
+            "below the position"
+        );
         // A marker at 9 was skipped by the broker: the position moves past it.
         cursors.advance(&tp(0), 10);
         cursors.advance(&tp(0), 7);

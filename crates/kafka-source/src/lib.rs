@@ -28,7 +28,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sluice_core::cursor::{Caps, Cursors};
+use sluice_core::cursor::{Caps, Cursors, Read};
 pub use sluice_core::source::{PartitionProgress, PollSignals, Source, SourceError};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -490,8 +490,7 @@ fn buffer(cursors: &mut Cursors, m: &rdkafka::message::BorrowedMessage<'_>) {
         topic: m.topic().to_string(),
         partition: m.partition(),
     };
-    let first = cursors.get(&tp).and_then(|c| c.idle_at()).is_some();
-    if cursors.read(&tp, m.offset(), || owned(m)) && first {
+    if cursors.read(&tp, m.offset(), || owned(m)) == Read::FirstSinceCheckpoint {
         tracing::debug!(partition = %tp, offset = m.offset(), "first record since the checkpoint");
     }
 }

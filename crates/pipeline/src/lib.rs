@@ -130,6 +130,8 @@ pub(crate) struct Parts<S: Sink, V: Versions> {
     /// The token `run` was given: it also cuts a poll short, so a long
     /// `batch_interval` does not delay shutdown.
     shutdown: CancellationToken,
+    /// Where the source's blocking work runs beside a commit or a wait.
+    source_thread: beside::SourceThread,
 }
 
 /// What the source gave a step of the loop: how long its poll took (for
@@ -201,6 +203,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             picker,
             status,
             shutdown: CancellationToken::new(),
+            source_thread: beside::SourceThread::new(),
         };
         parts.publish_version();
         Pipeline {

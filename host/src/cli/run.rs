@@ -37,10 +37,13 @@ pub async fn run(args: Run) -> anyhow::Result<()> {
     let stats = sluice::app::run(&config, until_caught_up, shutdown)
         .await
         .with_context(|| format!("pipeline `{}`", config.pipeline))?;
-    let summary = format!(
+    let mut summary = format!(
         "{} batches, {} records, {} rows, {} dead letters",
         stats.batches, stats.records, stats.rows, stats.dead_letters
     );
+    if stats.fenced > 0 {
+        summary += &format!(", {} fenced commits rolled back", stats.fenced);
+    }
     // Rows are the stdout sink's output: keep the summary out of it.
     match config.sink.kind()? {
         sluice::sink::SinkKind::Stdout => eprintln!("{summary}"),

@@ -141,25 +141,16 @@ async fn run_sluice(
     create_topic(brokers, &format!("{name}.lineage"), 1);
     let run_dir = dir.join(name);
     std::fs::create_dir_all(&run_dir).expect("run dir");
-    let config = write_config(
-        &run_dir,
-        &kafka_identity_config(
-            name,
-            brokers,
-            input,
-            &output,
-            &format!("assign = {{ \"{input}\" = [0, 1, 2, 3] }}"),
-            &format!("guarantee = \"{guarantee}\""),
-        )
+    let config = kafka_identity_config(name, brokers, input, &output)
+        .assign(input, &[0, 1, 2, 3])
+        .sink("guarantee", guarantee)
         // Every round shares one compiled-module cache.
-        .replace(
-            "[module]\n",
-            &format!(
-                "[module]\ncache_dir = \"{}\"\n",
-                dir.join("cache").display()
-            ),
-        ),
-    );
+        .field(
+            "module",
+            "cache_dir",
+            dir.join("cache").display().to_string(),
+        )
+        .write(&run_dir);
     let started = Instant::now();
     run_ok(&config);
     let took = started.elapsed();

@@ -16,7 +16,7 @@
 use sluice::batch::{now_ms, sha256_hex};
 use sluice::control::ControlClient;
 use sluice::runtime::{Limits, Runtime};
-use sluice_tests::control::{Host, Producer, TOKEN, control_port, control_toml, lineage};
+use sluice_tests::control::{Host, Producer, TOKEN, control_port, lineage};
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
 use std::time::{Duration, Instant};
@@ -40,18 +40,15 @@ async fn main() {
     let dir = TempDir::new("bench-modules");
     let db = SinkDb::Sqlite(dir.path().join("out.db"));
     let (port, url) = control_port();
-    let config = format!(
-        "{}\n{}",
-        identity_config_into(
+    let config = db
+        .configure(PipelineToml::identity(
             "bench-modules",
             &broker.brokers,
             topic,
-            &db.sink_toml(),
-            10_000
-        ),
-        control_toml(port, 64 * 1024 * 1024)
-    );
-    let config = write_config(dir.path(), &config);
+            10_000,
+        ))
+        .control(port, 64 * 1024 * 1024)
+        .write(dir.path());
     let host = Host::start(&config, &dir.path().join("sluice.log"));
     host.wait_for_api(port);
     let client = ControlClient::new(&url, Some(TOKEN.into()));

@@ -13,7 +13,7 @@
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-observability && target/release/bench-observability [RECORDS] [ROUNDS]`
 
-use sluice_tests::control::{Host, control_port, control_toml};
+use sluice_tests::control::{Host, control_port};
 use sluice_tests::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -62,12 +62,9 @@ async fn run(brokers: &str, topic: &str, name: &str, records: usize, watched: bo
     let dir = TempDir::new(name);
     let db = dir.path().join("sluice.db");
     let (port, _) = control_port();
-    let config = format!(
-        "{}\n{}",
-        identity_config(name, brokers, topic, &db, 10_000),
-        control_toml(port, 4 << 20)
-    );
-    let config = write_config(dir.path(), &config);
+    let config = identity_config(name, brokers, topic, &db, 10_000)
+        .control(port, 4 << 20)
+        .write(dir.path());
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));
     let watcher = watched.then(|| {
@@ -114,18 +111,15 @@ fn cpu_seconds(pid: i32) -> f64 {
 fn cpu_per_watch(brokers: &str, topic: &str, records: usize) -> f64 {
     let dir = TempDir::new("obs-cpu");
     let (port, _) = control_port();
-    let config = format!(
-        "{}\n{}",
-        identity_config(
-            "obs-cpu",
-            brokers,
-            topic,
-            &dir.path().join("sluice.db"),
-            10_000
-        ),
-        control_toml(port, 4 << 20)
-    );
-    let config = write_config(dir.path(), &config);
+    let config = identity_config(
+        "obs-cpu",
+        brokers,
+        topic,
+        &dir.path().join("sluice.db"),
+        10_000,
+    )
+    .control(port, 4 << 20)
+    .write(dir.path());
     let host = Host::start(&config, &dir.path().join("host.log"));
     host.wait_for_api(port);
     let deadline = Instant::now() + Duration::from_secs(600);

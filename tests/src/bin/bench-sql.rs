@@ -284,11 +284,10 @@ async fn postgres_copy_records(input: &[Produce]) -> Duration {
 async fn pipeline_rate(brokers: &str, topic: &str, schema: &str, guarantee: &str) -> (f64, i64) {
     let db = SinkDb::fresh_postgres(schema).await;
     let dir = TempDir::new(schema);
-    let sink = format!("{}\nguarantee = \"{guarantee}\"", db.sink_toml());
-    let config = write_config(
-        dir.path(),
-        &identity_config_into(schema, brokers, topic, &sink, 10_000),
-    );
+    let config = db
+        .configure(PipelineToml::identity(schema, brokers, topic, 10_000))
+        .sink("guarantee", guarantee)
+        .write(dir.path());
     let out = run_until_caught_up(&config, Duration::from_secs(1800));
     if std::env::var("SLUICE_TEST_LOG").is_ok() {
         eprintln!("{}", String::from_utf8_lossy(&out.stderr));

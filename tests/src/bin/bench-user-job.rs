@@ -155,38 +155,17 @@ fn sluice_config(
     mode: Mode,
     tag: &str,
     field: Option<&str>,
-) -> String {
-    let params = field.map_or(String::new(), |f| format!("params = {{ field = \"{f}\" }}"));
-    let assign = match mode {
-        Mode::Assign => format!(
-            "assign = {{ \"{topic}\" = [{}] }}\n",
-            (0..PARTITIONS)
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        Mode::Group => String::new(),
-    };
-    format!(
-        r#"
-pipeline = "{tag}"
-
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-{assign}
-[module]
-path = "{module}"
-{params}
-
-[sink]
-{sink}
-
-{target}"#,
-        module = plugin("word-count").display(),
-        target = WORD_COUNTS_TARGET,
-        sink = db.sink_toml(),
-    )
+) -> PipelineToml {
+    let mut config = PipelineToml::new(tag, brokers, &[topic], &plugin("word-count"))
+        .target(Target::word_counts());
+    if let Some(f) = field {
+        config = config.module_param("field", f);
+    }
+    if let Mode::Assign = mode {
+        let all: Vec<i32> = (0..PARTITIONS).collect();
+        config = config.assign(topic, &all);
+    }
+    db.configure(config)
 }
 
 struct SluiceRun {
@@ -195,9 +174,9 @@ struct SluiceRun {
     config: std::path::PathBuf,
 }
 
-fn run_sluice(dir: &Path, config: String, tag: &str) -> SluiceRun {
+fn run_sluice(dir: &Path, config: PipelineToml, tag: &str) -> SluiceRun {
     let path = dir.join(format!("{tag}.toml"));
-    std::fs::write(&path, config).expect("write config");
+    std::fs::write(&path, config.to_string()).expect("write config");
     let started = Instant::now();
     let run = run_measured(&path, "warn");
     let took = started.elapsed();

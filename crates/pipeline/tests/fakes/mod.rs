@@ -12,7 +12,7 @@
 //! core's cursors, the same code the Kafka source runs.
 
 use sluice_core::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition};
-use sluice_core::cursor::{Caps, Cursors};
+use sluice_core::cursor::{Caps, Cursors, Read};
 use sluice_core::limits::Limits;
 use sluice_core::output::{Column, ColumnData, Output, TargetRows};
 use sluice_core::sink::{Commit, CommitOutcome, DeadLetterKind, Sink, SinkError};
@@ -143,7 +143,7 @@ impl Source for MemorySource {
         let started: Vec<TopicPartition> = self.cursors.started().map(|(t, _)| t.clone()).collect();
         for t in started {
             for record in self.logs.snapshot(&t) {
-                read |= self.cursors.read(&t, record.offset, || record.clone());
+                read |= self.cursors.read(&t, record.offset, || record.clone()) != Read::Ignored;
             }
             let end = self.logs.end(t.partition);
             self.cursors.advance(&t, end);
