@@ -262,7 +262,7 @@ impl PipelineToml {
 
     /// Writes the config as `pipeline.toml` in `dir`.
     pub fn write(&self, dir: &Path) -> std::path::PathBuf {
-        crate::write_config(dir, &self.to_string())
+        crate::write_config(dir, self.to_string())
     }
 
     fn section(&mut self, name: &str) -> &mut Table {

@@ -38,6 +38,13 @@ impl KafkaOut {
     }
 }
 
+impl KafkaOut {
+    /// The output topic.
+    pub fn output(&self) -> &str {
+        &self.output
+    }
+}
+
 impl TestSink for KafkaOut {
     fn label(&self) -> String {
         "kafka".into()

@@ -181,7 +181,7 @@ async fn sigterm_drains_the_batch_in_flight() {
     let db = dir.path().join("drain.db");
     let config = write_config(
         dir.path(),
-        &identity_config("drain", brokers, topic, &db, 200),
+        identity_config("drain", brokers, topic, &db, 200),
     );
 
     let child = Command::new(sluice_bin())

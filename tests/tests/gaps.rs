@@ -19,7 +19,7 @@ async fn run_identity(pipeline: &str, topic: &str, partitions: i32) -> (TempDir,
     let db = dir.path().join("out.db");
     let config = write_config(
         dir.path(),
-        &identity_config(pipeline, brokers, topic, &db, 1000),
+        identity_config(pipeline, brokers, topic, &db, 1000),
     );
     run_ok(&config);
     let _ = partitions;

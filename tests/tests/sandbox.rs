@@ -193,26 +193,26 @@ fn config_with_module(module: impl AsRef<std::path::Path>) -> PipelineToml {
 fn sink_kind_is_named_or_inferred_and_must_agree_with_the_url() {
     let identity = plugin("identity");
     let with_kind = |kind: &str| config_with_module(&identity).sink("kind", kind);
-    let (ok, err) = check(&config_with_module(&identity));
+    let (ok, err) = check(config_with_module(&identity));
     assert!(ok, "inferred from the URL: {err}");
-    let (ok, err) = check(&with_kind("sqlite"));
+    let (ok, err) = check(with_kind("sqlite"));
     assert!(ok, "named: {err}");
-    let (ok, err) = check(&with_kind("mariadb"));
+    let (ok, err) = check(with_kind("mariadb"));
     assert!(!ok);
     assert!(
         err.contains("`sink.kind` is `mysql` but `sink.url` is a sqlite URL"),
         "{err}"
     );
-    let (ok, err) = check(&with_kind("cassandra"));
+    let (ok, err) = check(with_kind("cassandra"));
     assert!(!ok);
     assert!(err.contains("unknown variant `cassandra`"), "{err}");
     // A state store apart must be one sluice can keep state in.
     let state = |url: &str| config_with_module(&identity).field("state", "url", url);
-    let (ok, err) = check(&state("sqlite://state.db"));
+    let (ok, err) = check(state("sqlite://state.db"));
     assert!(ok, "{err}");
-    let (ok, err) = check(&state("redis://127.0.0.1:6379"));
+    let (ok, err) = check(state("redis://127.0.0.1:6379"));
     assert!(ok, "Redis keeps state too: {err}");
-    let (ok, err) = check(&state("mongodb://127.0.0.1:27017"));
+    let (ok, err) = check(state("mongodb://127.0.0.1:27017"));
     assert!(!ok);
     assert!(
         err.contains("`state.url`: unsupported sink URL `mongodb://127.0.0.1:27017`"),
@@ -299,7 +299,7 @@ fn bad_inputs_get_clear_errors() {
 
 /// Runs an identity pipeline that must fail; returns its stderr.
 fn run_failing(dir: &TempDir, brokers: &str, db: &std::path::Path) -> String {
-    let path = write_config(dir.path(), &identity_config("fails", brokers, "t", db, 100));
+    let path = write_config(dir.path(), identity_config("fails", brokers, "t", db, 100));
     let out = run_until_caught_up(&path, Duration::from_secs(60));
     assert!(!out.status.success());
     String::from_utf8_lossy(&out.stderr).into_owned()

@@ -74,7 +74,7 @@ async fn main() {
     let db = dir.path().join("sluice.db");
     let config = write_config(
         dir.path(),
-        &identity_config("bench", &broker.brokers, topic, &db, 10_000),
+        identity_config("bench", &broker.brokers, topic, &db, 10_000),
     );
     let started = Instant::now();
     let out = run_until_caught_up(&config, Duration::from_secs(1800));

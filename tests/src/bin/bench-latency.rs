@@ -39,30 +39,18 @@ fn now_ms() -> i64 {
         .as_millis() as i64
 }
 
-fn config(brokers: &str, topic: &str, db: &Path, interval_ms: u64) -> String {
-    let extra = std::env::var("BENCH_SOURCE").unwrap_or_default();
-    format!(
-        r#"
-pipeline = "latency"
-
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-batch_interval_ms = {interval_ms}
-{extra}
-
-[module]
-path = "{module}"
-
-[sink]
-url = "sqlite://{db}"
-
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-"#,
-        module = plugin("identity").display(),
-        db = db.display(),
+fn config(brokers: &str, topic: &str, db: &Path, interval_ms: u64) -> PipelineToml {
+    // Extra `[source]` lines to try (e.g. librdkafka properties).
+    let extra: toml::Table = std::env::var("BENCH_SOURCE")
+        .unwrap_or_default()
+        .parse()
+        .expect("BENCH_SOURCE is TOML lines");
+    extra.into_iter().fold(
+        PipelineToml::new("latency", brokers, &[topic], &plugin("identity"))
+            .batch_interval_ms(interval_ms)
+            .sink_url(&format!("sqlite://{}", db.display()))
+            .target(Target::records()),
+        |config, (key, value)| config.source(&key, value),
     )
 }
 
@@ -214,7 +202,7 @@ async fn max_rate(brokers: &str, dir: &Path) -> (f64, u64) {
     produce(brokers, topic, &bench::purchase_events(400_000, PARTITIONS));
     let db = dir.join("backlog.db");
     let path = dir.join("backlog.toml");
-    std::fs::write(&path, config(brokers, topic, &db, 200)).expect("config");
+    std::fs::write(&path, config(brokers, topic, &db, 200).to_string()).expect("config");
     let run = run_measured(&path, "warn");
     assert!(run.success, "{}", run.log);
     let rate = bench::lineage_rate(&sinks::SinkDb::Sqlite(db)).await.0;
@@ -306,7 +294,7 @@ async fn steady_run(
     create_topic(brokers, &topic, PARTITIONS);
     let db = dir.join(format!("{name}.db"));
     let path = dir.join(format!("{name}.toml"));
-    std::fs::write(&path, config(brokers, &topic, &db, interval_ms)).expect("config");
+    std::fs::write(&path, config(brokers, &topic, &db, interval_ms).to_string()).expect("config");
     let mut child = start_sluice(&path);
     // Joined and reading before the clock starts.
     produce(

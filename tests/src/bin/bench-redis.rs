@@ -67,29 +67,23 @@ fn batches() -> Vec<(Vec<String>, Vec<String>)> {
 }
 
 fn sink_config(url: &str) -> sluice::config::SinkConfig {
-    let text = format!(
-        r#"
-pipeline = "bench"
-[source]
-brokers = "x"
-topics = ["t"]
-[module]
-path = "m.wasm"
-[sink]
-url = "{url}"
-[[sink.targets]]
-name = "events"
-columns = {{ day = "text", user = "text" }}
-[[sink.targets.redis]]
-command = "sadd"
-key = "seen:{{day}}"
-member = "{{user}}"
-[[sink.targets.redis]]
-command = "hincrby"
-key = "events"
-field = "{{day}}"
-"#
-    );
+    let target = Target::new("events")
+        .column("day", "text")
+        .column("user", "text")
+        .redis(&[
+            ("command", "sadd".into()),
+            ("key", "seen:{day}".into()),
+            ("member", "{user}".into()),
+        ])
+        .redis(&[
+            ("command", "hincrby".into()),
+            ("key", "events".into()),
+            ("field", "{day}".into()),
+        ]);
+    let text = PipelineToml::new("bench", "x", &["t"], std::path::Path::new("m.wasm"))
+        .sink_url(url)
+        .target(target)
+        .to_string();
     PipelineConfig::parse(&text).expect("bench config").sink
 }
 
@@ -217,53 +211,40 @@ async fn sink_bar(durable: bool) {
     );
 }
 
-fn e2e_config(brokers: &str, topic: &str, url: &str, identity: bool) -> String {
-    if identity {
-        return format!(
-            r#"
-pipeline = "bench-e2e"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 10000
-[module]
-path = "{module}"
-[sink]
-url = "{url}"
-[[sink.targets]]
-name = "records"
-columns = {{ partition = "integer", offset = "integer", key = "blob", value = "blob" }}
-[[sink.targets.redis]]
-command = "pfadd"
-key = "keys"
-member = "{{key}}"
-"#,
-            module = plugin("identity").display()
-        );
+fn e2e_config(brokers: &str, topic: &str, url: &str, identity: bool) -> PipelineToml {
+    let (module, target) = match identity {
+        true => (
+            plugin("identity"),
+            Target::records().redis(&[
+                ("command", "pfadd".into()),
+                ("key", "keys".into()),
+                ("member", "{key}".into()),
+            ]),
+        ),
+        false => (
+            plugin("json-filter"),
+            Target::new("purchases")
+                .column("id", "integer")
+                .column("user", "text")
+                .column("amount", "real")
+                .redis(&[
+                    ("command", "zincrby".into()),
+                    ("key", "spend".into()),
+                    ("by", "{amount}".into()),
+                    ("member", "{user}".into()),
+                ]),
+        ),
+    };
+    let config = PipelineToml::new("bench-e2e", brokers, &[topic], &module)
+        .max_records_per_partition(10_000)
+        .sink_url(url)
+        .target(target);
+    match identity {
+        true => config,
+        false => config
+            .module_param("event", "purchase")
+            .module_param("min_amount", 0.0),
     }
-    format!(
-        r#"
-pipeline = "bench-e2e"
-[source]
-brokers = "{brokers}"
-topics = ["{topic}"]
-max_records_per_partition = 10000
-[module]
-path = "{module}"
-params = {{ event = "purchase", min_amount = 0.0 }}
-[sink]
-url = "{url}"
-[[sink.targets]]
-name = "purchases"
-columns = {{ id = "integer", user = "text", amount = "real" }}
-[[sink.targets.redis]]
-command = "zincrby"
-key = "spend"
-by = "{{amount}}"
-member = "{{user}}"
-"#,
-        module = plugin("json-filter").display()
-    )
 }
 
 #[tokio::main]
@@ -298,7 +279,7 @@ async fn main() {
         let dir = TempDir::new("bench-redis");
         let config = write_config(
             dir.path(),
-            &e2e_config(&broker.brokers, topic, &server.url(), identity),
+            e2e_config(&broker.brokers, topic, &server.url(), identity),
         );
         let out = run_until_caught_up(&config, Duration::from_secs(1800));
         let logs = String::from_utf8_lossy(&out.stderr);

@@ -78,22 +78,17 @@ fn narrow_output(rows: &[NarrowRow]) -> Output {
 }
 
 fn narrow_config(url: &str, schema: &str) -> sluice::config::SinkConfig {
-    let text = format!(
-        r#"
-pipeline = "bench"
-[source]
-brokers = "x"
-topics = ["t"]
-[module]
-path = "m.wasm"
-[sink]
-url = "{url}"
-schema = "{schema}"
-[[sink.targets]]
-name = "narrow"
-columns = {{ id = "integer", name = "text", n = "integer", ts = "integer" }}
-"#
-    );
+    let text = PipelineToml::new("bench", "x", &["t"], std::path::Path::new("m.wasm"))
+        .sink_url(url)
+        .sink("schema", schema)
+        .target(
+            Target::new("narrow")
+                .column("id", "integer")
+                .column("name", "text")
+                .column("n", "integer")
+                .column("ts", "integer"),
+        )
+        .to_string();
     PipelineConfig::parse(&text).expect("config").sink
 }
 
