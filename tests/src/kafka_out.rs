@@ -20,8 +20,10 @@ use std::time::Duration;
 /// offset as headers.
 pub struct KafkaOut {
     brokers: String,
-    input: String,
     output: String,
+    /// The offsets of the pipeline's group on its input (one consumer,
+    /// asked again and again by the kill loop).
+    offsets: GroupOffsets,
 }
 
 impl KafkaOut {
@@ -30,10 +32,11 @@ impl KafkaOut {
     pub fn create(brokers: &str, pipeline: &str, input: &str) -> KafkaOut {
         let output = format!("{pipeline}-out");
         create_sink_topics(brokers, pipeline, &output);
+        let group = format!("sluice-{pipeline}");
         KafkaOut {
             brokers: brokers.into(),
-            input: input.into(),
             output,
+            offsets: GroupOffsets::new(brokers, &group, input, PARTITIONS),
         }
     }
 }
@@ -57,10 +60,9 @@ impl TestSink for KafkaOut {
             .targets(move |t| t.kafka(&output, "key", "value", &["partition", "offset"]))
     }
 
-    /// The offsets the sink's transactions moved in the group.
-    async fn progress(&self, pipeline: &str) -> i64 {
-        let group = format!("sluice-{pipeline}");
-        GroupOffsets::new(&self.brokers, &group, &self.input, PARTITIONS).total()
+    /// The offsets the sink's transactions moved in the pipeline's group.
+    async fn progress(&self, _pipeline: &str) -> i64 {
+        self.offsets.total()
     }
 
     /// The output topic read by the broker's transaction markers (a killed
