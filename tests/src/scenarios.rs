@@ -1,8 +1,9 @@
 //! Scenarios every exactly-once sink must pass, written once over
 //! [`TestSink`] and run per sink kind from that sink's test binary: the
 //! kill loop (SIGKILL at random moments, then a final run), two owners of
-//! the same partitions racing for every range, and a module's lifecycle
-//! under load (deploy, hot swap, rollback, `verify`).
+//! the same partitions racing for every range, a module's lifecycle under
+//! load (deploy, hot swap, rollback, `verify`), and bad configs refused
+//! writing nothing.
 //!
 //! It must not know a sink's layout: a [`TestSink`] points a config at
 //! itself and checks its own output against the independent
