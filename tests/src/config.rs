@@ -223,12 +223,14 @@ impl PipelineToml {
     /// Changes every target with `f` (adds Redis commands, a Kafka
     /// layout...).
     pub fn targets(mut self, f: impl Fn(Target) -> Target) -> PipelineToml {
-        let targets = array_at(self.section("sink"), "targets");
-        for slot in targets.iter_mut() {
-            let Value::Table(table) = std::mem::replace(slot, Value::Boolean(false)) else {
+        for slot in array_at(self.section("sink"), "targets") {
+            let Value::Table(table) = slot else {
                 panic!("a target is not a table");
             };
-            *slot = f(Target { table }).table.into();
+            *table = f(Target {
+                table: std::mem::take(table),
+            })
+            .table;
         }
         self
     }

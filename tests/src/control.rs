@@ -14,10 +14,18 @@ use std::time::{Duration, Instant};
 /// The token the tests' hosts accept for writes.
 pub const TOKEN: &str = "test-token-1234";
 
-/// The Prometheus text the control API on `port` serves at `/metrics`.
+/// The Prometheus text the control API on `port` serves at `/metrics`,
+/// asserted to be that (200, Prometheus's text content type).
 pub fn scrape_metrics(port: u16) -> String {
     let answer = raw_request(port, "GET /metrics HTTP/1.1", b"");
     assert_eq!(answer.status, 200, "{}", answer.body);
+    assert!(
+        answer
+            .header("content-type")
+            .is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
+        "{:?}",
+        answer.headers
+    );
     answer.body
 }
 

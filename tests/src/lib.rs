@@ -624,6 +624,26 @@ pub async fn assert_contiguous_lineage(db: &sqlx::SqlitePool, pipeline: &str) {
     assert_ranges_contiguous(rows);
 }
 
+/// Asserts the ranges of lineage entries as the Redis and Kafka sinks
+/// store them (JSON with `ranges: [{topic, partition, from, until}]`) are
+/// contiguous per partition ([`assert_ranges_contiguous`]).
+pub fn assert_entry_ranges_contiguous<'e>(entries: impl IntoIterator<Item = &'e str>) {
+    let mut rows = Vec::new();
+    for e in entries {
+        let entry: serde_json::Value = serde_json::from_str(e).expect("lineage JSON");
+        for r in entry["ranges"].as_array().expect("ranges") {
+            rows.push((
+                r["topic"].as_str().unwrap().to_string(),
+                r["partition"].as_i64().unwrap(),
+                r["from"].as_i64().unwrap(),
+                r["until"].as_i64().unwrap(),
+            ));
+        }
+    }
+    rows.sort();
+    assert_ranges_contiguous(rows);
+}
+
 /// Asserts lineage ranges `(topic, partition, from, until)`, sorted by
 /// topic, partition and `from`, are non-empty and contiguous per partition.
 pub fn assert_ranges_contiguous(rows: Vec<(String, i64, i64, i64)>) {

@@ -142,20 +142,7 @@ impl RedisServer {
             .conn()
             .lrange(format!("sluice_lineage:{pipeline}"), 0, -1)
             .expect("LRANGE");
-        let mut ranges = Vec::new();
-        for e in &entries {
-            let v: serde_json::Value = serde_json::from_str(e).expect("lineage JSON");
-            for r in v["ranges"].as_array().expect("ranges") {
-                ranges.push((
-                    r["topic"].as_str().unwrap().to_string(),
-                    r["partition"].as_i64().unwrap(),
-                    r["from"].as_i64().unwrap(),
-                    r["until"].as_i64().unwrap(),
-                ));
-            }
-        }
-        ranges.sort();
-        crate::assert_ranges_contiguous(ranges);
+        crate::assert_entry_ranges_contiguous(entries.iter().map(String::as_str));
         entries.len()
     }
 

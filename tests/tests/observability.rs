@@ -7,7 +7,9 @@
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
 use serde_json::Value as Json;
-use sluice_tests::control::{Host, TOKEN, control_port, metric_sample, raw_request};
+use sluice_tests::control::{
+    Host, TOKEN, control_port, metric_sample, raw_request, scrape_metrics,
+};
 use sluice_tests::{
     PipelineToml, Produce, Target, TempDir, create_topic, identity_config, plugin, produce,
     shared_broker, sluice_bin,
@@ -15,19 +17,6 @@ use sluice_tests::{
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn scrape(port: u16) -> String {
-    let answer = raw_request(port, "GET /metrics HTTP/1.1", b"");
-    assert_eq!(answer.status, 200, "{}", answer.body);
-    assert!(
-        answer
-            .header("content-type")
-            .is_some_and(|t| t.starts_with("text/plain; version=0.0.4")),
-        "{:?}",
-        answer.headers
-    );
-    answer.body
-}
 
 /// A `sluice run` of pipeline `topic` on a new 2-partition topic of that
 /// name, running plugin `module` into SQLite with the one target given,
@@ -58,7 +47,7 @@ fn start_host(
 fn scrape_when_caught_up(port: u16, records: usize) -> String {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let metrics = scrape(port);
+        let metrics = scrape_metrics(port);
         if metric_sample(&metrics, "sluice_records_in_total", &[]) >= records as f64 {
             return metrics;
         }
