@@ -112,6 +112,7 @@ fn native_identity(records: &Records) -> Output {
             ],
         }],
         rejections: vec![],
+        state: Default::default(),
     }
 }
 
@@ -168,6 +169,7 @@ fn native_json_filter(records: &Records) -> Output {
             ],
         }],
         rejections: vec![],
+        state: Default::default(),
     }
 }
 

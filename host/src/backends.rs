@@ -26,10 +26,11 @@ use crate::sink::sql::section::{SqlSection, SqlTargetFields};
 use crate::sink::stdout::{StdoutFormat, StdoutSection, StdoutSink};
 use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, redis, sqlite};
 use sluice_core::dead_letters::Redrive;
+use sluice_core::state::StateStore;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use sluice_kafka_sink::KafkaLineage;
-use sluice_redis::{RedisLineage, RedisModuleStore};
-use sluice_sql::{SqlDeadLetters, SqlLineage, SqlModuleStore};
+use sluice_redis::{RedisLineage, RedisModuleStore, RedisStateStore};
+use sluice_sql::{SqlDeadLetters, SqlLineage, SqlModuleStore, SqlStateStore};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -346,10 +347,40 @@ pub fn state_sink(config: &PipelineConfig) -> Result<StoreConnection, SinkError>
     }
 }
 
+/// Whether `config`'s sink is Kafka with `guarantee = "exactly-once"`: the
+/// one sink that keeps its checkpoints and lineage in Kafka itself (the
+/// group's offsets, the lineage topic), not in a store of sluice's.
+fn exactly_once_kafka(config: &PipelineConfig) -> Result<bool, SinkError> {
+    Ok(config.sink.kind()? == SinkKind::Kafka && config.sink.guarantee == Guarantee::ExactlyOnce)
+}
+
+/// Where `config`'s pipeline keeps its keyed state, to read it
+/// (`sluice state`); the pipeline itself reads it through its sink.
+pub async fn state_store(config: &PipelineConfig) -> Result<Arc<dyn StateStore>, SinkError> {
+    if exactly_once_kafka(config)? {
+        return Err(SinkError::Config(
+            "a Kafka sink with guarantee = \"exactly-once\" keeps no keyed state yet".into(),
+        ));
+    }
+    // A sink without state of its own (stdout, at-least-once Kafka) keeps
+    // it in `[state]`.
+    let store = state_sink(config)?;
+    match store.kind()? {
+        SinkKind::Sqlite | SinkKind::Postgres | SinkKind::Mysql => {
+            Ok(Arc::new(SqlStateStore::open(&store).await?))
+        }
+        SinkKind::Redis => Ok(Arc::new(RedisStateStore::open(&store).await?)),
+        kind @ (SinkKind::Stdout | SinkKind::Kafka) => Err(SinkError::Config(format!(
+            "a {} `[state]` keeps no keyed state",
+            kind.as_str()
+        ))),
+    }
+}
+
 /// The lineage of `config`'s pipeline (an exactly-once Kafka sink's: its
 /// lineage topic).
 pub async fn lineage(config: &PipelineConfig) -> Result<Arc<dyn LineageStore>, SinkError> {
-    if config.sink.kind()? == SinkKind::Kafka && config.sink.guarantee == Guarantee::ExactlyOnce {
+    if exactly_once_kafka(config)? {
         return Ok(Arc::new(KafkaLineage::open(config)?));
     }
     let sink = state_sink(config)?;

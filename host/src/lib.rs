@@ -24,6 +24,8 @@
 //!   active version, exactly once.
 //! - [`reset`]: reprocessing on purpose: moving checkpoints to an offset,
 //!   time, log start or end.
+//! - [`state_view`]: keyed state shown to a user (`sluice test`, `sluice
+//!   state`).
 //!
 //! Re-exported: [`batch`], [`config`], [`output`], [`limits`], [`store`]
 //! (`sluice-core`); [`pipeline`] (`sluice-pipeline`, the batch loop);
@@ -42,9 +44,10 @@ pub mod plugin_test;
 pub mod redrive;
 pub mod replay;
 pub mod reset;
+pub mod state_view;
 
 pub use sluice_control as control;
-pub use sluice_core::{batch, config, limits, output, store, transform};
+pub use sluice_core::{batch, config, limits, output, state, store, transform};
 pub use sluice_kafka_source as kafka_source;
 pub use sluice_pipeline as pipeline;
 pub use sluice_runtime as runtime;

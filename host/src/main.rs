@@ -75,6 +75,12 @@ enum Command {
     /// again, accumulate targets add again (clear them first if that is
     /// not wanted); upsert and delete targets converge.
     Reset(cli::reset::Reset),
+    /// Look at the keyed state a pipeline's sink holds: one key, or a
+    /// partition's keys in order (reads only).
+    State {
+        #[command(subcommand)]
+        command: cli::state::StateCommand,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -150,6 +156,7 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::Test(args) => cli::project::test(args),
         Command::DeadLetters { command } => cli::dead_letters::execute(command).await,
         Command::Reset(args) => cli::reset::reset(args).await,
+        Command::State { command } => cli::state::execute(command).await,
     }
 }
 

@@ -13,6 +13,7 @@ use crate::pipeline::{PipelineError, Preparer};
 use crate::runtime::{Limits, LogLine};
 use crate::sink::stdout::StdoutFormat;
 use crate::sink::{Commit, DeadLetter};
+use crate::state_view::StateLine;
 use serde_json::{Value as Json, json};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -125,7 +126,9 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
     let digest = sluice_core::transform::Transform::module_digest(&transform).to_string();
     let plan = Plan::new(&name, ranges, &digest, &params_digest, sample.batch_time_ms);
     let preparer = Preparer::new(name, on_poison, transform);
-    let batch = preparer.transform_planned(plan.clone(), records.clone(), 0)?;
+    // A sample runs as one batch from empty state.
+    let state = Arc::new(sluice_core::state::EmptyState);
+    let batch = preparer.transform_planned(plan.clone(), records.clone(), 0, state)?;
     let contract_errors = match targets {
         Some(targets) => check_targets(&targets, &batch.output),
         None => Vec::new(),
@@ -322,6 +325,7 @@ impl SampleReport {
             output: &self.batch.output,
             dead_letters: &self.batch.dead_letters,
             output_digest: &self.batch.output_digest,
+            state_reads: &self.batch.state_reads,
         }
     }
 
@@ -344,8 +348,26 @@ impl SampleReport {
         for error in &self.contract_errors {
             text.push_str(&format!("contract: {error}\n"));
         }
+        if !self.batch.output.state.is_empty() {
+            text.push_str("state written:\n");
+            for change in self.state_changes() {
+                text.push_str(&format!("  {}\n", change.line("deleted")));
+            }
+        }
         text.push_str(&format!("output digest: {}\n", self.batch.output_digest));
         text
+    }
+
+    /// What the batch wrote to state, key by key, in partition then key order.
+    fn state_changes(&self) -> Vec<StateLine<'_>> {
+        let state = &self.batch.output.state.0;
+        state
+            .iter()
+            .flat_map(|(tp, keys)| {
+                keys.iter()
+                    .map(move |(key, value)| StateLine::of(tp, key, value.as_ref()))
+            })
+            .collect()
     }
 
     fn dead_letter_line(&self, d: &DeadLetter) -> String {
@@ -376,11 +398,15 @@ impl SampleReport {
             let log = json!({ "log": { "level": line.level.as_str(), "message": line.message } });
             text.push_str(&format!("{log}\n"));
         }
+        for change in self.state_changes() {
+            text.push_str(&format!("{}\n", json!({ "state": change.json() })));
+        }
         let summary = json!({ "summary": {
             "records": self.records.len(),
             "rows": self.batch.output.row_count(),
             "rejections": self.batch.output.rejections.len(),
             "dead_letters": self.batch.dead_letters.len(),
+            "state_keys_written": self.batch.output.state.len(),
             "contract_errors": self.contract_errors,
             "output_digest": self.batch.output_digest,
         }});

@@ -32,6 +32,7 @@ use sluice_core::dead_letters::{
     DeadLetterFilter, DeadLetterReader, REDRIVE_PREFIX, RecordKey, Redrive, RedriveOutcome,
     StoredDeadLetter,
 };
+use sluice_core::state::NoState;
 use sluice_core::store::{StoreError, Version};
 use sluice_core::transform::Transform;
 use sluice_sql::SqlDeadLetters;
@@ -273,11 +274,20 @@ fn transform(
         batch_time_ms,
     );
     plan.batch_id = redrive_id(&plan, from_batch, letters);
-    let mut batch = tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0))
-        .map_err(|source| RedriveError::Transform {
-            batch_id: from_batch.to_string(),
-            source,
-        })?;
+    // A redrive commits beside the running pipeline, outside its offset
+    // compare-and-set and its state cache: a state write here would race
+    // the pipeline's, so a module's state calls fail the redrive instead.
+    let state = Arc::new(NoState(
+        "dead letters of a module that keeps keyed state cannot be redriven yet: \
+         a redrive commits outside the pipeline's partitions and would race its state"
+            .to_string(),
+    ));
+    let mut batch =
+        tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0, state))
+            .map_err(|source| RedriveError::Transform {
+                batch_id: from_batch.to_string(),
+                source,
+            })?;
     // The offsets were committed by the batch that stored the dead
     // letters; a redrive's lineage row records none.
     batch.plan.ranges.clear();
@@ -322,6 +332,7 @@ async fn commit<S: Redrive>(
         output: &batch.output,
         dead_letters: &batch.dead_letters,
         output_digest: &batch.output_digest,
+        state_reads: &batch.state_reads,
     };
     let mut backoff = COMMIT_RETRY.start();
     loop {

@@ -11,7 +11,7 @@ use crate::batch::TopicPartition;
 use crate::config::PipelineConfig;
 use crate::kafka_source::{LogPositions, ResetTo, SourceError};
 use crate::sink::SinkError;
-use crate::sink::sql::reset::{self, ResetDone};
+use crate::sink::sql::reset::{self, OnState, ResetDone};
 use crate::sink::sql::section::{SqlTargetFields, WriteMode};
 
 /// Why a reset was refused or failed.
@@ -34,6 +34,7 @@ pub async fn reset(
     config: &PipelineConfig,
     to: ResetTo,
     partitions: Option<Vec<TopicPartition>>,
+    on_state: OnState,
     dry_run: bool,
 ) -> Result<ResetDone, ResetError> {
     let kind = config.sink.kind()?;
@@ -64,7 +65,8 @@ pub async fn reset(
     })
     .await
     .expect("reset positions task")?;
-    Ok(reset::reset(&config.sink.store(), &config.pipeline, &targets, dry_run).await?)
+    let store = config.sink.store();
+    Ok(reset::reset(&store, &config.pipeline, &targets, on_state, dry_run).await?)
 }
 
 /// Targets whose rows a re-run does not simply overwrite: append rows come

@@ -8,6 +8,7 @@
  */
 #include "sluice.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -243,6 +244,76 @@ void sluice_log(sluice_level level, const char *message) {
   transform_string_t m;
   transform_string_set(&m, message);
   sluice_plugin_log_write((sluice_plugin_log_level_t)level, &m);
+}
+
+static transform_list_u8_t list_of(const uint8_t *bytes, size_t len) {
+  transform_list_u8_t list = {(uint8_t *)bytes, len};
+  return list;
+}
+
+bool sluice_state_get(const sluice_record *r, const uint8_t *key, size_t key_len,
+                      uint8_t **value, size_t *value_len) {
+  transform_list_u8_t k = list_of(key, key_len), v;
+  if (!sluice_plugin_state_get(r->index, &k, &v)) return false;
+  *value = v.ptr;
+  *value_len = v.len;
+  return true;
+}
+
+static void state_set(const sluice_record *r, const uint8_t *key, size_t key_len,
+                      const uint8_t *value, size_t value_len, int64_t *expires_at_ms) {
+  transform_list_u8_t k = list_of(key, key_len), v = list_of(value, value_len);
+  sluice_plugin_state_set(r->index, &k, &v, expires_at_ms);
+}
+
+void sluice_state_set(const sluice_record *r, const uint8_t *key, size_t key_len,
+                      const uint8_t *value, size_t value_len) {
+  state_set(r, key, key_len, value, value_len, NULL);
+}
+
+void sluice_state_set_expiring(const sluice_record *r, const uint8_t *key, size_t key_len,
+                               const uint8_t *value, size_t value_len, int64_t expires_at_ms) {
+  state_set(r, key, key_len, value, value_len, &expires_at_ms);
+}
+
+void sluice_state_delete(const sluice_record *r, const uint8_t *key, size_t key_len) {
+  transform_list_u8_t k = list_of(key, key_len);
+  sluice_plugin_state_delete(r->index, &k);
+}
+
+/* Decimal text to int64: an optional '-' then digits, nothing else, in range. */
+static bool parse_i64(const uint8_t *text, size_t len, int64_t *out) {
+  bool negative = len > 0 && text[0] == '-';
+  size_t i = negative ? 1 : 0;
+  if (i == len) return false;
+  /* Accumulate as a negative number: its range holds INT64_MIN. */
+  int64_t n = 0;
+  for (; i < len; i++) {
+    if (text[i] < '0' || text[i] > '9') return false;
+    int digit = text[i] - '0';
+    if (n < (INT64_MIN + digit) / 10) return false;
+    n = n * 10 - digit;
+  }
+  if (!negative && n == INT64_MIN) return false;
+  *out = negative ? n : -n;
+  return true;
+}
+
+bool sluice_state_get_i64(const sluice_record *r, const uint8_t *key, size_t key_len,
+                          int64_t *value) {
+  uint8_t *bytes;
+  size_t len;
+  if (!sluice_state_get(r, key, key_len, &bytes, &len)) return false;
+  bool ok = parse_i64(bytes, len, value);
+  free(bytes);
+  return ok;
+}
+
+void sluice_state_set_i64(const sluice_record *r, const uint8_t *key, size_t key_len,
+                          int64_t value) {
+  char text[24];
+  int len = snprintf(text, sizeof text, "%lld", (long long)value);
+  sluice_state_set(r, key, key_len, (const uint8_t *)text, (size_t)len);
 }
 
 /* The output in the world's types; the bindings free it after the host

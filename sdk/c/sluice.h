@@ -115,6 +115,37 @@ void sluice_reject(sluice_output *out, const sluice_record *record, const char *
 /* Deterministic logging, buffered by the host per batch. */
 void sluice_log(sluice_level level, const char *message);
 
+/* Keyed state of the partition `record` came from, as the record sees it:
+ * the state as the batch started plus the batch's own earlier writes. The
+ * host commits what the batch writes with its rows and offsets, exactly
+ * once, and replays it in `sluice verify`. Keys are at most 255 bytes;
+ * values at most `limits.max_state_value_kib` (past either, the call traps
+ * and the record becomes a dead letter).
+ *
+ * The value under `key`: true with a malloc'd copy in `*value` (the caller
+ * frees it; NULL when empty) and its length, false if absent or expired. */
+bool sluice_state_get(const sluice_record *record, const uint8_t *key, size_t key_len,
+                      uint8_t **value, size_t *value_len);
+/* Stores `value` under `key`. */
+void sluice_state_set(const sluice_record *record, const uint8_t *key, size_t key_len,
+                      const uint8_t *value, size_t value_len);
+/* Stores `value` under `key` until `expires_at_ms` (ms since the epoch):
+ * batches whose batch time is at or past it read it as absent. Expiry
+ * follows batch time (`sluice_batch_time_ms`) or a time the module
+ * computes, never the host's clock. */
+void sluice_state_set_expiring(const sluice_record *record, const uint8_t *key, size_t key_len,
+                               const uint8_t *value, size_t value_len, int64_t expires_at_ms);
+/* Removes `key`. */
+void sluice_state_delete(const sluice_record *record, const uint8_t *key, size_t key_len);
+/* The integer under `key` (decimal text: an optional `-` then digits, in
+ * int64's range): true with it in `*value`; false if absent or anything
+ * else. The same bytes as every SDK's integer helpers. */
+bool sluice_state_get_i64(const sluice_record *record, const uint8_t *key, size_t key_len,
+                          int64_t *value);
+/* Stores `value` under `key` as decimal text. */
+void sluice_state_set_i64(const sluice_record *record, const uint8_t *key, size_t key_len,
+                          int64_t value);
+
 #ifdef __cplusplus
 }
 #endif

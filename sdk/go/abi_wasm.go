@@ -2,7 +2,8 @@
 
 // The canonical ABI of the `sluice:plugin` world, by hand (there is no
 // bindings generator for Go here): the core exports `init`, `process` and
-// `cabi_realloc`, the core import `write` of `sluice:plugin/log`, and the
+// `cabi_realloc`, the core imports `write` of `sluice:plugin/log` and
+// `get`, `set`, `delete` of `sluice:plugin/state`, and the
 // memory layouts of their arguments and results. It must not hold
 // transform logic: sluice.go does that.
 //
@@ -33,8 +34,53 @@ func collectGarbageFromNowOn() {
 	debug.SetGCPercent(100)
 }
 
-//go:wasmimport sluice:plugin/log@0.1.0 write
+//go:wasmimport sluice:plugin/log@0.1.1 write
 func logWrite(level uint32, message string)
+
+// get: func(index: u32, key: list<u8>) -> option<list<u8>>. The result
+// goes to a 12-byte block: discriminant (u8) at 0, the list at 4.
+//
+//go:wasmimport sluice:plugin/state@0.1.1 get
+func stateGetImport(index uint32, key string, result unsafe.Pointer)
+
+// set: func(index: u32, key: list<u8>, value: list<u8>, expires-at-ms:
+// option<s64>); the option flattens to a discriminant and an s64.
+//
+//go:wasmimport sluice:plugin/state@0.1.1 set
+func stateSetImport(index uint32, key string, value string, hasExpiry uint32, expiresAtMs int64)
+
+//go:wasmimport sluice:plugin/state@0.1.1 delete
+func stateDeleteImport(index uint32, key string)
+
+// stateGet calls `get`. The host allocates the value through cabi_realloc
+// while it lowers the result, when the instance may not call an import: so
+// the collector (which reads the clock, an import) is held off for the
+// call, as it is while the batch is lowered.
+func stateGet(index uint32, key string) ([]byte, bool) {
+	result := words(3)
+	pinned = append(pinned, result)
+	percent := debug.SetGCPercent(-1)
+	stateGetImport(index, key, unsafe.Pointer(&result[0]))
+	debug.SetGCPercent(percent)
+	if result[0]&0xff == 0 {
+		return nil, false
+	}
+	p, n := unsafe.Pointer(uintptr(result[1])), result[2]
+	if n == 0 {
+		return []byte{}, true
+	}
+	return unsafe.Slice((*byte)(p), n), true
+}
+
+func stateSet(index uint32, key string, value []byte, expires bool, expiresAtMs int64) {
+	var hasExpiry uint32
+	if expires {
+		hasExpiry = 1
+	}
+	stateSetImport(index, key, unsafe.String(unsafe.SliceData(value), len(value)), hasExpiry, expiresAtMs)
+}
+
+func stateDelete(index uint32, key string) { stateDeleteImport(index, key) }
 
 // adapterArena is where the WASI preview-1 adapter keeps its state and
 // stack. The adapter allocates them on its first WASI call, which Go's

@@ -18,7 +18,8 @@
 // world: the host gives the module a fixed clock (Date.now() is the batch
 // time), seeded Math.random(), no files and no network.
 
-import { write } from 'sluice:plugin/log@0.1.0';
+import { write } from 'sluice:plugin/log@0.1.1';
+import * as stateImport from 'sluice:plugin/state@0.1.1';
 
 const KINDS = ['int64', 'float64', 'text', 'bytes', 'bool'];
 const utf8 = new TextDecoder('utf-8');
@@ -62,6 +63,78 @@ export class Record {
   json() {
     if (this.value === null) throw new Error('value is null');
     return JSON.parse(strictUtf8.decode(this.value));
+  }
+  /** The keyed state of the partition this record came from. */
+  state() {
+    return new State(this.index);
+  }
+}
+
+const I64_MIN = -(2n ** 63n);
+const I64_MAX = 2n ** 63n - 1n;
+const INTEGER = /^-?[0-9]+$/;
+const stateKey = (key) => (typeof key === 'string' ? encoder.encode(key) : new Uint8Array(key));
+
+/** Keyed state of one input partition, as a record sees it: the state as
+ * the batch started plus the batch's own earlier writes. The host commits
+ * what the batch writes with its rows and offsets, exactly once, and
+ * replays it in `sluice verify`. Keys (Uint8Array, or a string as UTF-8)
+ * are at most 255 bytes; values at most `limits.max_state_value_kib`.
+ *
+ * The typed helpers store integers as their decimal text and strings as
+ * UTF-8: the same bytes in every SDK. */
+export class State {
+  constructor(index) {
+    this.index = index;
+  }
+  /** The value under `key` (Uint8Array), or null if absent or expired. */
+  get(key) {
+    const value = stateImport.get(this.index, stateKey(key));
+    return value === undefined ? null : value;
+  }
+  /** Stores `value` (Uint8Array) under `key`. */
+  set(key, value) {
+    stateImport.set(this.index, stateKey(key), new Uint8Array(value), undefined);
+  }
+  /** Stores `value` under `key` until `expiresAtMs` (ms since the epoch,
+   * Number or BigInt): batches whose batch time is at or past it read it as
+   * absent. Expiry follows batch time (`batch.context.batchTimeMs`) or a
+   * time the module computes, never the host's clock. */
+  setExpiring(key, value, expiresAtMs) {
+    stateImport.set(this.index, stateKey(key), new Uint8Array(value), BigInt(expiresAtMs));
+  }
+  /** Removes `key`. */
+  delete(key) {
+    stateImport['delete'](this.index, stateKey(key));
+  }
+  /** The integer under `key` as a BigInt (decimal text: an optional `-`
+   * then digits, in the int64 range); null if absent or anything else. */
+  getInt(key) {
+    const value = this.getText(key);
+    if (value === null || !INTEGER.test(value)) return null;
+    const n = BigInt(value);
+    return n < I64_MIN || n > I64_MAX ? null : n;
+  }
+  /** Stores an int64 (BigInt, or a safe-integer Number) as decimal text. */
+  setInt(key, value) {
+    if (typeof value === 'number' && !Number.isSafeInteger(value)) throw new RangeError(`${value} is not an integer`);
+    const n = BigInt(value);
+    if (n < I64_MIN || n > I64_MAX) throw new RangeError(`${n} is not an int64`);
+    this.set(key, encoder.encode(n.toString()));
+  }
+  /** The text under `key`; null if absent or not UTF-8. */
+  getText(key) {
+    const value = this.get(key);
+    if (value === null) return null;
+    try {
+      return strictUtf8.decode(value);
+    } catch (e) {
+      return null;
+    }
+  }
+  /** Stores `value` (a string) under `key` as UTF-8. */
+  setText(key, value) {
+    this.set(key, encoder.encode(value));
   }
 }
 

@@ -1,5 +1,6 @@
-//! What the benchmark binaries share: the raw-consume baseline and the
-//! pipeline's steady-state rate read from its lineage.
+//! What the benchmark binaries share: the raw-consume baseline, the
+//! pipeline's steady-state rate read from its lineage, and the offset
+//! commit of the hand-written jobs (`handwritten-*`).
 //!
 //! Both leave start-up out (client creation and group join on one side, the
 //! first batch on the other), so the ratios compare steady states. It must
@@ -68,4 +69,20 @@ pub async fn lineage_rate(db: &SinkDb) -> (f64, i64) {
     let count = one(format!("SELECT count(*) FROM {batches}")).await;
     let span = (last_ms - first_ms).max(1) as f64 / 1000.0;
     ((total - first_records) as f64 / span, count)
+}
+
+/// A hand-written job's offset commit, after its database commit: the next
+/// offset of every partition read, to the consumer group.
+pub fn commit_offsets(
+    consumer: &rdkafka::consumer::BaseConsumer,
+    topic: &str,
+    next: &std::collections::BTreeMap<i32, i64>,
+) -> Result<(), KafkaError> {
+    use rdkafka::consumer::{CommitMode, Consumer};
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for (&p, &o) in next {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Offset(o))?;
+    }
+    consumer.commit(&tpl, CommitMode::Sync)?;
+    Ok(())
 }

@@ -52,6 +52,10 @@ pub async fn kill_loop(
     let started = Instant::now();
     while done < kills {
         let mut child = spawn_until_caught_up(config, "warn", Stdio::null());
+        // Drained, so a pipeline printing its rows (the stdout sink) never
+        // blocks on a full pipe.
+        let mut out = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
         while child.try_wait().expect("wait").is_none() && committed().await <= batches {
             assert!(
                 started.elapsed() < Duration::from_secs(900),

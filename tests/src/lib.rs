@@ -16,6 +16,7 @@ pub mod proxy;
 pub mod redis_server;
 pub mod scenarios;
 pub mod sinks;
+pub mod tally;
 
 pub use config::{PipelineToml, Target};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -235,6 +235,42 @@ async fn word_count_postgres_example_gives_the_sqlite_counts() {
     assert_eq!(actual, expected("word-count"));
 }
 
+/// The stateful dedupe: first sightings only, repeats counted per user,
+/// across batches of ten records (state carried from batch to batch), as
+/// `expected.py` recomputes them.
+#[tokio::test(flavor = "multi_thread")]
+async fn dedupe_postgres_example_passes_first_sightings_only() {
+    let db = SinkDb::fresh_postgres(&schema_of("dedupe-postgres")).await;
+    run_sql_example(
+        "dedupe-postgres",
+        "payments-ex",
+        "dedupe-postgres/events.jsonl",
+        1,
+        None,
+    )
+    .await;
+    let pool = db.pool().await;
+    let events: Vec<(String, i64, f64)> = sqlx::query_as(&format!(
+        "SELECT {u}, count(*), sum(amount) FROM {t} GROUP BY {u} ORDER BY {u}",
+        u = db.ident("user"),
+        t = db.table("events")
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let repeats: std::collections::HashMap<String, i64> =
+        db.pairs("repeats", "user", "n").await.into_iter().collect();
+    let mut actual = String::new();
+    for (user, n, amount) in events {
+        let dropped = repeats.get(&user).copied().unwrap_or(0);
+        actual.push_str(&format!(
+            "{user} events={n} amount={amount:.2} repeats={dropped}\n"
+        ));
+    }
+    actual.push_str(&format!("dead letters={}\n", db.dead_letters().await));
+    assert_eq!(actual, expected("dedupe-postgres"));
+}
+
 /// The changelog converges, and replaying the whole log again from a new
 /// pipeline (no checkpoints) over the same table gives the same table.
 #[tokio::test(flavor = "multi_thread")]

@@ -55,6 +55,8 @@ struct Report {
     rows: Vec<Json>,
     dead_letters: Vec<Json>,
     logs: Vec<Json>,
+    /// What the batch wrote to state, key by key.
+    state: Vec<Json>,
     summary: Json,
 }
 
@@ -96,6 +98,7 @@ fn parse_report(stdout: &str) -> Report {
         rows: Vec::new(),
         dead_letters: Vec::new(),
         logs: Vec::new(),
+        state: Vec::new(),
         summary: Json::Null,
     };
     for line in stdout.lines() {
@@ -106,6 +109,8 @@ fn parse_report(stdout: &str) -> Report {
             report.dead_letters.push(json);
         } else if json.get("log").is_some() {
             report.logs.push(json);
+        } else if let Some(state) = json.get("state") {
+            report.state.push(state.clone());
         } else {
             report.summary = json["summary"].clone();
         }
@@ -140,13 +145,27 @@ fn write_sample(dir: &Path, name: &str, values: &[&str]) -> PathBuf {
 enum Outcome {
     Rejected,
     Skipped,
-    Event(Vec<String>),
+    Event(serde_json::Map<String, Json>),
+}
+
+/// A state value the recomputation keeps: the text, and when it expires.
+type Stored = (String, Option<i64>);
+
+/// The conformance transform's output, recomputed from a sample.
+struct Expected {
+    events: usize,
+    words: Vec<String>,
+    rejected: Vec<i64>,
+    /// `seen` rows, as `sluice test --json` prints them.
+    seen: Vec<Json>,
+    /// The state the batch wrote, as `sluice test --json` prints it.
+    state: Vec<Json>,
 }
 
 /// The conformance transform recomputed here from the sample, independent
-/// of every plugin, in batch order (partition, then offset): (events rows,
-/// words in order, rejected offsets).
-fn expected_conformance(sample: &str) -> (usize, Vec<String>, Vec<i64>) {
+/// of every plugin, in batch order (partition, then offset), with
+/// `sluice test`'s batch time 0 (docs/languages.md states the transform).
+fn expected_conformance(sample: &str) -> Expected {
     let mut next_offset: BTreeMap<i64, i64> = BTreeMap::new();
     let mut outcomes: Vec<(i64, i64, Outcome)> = Vec::new();
     for line in sample.lines().filter(|l| !l.trim().is_empty()) {
@@ -165,31 +184,72 @@ fn expected_conformance(sample: &str) -> (usize, Vec<String>, Vec<i64>) {
             Some(Json::Object(obj)) if obj.get("keep") == Some(&Json::Bool(false)) => {
                 Outcome::Skipped
             }
-            Some(Json::Object(obj)) => Outcome::Event(match obj.get("text") {
-                Some(Json::String(text)) => text
-                    .split(|c: char| !c.is_ascii_alphanumeric())
-                    .filter(|w| !w.is_empty())
-                    .map(str::to_ascii_lowercase)
-                    .collect(),
-                _ => Vec::new(),
-            }),
+            Some(Json::Object(obj)) => Outcome::Event(obj),
             _ => Outcome::Rejected,
         };
         outcomes.push((partition, offset, outcome));
     }
     outcomes.sort_by_key(|(partition, offset, _)| (*partition, *offset));
-    let (mut events, mut words, mut rejected) = (0, Vec::new(), Vec::new());
-    for (_, offset, outcome) in outcomes {
-        match outcome {
-            Outcome::Rejected => rejected.push(offset),
-            Outcome::Skipped => {}
-            Outcome::Event(w) => {
-                events += 1;
-                words.extend(w);
+    let mut expected = Expected {
+        events: 0,
+        words: Vec::new(),
+        rejected: Vec::new(),
+        seen: Vec::new(),
+        state: Vec::new(),
+    };
+    let now = 0;
+    // (partition, key) -> (value, expires at) or deleted.
+    let mut state: BTreeMap<(i64, String), Option<Stored>> = BTreeMap::new();
+    for (partition, offset, outcome) in outcomes {
+        let obj = match outcome {
+            Outcome::Rejected => {
+                expected.rejected.push(offset);
+                continue;
             }
-        }
+            Outcome::Skipped => continue,
+            Outcome::Event(obj) => obj,
+        };
+        expected.events += 1;
+        let text = obj.get("text").and_then(Json::as_str);
+        expected.words.extend(
+            text.unwrap_or_default()
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .map(str::to_ascii_lowercase),
+        );
+        let Some(user) = obj.get("user").and_then(Json::as_str) else {
+            continue;
+        };
+        let live = |key: &str| match state.get(&(partition, key.to_string())) {
+            Some(Some((value, expires))) if expires.is_none_or(|at| at > now) => {
+                Some(value.clone())
+            }
+            _ => None,
+        };
+        let (count_key, last_key) = (format!("n:{user}"), format!("last:{user}"));
+        let n = live(&count_key).map_or(0, |v| v.parse::<i64>().unwrap()) + 1;
+        let last = live(&last_key);
+        let flag = |name: &str| obj.get(name) == Some(&Json::Bool(true));
+        let count = (!flag("forget")).then(|| (n.to_string(), None));
+        state.insert((partition, count_key), count);
+        let expires = if flag("expire") { now } else { now + 60_000 };
+        let text = text.unwrap_or_default().to_string();
+        state.insert((partition, last_key), Some((text, Some(expires))));
+        expected.seen.push(serde_json::json!({
+            "offset": offset, "user": user, "n": n, "last": last,
+        }));
     }
-    (events, words, rejected)
+    expected.state = state
+        .into_iter()
+        .map(|((partition, key), value)| {
+            let (value, expires) = value.map_or((None, None), |(v, e)| (Some(v), e));
+            serde_json::json!({
+                "topic": "sample", "partition": partition, "key": key,
+                "value": value, "expires_at_ms": expires,
+            })
+        })
+        .collect();
+    expected
 }
 
 /// The conformance transform in Rust, C, Python, JavaScript and Go, run by the host
@@ -210,20 +270,27 @@ fn conformance_output_is_byte_identical_in_every_language() {
         .iter()
         .map(|(lang, module)| (*lang, run_sample(module, &sample, &[])))
         .collect();
-    let (events, words, rejected) =
-        expected_conformance(&std::fs::read_to_string(&sample).unwrap());
-    assert!(events >= 10 && words.len() >= 20 && rejected.len() >= 3);
+    let expected = expected_conformance(&std::fs::read_to_string(&sample).unwrap());
+    assert!(expected.events >= 10 && expected.words.len() >= 20 && expected.rejected.len() >= 3);
+    // The sample reads, writes, deletes and expires state: a count that
+    // restarts after a deletion, a `last` that an expiry hides, and the same
+    // user counted apart in two partitions.
+    assert!(expected.seen.iter().any(|r| r["n"] == 3));
+    assert!(expected.state.iter().any(|s| s["value"].is_null()));
     let (_, reference) = &reports[0];
     for (lang, report) in &reports {
-        assert_eq!(report.rows_of("events").len(), events, "{lang}");
+        assert_eq!(report.rows_of("events").len(), expected.events, "{lang}");
         let got: Vec<&str> = report
             .rows_of("words")
             .iter()
             .map(|r| r["word"].as_str().unwrap())
             .collect();
-        assert_eq!(got, words, "{lang}");
+        assert_eq!(got, expected.words, "{lang}");
         let dead: Vec<i64> = report.dead_letter_kinds().iter().map(|d| d.0).collect();
-        assert_eq!(dead, rejected, "{lang}");
+        assert_eq!(dead, expected.rejected, "{lang}");
+        let seen: Vec<Json> = report.rows_of("seen").into_iter().cloned().collect();
+        assert_eq!(seen, expected.seen, "{lang}: seen rows");
+        assert_eq!(report.state, expected.state, "{lang}: state written");
         assert_eq!(
             report.rows, reference.rows,
             "{lang} rows differ from Rust's"

@@ -58,6 +58,14 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The partitions the plan reads, in its ranges' order.
+    pub fn partitions(&self) -> Vec<TopicPartition> {
+        self.ranges
+            .iter()
+            .map(OffsetRange::topic_partition)
+            .collect()
+    }
+
     /// Builds a plan; the batch id is derived from the pipeline and ranges, so
     /// the same ranges always get the same id.
     pub fn new(
@@ -121,6 +129,15 @@ pub struct Slice {
     pub partition: i32,
     pub first: u32,
     pub count: u32,
+}
+
+impl Slice {
+    pub fn topic_partition(&self) -> TopicPartition {
+        TopicPartition {
+            topic: self.topic.clone(),
+            partition: self.partition,
+        }
+    }
 }
 
 /// The records of a batch, column by column (the module's layout). Record

@@ -13,6 +13,7 @@
 //! - [`cursor`]: where each owned partition stands, and the ranges cut from it.
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
+//! - [`state`]: keyed state: a batch's writes and reads, a run's view.
 //! - [`store`]: the state store traits (module store, lineage reader).
 //! - [`dead_letters`]: stored dead letters, listing and redriving them.
 //!
@@ -30,6 +31,7 @@ pub mod limits;
 pub mod output;
 pub mod sink;
 pub mod source;
+pub mod state;
 pub mod store;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -26,6 +26,22 @@ pub struct ReplaySettings {
     pub max_stack_kib: u64,
     pub max_output_mib: u64,
     pub on_poison: OnPoison,
+    /// `limits.max_state_value_kib` (batches recorded before state existed
+    /// read as the default: they kept none).
+    #[serde(default = "default_state_value_kib")]
+    pub max_state_value_kib: u64,
+    /// `limits.max_state_keys_per_batch` (batches recorded before it
+    /// existed read as the default: none reached it).
+    #[serde(default = "default_state_keys_per_batch")]
+    pub max_state_keys_per_batch: u64,
+}
+
+fn default_state_value_kib() -> u64 {
+    LimitsConfig::default().max_state_value_kib.get()
+}
+
+fn default_state_keys_per_batch() -> u64 {
+    LimitsConfig::default().max_state_keys_per_batch.get()
 }
 
 impl ReplaySettings {
@@ -48,6 +64,8 @@ impl ReplaySettings {
             max_memory_mib: self.max_memory_mib,
             max_stack_kib: self.max_stack_kib,
             max_output_bytes: (self.max_output_mib as usize) << 20,
+            max_state_value_bytes: (self.max_state_value_kib as usize) << 10,
+            max_state_keys_per_batch: self.max_state_keys_per_batch as usize,
             ..current.clone()
         }
     }
@@ -68,6 +86,12 @@ pub struct Limits {
     pub compile_memory_mib: u64,
     /// What isolating one batch's poison records may cost.
     pub isolation: IsolationBudget,
+    /// Largest value under one state key, in bytes.
+    pub max_state_value_bytes: usize,
+    /// Most distinct state keys one batch may write.
+    pub max_state_keys_per_batch: usize,
+    /// The host's keyed-state cache budget, in bytes.
+    pub state_cache_bytes: usize,
 }
 
 /// Poison records a batch may always have, whatever its size: a batch of
@@ -115,6 +139,9 @@ impl Limits {
                 records: c.isolation_budget.get() as u32,
                 max_poison_share: c.max_poison_share,
             },
+            max_state_value_bytes: (c.max_state_value_kib.get() as usize) << 10,
+            max_state_keys_per_batch: c.max_state_keys_per_batch.get() as usize,
+            state_cache_bytes: (c.state_cache_mib.get() as usize) << 20,
         }
     }
 
@@ -137,6 +164,8 @@ impl Limits {
             max_stack_kib: self.max_stack_kib,
             max_output_mib: (self.max_output_bytes >> 20) as u64,
             on_poison,
+            max_state_value_kib: (self.max_state_value_bytes >> 10) as u64,
+            max_state_keys_per_batch: self.max_state_keys_per_batch as u64,
         }
     }
 
@@ -152,6 +181,14 @@ impl Limits {
                 limit_mib: (self.max_output_bytes >> 20) as u64,
             }),
             false => Ok(()),
+        }
+    }
+
+    /// What a module may keep per state call.
+    pub fn state(&self) -> crate::state::StateLimits {
+        crate::state::StateLimits {
+            max_value_bytes: self.max_state_value_bytes,
+            max_keys_per_batch: self.max_state_keys_per_batch,
         }
     }
 

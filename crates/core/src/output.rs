@@ -11,6 +11,9 @@ use sha2::{Digest, Sha256};
 pub struct Output {
     pub targets: Vec<TargetRows>,
     pub rejections: Vec<Rejection>,
+    /// The keyed state the batch changed: per partition, each key's new
+    /// value or its deletion.
+    pub state: crate::state::StateMap,
 }
 
 /// Rows for one named target, column by column.
@@ -255,7 +258,10 @@ impl Output {
             })
             .sum();
         let rejections: usize = self.rejections.iter().map(|r| 4 + r.reason.len()).sum();
-        columns + rejections
+        let state: usize = (self.state.0.values().flatten())
+            .map(|(k, v)| k.len() + v.as_ref().map_or(1, |v| v.size()))
+            .sum();
+        columns + rejections + state
     }
 
     /// Total rows over all targets.
@@ -277,6 +283,9 @@ impl Output {
                 index: index_map[r.index as usize] as u32,
                 reason: r.reason,
             }));
+        for (tp, keys) in other.state.0 {
+            self.state.0.entry(tp).or_default().extend(keys);
+        }
     }
 
     /// sha256 over the canonical form of a batch's result: its rows and
@@ -296,6 +305,10 @@ impl Output {
     /// — for a record the module rejected, whose reason is the module's own
     /// output — 1 and the reason, else 0 (the host's wording of a trap or a
     /// limit may change between versions; the kind and the record may not).
+    /// Then, only if the batch changed keyed state (so a stateless batch's
+    /// digest is what it always was), the tag `state` and the changes as
+    /// [`crate::state::StateMap::encode`] writes them (partitions and keys
+    /// in order).
     pub fn digest(&self, dead_letters: &[(usize, &str, Option<&str>)]) -> String {
         let mut h = Sha256::new();
         h.update(b"sluice-output-2");
@@ -321,6 +334,10 @@ impl Output {
                 }
                 None => h.update([0]),
             }
+        }
+        if !self.state.is_empty() {
+            h.update(b"state");
+            h.update(self.state.encode());
         }
         hex::encode(h.finalize())
     }
@@ -485,6 +502,7 @@ mod tests {
                 }],
             }],
             rejections: vec![],
+            state: Default::default(),
         }
     }
 
@@ -514,6 +532,7 @@ mod tests {
                 }],
             }],
             rejections: vec![],
+            state: Default::default(),
         }
     }
 

@@ -35,6 +35,12 @@ pub trait Sink {
     /// to commit must then come back fenced, never fail fatally; a later
     /// `checkpoints` of one takes it up again.
     fn released(&self, _partitions: &[TopicPartition]) {}
+    /// Where this sink keeps the keyed state it commits, for the
+    /// pipeline's cache to read; `None` if it keeps none (a module's state
+    /// calls then fail, saying so).
+    fn state_store(&self) -> Option<std::sync::Arc<dyn crate::state::StateStore>> {
+        None
+    }
 }
 
 /// Why a sink operation failed. Callers act on the variant.
@@ -175,6 +181,9 @@ pub struct Commit<'a> {
     pub output: &'a Output,
     pub dead_letters: &'a [DeadLetter],
     pub output_digest: &'a str,
+    /// The keyed state the batch's runs read as it started (what a replay
+    /// of it needs); its writes are `output.state`.
+    pub state_reads: &'a crate::state::StateMap,
 }
 
 /// Commits everything of `c` but its rows in `state`: offsets, lineage
@@ -188,6 +197,7 @@ pub async fn commit_all_but_rows<S: Sink>(
     let no_rows = Output {
         targets: Vec::new(),
         rejections: c.output.rejections.clone(),
+        state: c.output.state.clone(),
     };
     state
         .commit(&Commit {

@@ -113,6 +113,16 @@ pub trait LineageStore: Send + Sync {
         pipeline: &str,
         selection: &Selection,
     ) -> Result<Vec<CommittedBatch>, SinkError>;
+    /// The keyed state batch `batch_id`'s runs read as it started (what a
+    /// replay of it serves its state calls from); empty if it read none, or
+    /// the store keeps no state.
+    async fn state_reads(
+        &self,
+        _pipeline: &str,
+        _batch_id: &str,
+    ) -> Result<crate::state::StateMap, SinkError> {
+        Ok(crate::state::StateMap::default())
+    }
 }
 
 /// One activation of a pipeline: from `activated_at_ms` on, its batches run
@@ -291,6 +301,11 @@ pub struct LineageEntry {
     pub committed_at_ms: i64,
     pub settings: String,
     pub ranges: Vec<OffsetRange>,
+    /// The keyed state the batch's runs read as it started, as
+    /// [`crate::state::StateMap::encode`] writes it, in hex; empty (and
+    /// left out) if it read none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub state_reads: String,
 }
 
 impl LineageEntry {
@@ -307,6 +322,21 @@ impl LineageEntry {
             committed_at_ms: now_ms(),
             settings: c.plan.settings.clone(),
             ranges: c.plan.ranges.clone(),
+            state_reads: match c.state_reads.is_empty() {
+                true => String::new(),
+                false => hex::encode(c.state_reads.encode()),
+            },
+        }
+    }
+
+    /// The state reads it recorded.
+    pub fn reads(&self) -> Result<crate::state::StateMap, SinkError> {
+        let bytes = hex::decode(&self.state_reads)
+            .map_err(|e| SinkError::database("a lineage entry's state reads", e))?;
+        match bytes.is_empty() {
+            true => Ok(crate::state::StateMap::default()),
+            false => crate::state::StateMap::decode(&bytes)
+                .map_err(|e| SinkError::database("a lineage entry's state reads", e)),
         }
     }
 
@@ -326,6 +356,22 @@ impl LineageEntry {
             ranges: self.ranges,
         }
     }
+}
+
+/// The state reads batch `batch_id`'s entry among `entries` (lineage
+/// entries' JSON) recorded; empty if it recorded none or is not there.
+pub fn entry_state_reads<T: AsRef<[u8]>>(
+    entries: impl IntoIterator<Item = T>,
+    batch_id: &str,
+) -> Result<crate::state::StateMap, SinkError> {
+    for entry in entries {
+        let entry: LineageEntry = serde_json::from_slice(entry.as_ref())
+            .map_err(|e| SinkError::database("a lineage entry is not sluice's JSON", e))?;
+        if entry.batch_id == batch_id {
+            return entry.reads();
+        }
+    }
+    Ok(crate::state::StateMap::default())
 }
 
 /// The batches `selection` keeps of lineage entries in commit order (the

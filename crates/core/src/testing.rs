@@ -47,5 +47,6 @@ pub fn words_output(target: &str, words: &[(&str, i64)]) -> Output {
             ],
         }],
         rejections: vec![],
+        state: Default::default(),
     }
 }

@@ -8,6 +8,8 @@
 use crate::batch::{Plan, Records};
 use crate::limits::Limits;
 use crate::output::Output;
+use crate::state::{StateBase, StateError};
+use std::sync::Arc;
 
 /// The transform the pipeline runs; implemented by the Wasm runtime. It is
 /// shared with the thread that prepares the next batch, hence `Send + Sync`.
@@ -18,8 +20,15 @@ pub trait Transform: Send + Sync + 'static {
     fn params(&self) -> &str;
     /// The sandbox limits every batch runs under.
     fn limits(&self) -> &Limits;
-    /// Runs one whole batch in a fresh instance.
-    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError>;
+    /// Runs one whole batch in a fresh instance; its state calls read
+    /// `state` (the state as the batch started), and what it wrote comes
+    /// back as [`Output::state`].
+    fn run(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        state: Arc<dyn StateBase>,
+    ) -> Result<Output, RunError>;
     /// Batch `batch_id` will not run again (its result is settled, or it
     /// failed for good): a transform that holds something per batch (the
     /// Wasm runtime holds a failed run's log lines until it knows whether
@@ -84,6 +93,10 @@ pub enum RunError {
     /// abandoned, never committed or recorded.
     #[error("stopped: the host is shutting down")]
     Interrupted,
+    /// The module's keyed state could not be read (the store is down, the
+    /// sink keeps none, a replay's recorded reads lack a key).
+    #[error(transparent)]
+    State(StateError),
     /// Isolating the batch's poison records was given up: the module, not
     /// the records, is at fault. Nothing of the batch is committed.
     #[error(transparent)]
@@ -135,6 +148,7 @@ impl RunError {
             self,
             RunError::Timeout(_)
                 | RunError::Instantiate(_)
+                | RunError::State(StateError::Unavailable(_))
                 | RunError::Declared {
                     retryable: true,
                     ..

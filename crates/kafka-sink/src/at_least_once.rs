@@ -13,6 +13,9 @@
 //! see a batch's records twice, never miss one. Readers see records at
 //! once, with no transaction to wait for, which is what this mode trades
 //! the guarantee for (and what the exactly-once sink is measured against).
+//! A stateful module's keyed state commits in the state store with the
+//! offsets, so state is exactly once even though records are not: a batch
+//! sent again was run again from the same state.
 //!
 //! It must not read input or decide ranges, and it never imports another
 //! sink: the state store comes in as a trait.
@@ -159,5 +162,11 @@ impl<S: Sink> Sink for KafkaAtLeastOnce<S> {
     async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         tokio::task::block_in_place(|| self.producer.deliver(c))?;
         commit_all_but_rows(&self.state, c).await
+    }
+
+    /// Keyed state lives in the state store, committed there with the
+    /// offsets (records are sent before, at least once).
+    fn state_store(&self) -> Option<std::sync::Arc<dyn sluice_core::state::StateStore>> {
+        self.state.state_store()
     }
 }

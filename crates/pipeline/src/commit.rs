@@ -96,12 +96,7 @@ impl<S: Sink, V: Versions> Parts<S, V> {
     /// After a commit with unknown outcome: what the checkpoints of the
     /// plan's partitions say.
     async fn resolve_unknown(&self, plan: &Plan) -> Result<Resolved, PipelineError> {
-        let partitions: Vec<TopicPartition> = plan
-            .ranges
-            .iter()
-            .map(OffsetRange::topic_partition)
-            .collect();
-        let stored = self.checkpoints(&partitions).await?;
+        let stored = self.checkpoints(&plan.partitions()).await?;
         let at = |r: &OffsetRange| stored.get(&r.topic_partition()).copied();
         if plan.ranges.iter().all(|r| at(r) == Some(r.until)) {
             tracing::info!(batch = %plan.batch_id, "commit had landed");

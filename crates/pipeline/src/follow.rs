@@ -146,8 +146,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             return Ok(None);
         };
         let parts = &self.parts;
-        let batch =
-            tokio::task::block_in_place(|| parts.preparer.prepare(&self.source, stale.plan.ranges));
+        let state = parts.state.base();
+        let batch = tokio::task::block_in_place(|| {
+            parts
+                .preparer
+                .prepare(&self.source, stale.plan.ranges, state)
+        });
         self.settle_prepared(batch.map(Some))
     }
 

@@ -15,12 +15,17 @@
 //! is resolved by reading the checkpoint back, never by writing again.
 //! Preparing ahead does not weaken this: the next batch's `from` is the
 //! committing batch's `until`, which the compare-and-set checks, and a
-//! prepared batch is dropped when the one before it is fenced.
+//! prepared batch is dropped when the one before it is fenced. Keyed state
+//! is output like rows: a batch's state writes commit in the sink's same
+//! atomic unit, behind the same compare-and-set; the batch read ahead
+//! starts from the committing batch's writes (`state`), which is right
+//! exactly when that batch lands, and is dropped otherwise.
 //!
 //! Owns the order of the steps, the restart after a fence and the shutdown
 //! drain (a batch already prepared is committed before stopping); `commit`
 //! owns commit retries and unknown outcomes, `follow` the version policy,
-//! `beside` reading while a commit runs, and `prepare` the transform
+//! `beside` reading while a commit runs, `state` the keyed state cache,
+//! and `prepare` the transform
 //! retries and bisection of batches with poison records. It must
 //! not talk SQL, Kafka protocol or Wasm directly: it goes through the core's
 //! `Sink`, `Source`, `Transform` and `Versions` traits, and the crate
@@ -32,6 +37,7 @@ mod follow;
 mod metrics;
 mod picker;
 mod prepare;
+mod state;
 mod status;
 
 pub use metrics::Metrics;
@@ -42,13 +48,14 @@ pub use status::{
 
 use sluice_core::{batch, config};
 
-use crate::batch::{OffsetRange, TopicPartition, describe, now_ms};
+use crate::batch::{TopicPartition, describe, now_ms};
 use crate::config::OnPoison;
 use commit::Landing;
 use picker::RangePicker;
 use sluice_core::contract::OutputContract;
 use sluice_core::sink::{Commit, Sink, SinkError};
 use sluice_core::source::{PollSignals, Source, SourceError};
+use sluice_core::state::StateBase;
 use sluice_core::transform::{ModuleAtFault, RunError, Transform};
 use sluice_core::versions::{Swap, Versions};
 use std::cell::Cell;
@@ -132,6 +139,8 @@ pub(crate) struct Parts<S: Sink, V: Versions> {
     shutdown: CancellationToken,
     /// Where the source's blocking work runs beside a commit or a wait.
     source_thread: beside::SourceThread,
+    /// The owned partitions' keyed state, for the module's runs.
+    state: Arc<state::KeptState>,
 }
 
 /// What the source gave a step of the loop: how long its poll took (for
@@ -193,6 +202,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         );
         let picker = RangePicker::new(sink.one_partition_per_batch());
         let (current, _) = tokio::sync::watch::channel(Arc::clone(&preparer));
+        let state = state::KeptState::new(
+            &options.pipeline,
+            sink.state_store(),
+            preparer.transform().limits().state_cache_bytes,
+            status.metrics().clone(),
+        );
         let parts = Parts {
             options,
             sink,
@@ -204,6 +219,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             status,
             shutdown: CancellationToken::new(),
             source_thread: beside::SourceThread::new(),
+            state,
         };
         parts.publish_version();
         Pipeline {
@@ -309,7 +325,9 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             return Ok(Planned::Nothing);
         }
         let preparer = &self.parts.preparer;
-        let prepared = tokio::task::block_in_place(|| preparer.prepare(&self.source, ranges));
+        let state = self.parts.state.base();
+        let prepared =
+            tokio::task::block_in_place(|| preparer.prepare(&self.source, ranges, state));
         Ok(match self.settle_prepared(prepared.map(Some))? {
             Some(batch) => Planned::Batch(Box::new(batch)),
             None => Planned::Nothing,
@@ -429,6 +447,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let lost: Vec<TopicPartition> = self.owned.difference(&owned).cloned().collect();
         self.owned = owned;
         if !lost.is_empty() {
+            self.parts.state.forget(&lost);
             self.parts.sink.released(&lost);
         }
     }
@@ -447,6 +466,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
 
     /// Re-reads checkpoints of `partitions` and restarts reading there.
     async fn restart(&mut self, partitions: &[TopicPartition]) -> Result<(), PipelineError> {
+        self.parts.state.forget(partitions);
         let checkpoints = self.parts.checkpoints(partitions).await?;
         let starts: Vec<_> = partitions
             .iter()
@@ -479,12 +499,17 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             output: &batch.output,
             dead_letters: &batch.dead_letters,
             output_digest: &batch.output_digest,
+            state_reads: &batch.state_reads,
         };
         let parts = &self.parts;
+        parts
+            .state
+            .committing(&batch.plan.batch_id, &batch.output.state);
         let (preparer, picker) = (&*parts.preparer, &parts.picker);
         let wait = parts.options.batch_interval;
+        let state = parts.state.base();
         let read_next = move |source: &mut Src, signals: &PollSignals| {
-            prepare_next.then(|| read_ahead(source, preparer, picker, wait, signals))
+            prepare_next.then(|| read_ahead(source, preparer, picker, wait, signals, state))
         };
         let committing = Instant::now();
         let committed = async {
@@ -495,6 +520,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let (landing, commit_ms) = beside.alongside;
         match landing? {
             Landing::Landed => {
+                self.parts.state.landed(&batch.plan.batch_id);
                 self.account(&batch, poll_ms, commit_ms);
                 Ok(AfterCommit {
                     ahead: beside.read,
@@ -502,6 +528,9 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 })
             }
             Landing::Fenced => {
+                self.parts
+                    .state
+                    .abandoned(&batch.plan.batch_id, &batch.plan.partitions());
                 self.restart_fenced(&batch).await?;
                 Ok(AfterCommit {
                     ahead: None,
@@ -519,11 +548,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         // Only partitions still owned: reading a lost one's checkpoint
         // could fence its new owner (the Kafka sink fences as it reads).
         let owned = self.owned_partitions();
-        let partitions: Vec<TopicPartition> = batch
-            .plan
-            .ranges
-            .iter()
-            .map(OffsetRange::topic_partition)
+        let partitions: Vec<TopicPartition> = (batch.plan.partitions().into_iter())
             .filter(|tp| owned.contains(tp))
             .collect();
         if partitions.is_empty() {
@@ -603,6 +628,7 @@ fn read_ahead<T: Transform>(
     picker: &RangePicker,
     wait: Duration,
     signals: &PollSignals,
+    state: Arc<dyn StateBase>,
 ) -> Ahead {
     let polling = Instant::now();
     let polled = source.poll(wait, signals);
@@ -612,7 +638,7 @@ fn read_ahead<T: Transform>(
         if ranges.is_empty() {
             return Ok(None);
         }
-        preparer.prepare(source, ranges).map(Some)
+        preparer.prepare(source, ranges, state).map(Some)
     });
     Ahead { poll_ms, batch }
 }

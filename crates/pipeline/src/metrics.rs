@@ -8,8 +8,8 @@
 
 use crate::{Batch, PartitionStatus};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use std::collections::HashMap;
 
@@ -44,6 +44,11 @@ pub struct Metrics {
     assigned: IntGauge,
     module: IntGaugeVec,
     stalled: IntGauge,
+    state_keys_read: IntCounter,
+    state_keys_written: IntCounter,
+    state_sink_reads: IntCounterVec,
+    state_sink_read_seconds: HistogramVec,
+    state_cache_bytes: IntGauge,
 }
 
 impl Default for Metrics {
@@ -160,6 +165,36 @@ impl Metrics {
                 "1 while the pipeline stalls: the running version failed too many records of a batch (limits.max_poison_share, limits.isolation_budget); it waits for another version.",
             )
             .expect("valid gauge"),
+            state_keys_read: counter(
+                "sluice_state_keys_read_total",
+                "Keys of their start state that committed batches read (each key once per batch).",
+            ),
+            state_keys_written: counter(
+                "sluice_state_keys_written_total",
+                "Keys committed batches changed (set or deleted; each key once per batch).",
+            ),
+            state_sink_reads: IntCounterVec::new(
+                Opts::new(
+                    "sluice_state_sink_reads_total",
+                    "Reads of keyed state from the sink, by what they fetched: `partition` (a partition's whole state into the cache) or `key` (one key the cache did not hold). Every other read was a cache hit.",
+                ),
+                &["kind"],
+            )
+            .expect("valid counter"),
+            state_sink_read_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "sluice_state_sink_read_seconds",
+                    "How long each keyed-state read from the sink took, by kind (as sluice_state_sink_reads_total); a batch waits for these while its module runs.",
+                )
+                .buckets(SECONDS_BUCKETS.to_vec()),
+                &["kind"],
+            )
+            .expect("valid histogram"),
+            state_cache_bytes: IntGauge::new(
+                "sluice_state_cache_bytes",
+                "Bytes the keyed-state cache holds (bounded by limits.state_cache_mib).",
+            )
+            .expect("valid gauge"),
             registry,
         };
         metrics.register_all();
@@ -167,7 +202,7 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 18] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 23] = [
             Box::new(self.records_in.clone()),
             Box::new(self.rows_out.clone()),
             Box::new(self.dead_letters.clone()),
@@ -186,6 +221,11 @@ impl Metrics {
             Box::new(self.assigned.clone()),
             Box::new(self.module.clone()),
             Box::new(self.stalled.clone()),
+            Box::new(self.state_keys_read.clone()),
+            Box::new(self.state_keys_written.clone()),
+            Box::new(self.state_sink_reads.clone()),
+            Box::new(self.state_sink_read_seconds.clone()),
+            Box::new(self.state_cache_bytes.clone()),
         ];
         for collector in collectors {
             self.registry
@@ -203,6 +243,9 @@ impl Metrics {
             self.fuel_used.observe(fuel as f64);
         }
         self.records_in.inc_by(batch.records.len() as u64);
+        self.state_keys_read.inc_by(batch.state_reads.len() as u64);
+        self.state_keys_written
+            .inc_by(batch.output.state.len() as u64);
         for target in &batch.output.targets {
             self.rows_out
                 .with_label_values(&[target.target.as_str()])
@@ -220,6 +263,21 @@ impl Metrics {
         self.commit_seconds.observe(s(commit_ms));
         self.batch_seconds
             .observe(s(read_ms + transform_ms + commit_ms));
+    }
+
+    /// The state cache read a partition whole (`whole`) or one key from
+    /// the sink, in `took`.
+    pub(crate) fn state_sink_read(&self, whole: bool, took: std::time::Duration) {
+        let kind = if whole { "partition" } else { "key" };
+        self.state_sink_reads.with_label_values(&[kind]).inc();
+        self.state_sink_read_seconds
+            .with_label_values(&[kind])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Bytes the state cache holds now.
+    pub(crate) fn state_cache_bytes(&self, bytes: usize) {
+        self.state_cache_bytes.set(bytes as i64);
     }
 
     pub(crate) fn fenced(&self) {

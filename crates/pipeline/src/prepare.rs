@@ -19,7 +19,9 @@ use sluice_core::contract::OutputContract;
 use sluice_core::output::Output;
 use sluice_core::sink::{DeadLetter, DeadLetterKind, digest};
 use sluice_core::source::Source;
+use sluice_core::state::{BatchBase, StateBase, StateMap};
 use sluice_core::transform::{GaveUp, ModuleAtFault, RunError, Transform};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -40,6 +42,9 @@ pub struct Batch {
     pub output: Output,
     pub dead_letters: Vec<DeadLetter>,
     pub output_digest: String,
+    /// The keyed state the batch's runs read, as the batch started: what
+    /// a replay of it needs (empty for a module that keeps no state).
+    pub state_reads: StateMap,
     /// Time spent taking the records from the source's buffers.
     pub read_ms: u64,
     /// Time spent in the transform (retries and bisection included).
@@ -98,11 +103,12 @@ impl<T: Transform> Preparer<T> {
     }
 
     /// Plans `ranges` as the next batch, reads their records from `source`
-    /// and transforms them.
+    /// and transforms them from `state`.
     pub fn prepare(
         &self,
         source: &impl Source,
         ranges: Vec<OffsetRange>,
+        state: Arc<dyn StateBase>,
     ) -> Result<Batch, PipelineError> {
         let started = Instant::now();
         let plan = Plan::new(
@@ -114,21 +120,24 @@ impl<T: Transform> Preparer<T> {
         );
         let records = source.records(&plan.ranges);
         let read_ms = started.elapsed().as_millis() as u64;
-        self.transform_planned(plan, records, read_ms)
+        self.transform_planned(plan, records, read_ms, state)
     }
 
     /// Transforms `records` under `plan` (a new one, or a replay of a
-    /// committed batch's for `verify` and `shadow`), recording this
-    /// preparer's settings in it.
+    /// committed batch's for `verify` and `shadow`) from `state` (the
+    /// keyed state as the batch started), recording this preparer's
+    /// settings in it.
     pub fn transform_planned(
         &self,
         mut plan: Plan,
         records: Records,
         read_ms: u64,
+        state: Arc<dyn StateBase>,
     ) -> Result<Batch, PipelineError> {
         plan.settings = self.settings.clone();
         let transforming = Instant::now();
-        let transformed = self.transform_batch(&plan, &records);
+        let base = BatchBase::new(state);
+        let transformed = self.transform_batch(&plan, &records, &base);
         // Every run of the batch is done: each record's log lines once.
         let fuel_used = self.transform.settle(&plan.batch_id);
         let (output, dead_letters) = transformed?;
@@ -139,6 +148,7 @@ impl<T: Transform> Preparer<T> {
             output,
             dead_letters,
             output_digest,
+            state_reads: base.reads(),
             read_ms,
             transform_ms: transforming.elapsed().as_millis() as u64,
             fuel_used,
@@ -156,6 +166,7 @@ impl<T: Transform> Preparer<T> {
         &self,
         plan: &Plan,
         records: &Records,
+        base: &Arc<BatchBase>,
     ) -> Result<(Output, Vec<DeadLetter>), PipelineError> {
         let fail = |error| PipelineError::Transform {
             batch_id: plan.batch_id.clone(),
@@ -163,12 +174,16 @@ impl<T: Transform> Preparer<T> {
             error,
         };
         let mut spent = Spent::default();
-        let first = self.run_with_retries(plan, records, Confirm::Once, &mut spent);
+        let first = self.run_with_retries(plan, records, Confirm::Once, &mut spent, base);
         let (output, mut dead) = match first {
             Ok(output) => (output, Vec::new()),
             Err(e) if poison_kind(&e).is_some() && self.on_poison == OnPoison::DeadLetter => {
                 tracing::warn!(batch = %plan.batch_id, "{e}; bisecting the batch to isolate the records that cause it");
-                self.isolate(plan, records, e, spent).map_err(fail)?
+                let isolated = self.isolate(plan, records, e, &mut spent, base);
+                let isolated = isolated.and_then(|(output, dead)| {
+                    self.without_poison(plan, records, output, dead, &mut spent, base)
+                });
+                isolated.map_err(fail)?
             }
             Err(e) => return Err(fail(e)),
         };
@@ -183,13 +198,113 @@ impl<T: Transform> Preparer<T> {
         Ok((output, dead))
     }
 
+    /// The result of a batch whose poison records were isolated, for a
+    /// module that keeps state: one run of all the other records, in
+    /// order, from the batch's start state. (The parts a bisection ran
+    /// each started from that state too, without the writes of the parts
+    /// before them; joining their outputs would not be the batch without
+    /// its poison.) When that run fails too (a record fails only after
+    /// the writes of those before it, or the batch as a whole breaks a
+    /// limit such as the keys a batch may write, which no part does), the
+    /// record at fault is the last of the shortest failing prefix
+    /// ([`Self::first_failing`]); it becomes a dead letter and the rest run
+    /// again, each round one record more, within the isolation's bound.
+    /// A stateless batch keeps the joined outputs of its parts.
+    fn without_poison(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        output: Output,
+        mut dead: Vec<DeadLetter>,
+        spent: &mut Spent,
+        base: &Arc<BatchBase>,
+    ) -> Result<(Output, Vec<DeadLetter>), RunError> {
+        let stateful = !output.state.is_empty() || base.has_reads();
+        if !stateful {
+            return Ok((output, dead));
+        }
+        let bound = self.bound(records.len());
+        loop {
+            let poison: std::collections::HashSet<usize> = dead.iter().map(|d| d.index).collect();
+            let live: Vec<usize> = (0..records.len()).filter(|i| !poison.contains(i)).collect();
+            let failed = match self.run_indices(plan, records, &live, spent, base) {
+                Ok(output) => {
+                    dead.sort_by_key(|d| d.index);
+                    return Ok((output, dead));
+                }
+                Err(e) if poison_kind(&e).is_some() => e,
+                Err(e) => return Err(e),
+            };
+            let (at, error) = self.first_failing(plan, records, &live, failed, spent, base)?;
+            let kind = poison_kind(&error).expect("only poison is isolated");
+            dead.push(DeadLetter {
+                index: live[at],
+                reason: error.to_string(),
+                kind,
+            });
+            if let Some(why) = bound.passed(spent, dead.len()) {
+                return Err(self.at_fault(why, spent, dead.len(), records.len(), &error));
+            }
+        }
+    }
+
+    /// Where in `live` (record indices, in order; run whole it failed with
+    /// `failed`) the record at fault is for a stateful module: the last of
+    /// the shortest prefix that fails, found by halving (a record sees the
+    /// writes of every record before it, so the prefix, not the record
+    /// alone, is what fails). Returns its position and the failure of
+    /// that prefix. It takes at most log2(n) + 1 runs, charged to `spent`
+    /// (the caller checks the isolation's bound after each record).
+    fn first_failing(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        live: &[usize],
+        failed: RunError,
+        spent: &mut Spent,
+        base: &Arc<BatchBase>,
+    ) -> Result<(usize, RunError), RunError> {
+        let (mut passes, mut fails, mut error) = (0, live.len(), failed);
+        while fails - passes > 1 {
+            let mid = passes + (fails - passes) / 2;
+            match self.run_indices(plan, records, &live[..mid], spent, base) {
+                Ok(_) => passes = mid,
+                Err(e) if poison_kind(&e).is_some() => (fails, error) = (mid, e),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((fails - 1, error))
+    }
+
+    /// One run of the records at `indices` of `records`, its output
+    /// indexed as in `records`.
+    fn run_indices(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        indices: &[usize],
+        spent: &mut Spent,
+        base: &Arc<BatchBase>,
+    ) -> Result<Output, RunError> {
+        let (sub, map) = records.select(indices);
+        let ran = self.run_with_retries(plan, &sub, Confirm::No, spent, base)?;
+        let mut output = Output::default();
+        output.absorb(ran, &map);
+        Ok(output)
+    }
+
     /// One run of `records`: the transform's, then the sink's output
     /// contract; stopped before it starts once interrupted.
-    fn run_once(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
+    fn run_once(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        base: &Arc<BatchBase>,
+    ) -> Result<Output, RunError> {
         if self.interrupted.load(Ordering::Relaxed) {
             return Err(RunError::Interrupted);
         }
-        let output = self.transform.run(plan, records)?;
+        let output = self.transform.run(plan, records, base.clone())?;
         self.contract
             .check(&output)
             .map_err(|e| RunError::BadOutput(e.to_string()))?;
@@ -207,12 +322,13 @@ impl<T: Transform> Preparer<T> {
         records: &Records,
         confirm: Confirm,
         spent: &mut Spent,
+        base: &Arc<BatchBase>,
     ) -> Result<Output, RunError> {
         let mut backoff = TRANSFORM_RETRY.start();
         let mut confirmed = confirm == Confirm::No;
         loop {
             let started = Instant::now();
-            let result = self.run_once(plan, records);
+            let result = self.run_once(plan, records, base);
             spent.charge(&result, started.elapsed(), self.transform.limits());
             let error = match result {
                 Ok(output) => return Ok(output),
@@ -220,6 +336,7 @@ impl<T: Transform> Preparer<T> {
             };
             match error {
                 e @ (RunError::Instantiate(_)
+                | RunError::State(sluice_core::state::StateError::Unavailable(_))
                 | RunError::Declared {
                     retryable: true, ..
                 }) => {
@@ -258,14 +375,10 @@ impl<T: Transform> Preparer<T> {
         plan: &Plan,
         records: &Records,
         first: RunError,
-        mut spent: Spent,
+        spent: &mut Spent,
+        base: &Arc<BatchBase>,
     ) -> Result<(Output, Vec<DeadLetter>), RunError> {
-        let limits = self.transform.limits();
-        let bound = Bound {
-            budgets: limits.isolation.batch_budgets(records.len()),
-            max_poison: limits.isolation.max_poison(records.len()),
-            setting: limits.isolation.records,
-        };
+        let bound = self.bound(records.len());
         let mut output = Output::default();
         let mut dead = Vec::new();
         let mut parts: Vec<Vec<usize>> = Vec::new();
@@ -295,8 +408,8 @@ impl<T: Transform> Preparer<T> {
                 }
                 last = error;
             }
-            if let Some(why) = bound.passed(&spent, dead.len()) {
-                return Err(self.at_fault(why, &spent, dead.len(), records.len(), &last));
+            if let Some(why) = bound.passed(spent, dead.len()) {
+                return Err(self.at_fault(why, spent, dead.len(), records.len(), &last));
             }
             let Some(indices) = parts.pop() else {
                 break;
@@ -314,7 +427,7 @@ impl<T: Transform> Preparer<T> {
                 1 => Confirm::Once,
                 _ => Confirm::No,
             };
-            match self.run_with_retries(plan, &sub, confirm, &mut spent) {
+            match self.run_with_retries(plan, &sub, confirm, spent, base) {
                 Ok(o) => {
                     output.absorb(o, &map);
                     self.check_merged_output(&output)?;
@@ -324,6 +437,16 @@ impl<T: Transform> Preparer<T> {
             }
         }
         Ok((output, dead))
+    }
+
+    /// How far isolating the poison of a batch of `records` may go.
+    fn bound(&self, records: usize) -> Bound {
+        let limits = self.transform.limits();
+        Bound {
+            budgets: limits.isolation.batch_budgets(records),
+            max_poison: limits.isolation.max_poison(records),
+            setting: limits.isolation.records,
+        }
     }
 
     /// The error that gives up isolating: the module is at fault; `last`

@@ -7,7 +7,7 @@
 -- written. The host validated the arguments themselves before the call.
 --
 -- KEYS[1] checkpoints hash, KEYS[2] lineage list, KEYS[3] dead letter
--- list, KEYS[4..] the keys the batch writes.
+-- list, KEYS[4..] the keys the batch writes, then its keyed-state hashes.
 
 local at = 1
 local function take()
@@ -111,6 +111,20 @@ for _ = 1, tonumber(take()) do
     redis.call('XADD', key, '*', unpack(args))
   elseif op == 'del' then
     redis.call('DEL', key)
+  end
+end
+
+-- 4. Keyed state: per change a hash (checked above to be one, or absent),
+-- set or delete, the state key and the stored value.
+for _ = 1, tonumber(take()) do
+  local key = KEYS[tonumber(take())]
+  local op = take()
+  local field = take()
+  local value = take()
+  if op == 's' then
+    redis.call('HSET', key, field, value)
+  else
+    redis.call('HDEL', key, field)
   end
 end
 return {'ok'}

@@ -88,6 +88,8 @@ pub struct StateKeys {
     pub lineage: String,
     /// List of JSON dead letters, oldest first.
     pub dead_letters: String,
+    /// Where the keyed-state hashes' names start (see [`StateKeys::state`]).
+    state: String,
 }
 
 impl StateKeys {
@@ -96,7 +98,14 @@ impl StateKeys {
             checkpoints: format!("{prefix}checkpoints:{pipeline}"),
             lineage: format!("{prefix}lineage:{pipeline}"),
             dead_letters: format!("{prefix}dead_letters:{pipeline}"),
+            state: format!("{prefix}state:{pipeline}:"),
         }
+    }
+
+    /// Hash of one partition's keyed state: state key -> stored value
+    /// ([`crate::state`] encodes it).
+    pub fn state(&self, tp: &sluice_core::batch::TopicPartition) -> String {
+        format!("{}{}", self.state, Self::field(&tp.topic, tp.partition))
     }
 
     /// The checkpoint hash's field of a partition.

@@ -10,6 +10,7 @@
 //!   compiles a target's commands and checks their rules, once.
 //! - `store`: the module store (components, activations).
 //! - `lineage`: committed batches, for `verify` and `shadow`.
+//! - `state`: keyed state (a hash per partition), read back for the cache.
 //! - `connect`: connections, error kinds, sluice's key names.
 //!
 //! It must not import another sink backend, and must never send a user's
@@ -21,6 +22,7 @@ mod lineage;
 mod render;
 pub mod section;
 mod sink;
+mod state;
 mod store;
 mod template;
 
@@ -28,4 +30,5 @@ pub use connect::StateKeys;
 pub use lineage::RedisLineage;
 pub use section::{DEFAULT_LINEAGE_KEEP, RedisSection};
 pub use sink::{MAX_SCRIPT_ARGUMENTS, RedisSink, open, open_with};
+pub use state::RedisStateStore;
 pub use store::RedisModuleStore;

@@ -2,7 +2,7 @@
 //! list `<prefix>lineage:<pipeline>` by the commit script and trimmed there
 //! to the newest `sink.lineage_keep` entries (by count, not age: a count
 //! bounds the memory whatever the batch rate). Read back for `verify` and
-//! `shadow`.
+//! `shadow`, with the keyed state each batch read (for its replay).
 //!
 //! It must not write: entries are written only by the commit script.
 
@@ -10,7 +10,9 @@ use crate::connect::{StateKeys, connect, sink_err};
 use redis::aio::ConnectionManager;
 use sluice_core::config::StoreConnection;
 use sluice_core::sink::SinkError;
-use sluice_core::store::{CommittedBatch, LineageStore, Selection, select_entries};
+use sluice_core::store::{
+    CommittedBatch, LineageStore, Selection, entry_state_reads, select_entries,
+};
 use std::time::Duration;
 
 /// Reads a pipeline's lineage from a Redis sink.
@@ -26,6 +28,19 @@ impl RedisLineage {
             prefix: sink.table_prefix.clone(),
         })
     }
+
+    /// Every lineage entry of `pipeline`, oldest first.
+    async fn entries(&self, pipeline: &str) -> Result<Vec<String>, SinkError> {
+        let keys = StateKeys::new(&self.prefix, pipeline);
+        let mut conn = self.conn.clone();
+        redis::cmd("LRANGE")
+            .arg(&keys.lineage)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| sink_err("reading lineage", e))
+    }
 }
 
 #[async_trait::async_trait]
@@ -35,15 +50,14 @@ impl LineageStore for RedisLineage {
         pipeline: &str,
         selection: &Selection,
     ) -> Result<Vec<CommittedBatch>, SinkError> {
-        let keys = StateKeys::new(&self.prefix, pipeline);
-        let mut conn = self.conn.clone();
-        let entries: Vec<String> = redis::cmd("LRANGE")
-            .arg(&keys.lineage)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .map_err(|e| sink_err("reading lineage", e))?;
-        select_entries(entries, selection)
+        select_entries(self.entries(pipeline).await?, selection)
+    }
+
+    async fn state_reads(
+        &self,
+        pipeline: &str,
+        batch_id: &str,
+    ) -> Result<sluice_core::state::StateMap, SinkError> {
+        entry_state_reads(self.entries(pipeline).await?, batch_id)
     }
 }

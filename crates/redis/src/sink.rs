@@ -24,9 +24,13 @@
 //! range, (2) the module being deterministic, (3) Redis's script
 //! atomicity.
 //!
+//! The batch's keyed-state changes (one hash per partition, see `state`)
+//! are written by the same script after the same checks (each hash must be
+//! a hash or absent), so they land exactly when the offsets move.
+//!
 //! `at-least-once` (`idempotent`): the commands are pipelined first, then
 //! a script moves the offsets (with the same compare-and-set) and writes
-//! lineage and dead letters. A crash in between runs the commands again,
+//! lineage, dead letters and keyed state. A crash in between runs the commands again,
 //! so only idempotent commands are allowed (the config refuses others).
 //!
 //! It must not write outside one script call per batch in exactly-once
@@ -35,6 +39,7 @@
 use crate::connect::{StateKeys, commit_err, connect, sink_err};
 use crate::render::{CompiledTarget, Rendered, ops_of};
 use crate::section::{RedisSection, RedisSinkFields};
+use crate::state::{RedisStateStore, StateOps};
 use redis::aio::ConnectionManager;
 use sluice_core::batch::TopicPartition;
 use sluice_core::config::{
@@ -118,13 +123,21 @@ impl RedisSink {
                 rendered.add(self.target(&rows.target)?, rows)?;
             }
         }
-        let checks = rendered.checks()?;
+        let mut checks = rendered.checks()?;
+        // The state hashes' KEYS follow the commands' (KEYS[1..3] are
+        // sluice's own).
+        let first_state_key = 3 + rendered.keys.len();
+        let state = StateOps::of(&c.output.state, keys, first_state_key);
+        checks.extend(state.checks(first_state_key));
         let mut call = self.script.prepare_invoke();
         call.key(&keys.checkpoints)
             .key(&keys.lineage)
             .key(&keys.dead_letters);
         for k in &rendered.keys {
             call.key(k.as_slice());
+        }
+        for k in &state.keys {
+            call.key(k.as_str());
         }
         call.arg(c.plan.ranges.len());
         for r in &c.plan.ranges {
@@ -148,7 +161,16 @@ impl RedisSink {
         for a in &calls {
             call.arg(a.as_slice());
         }
-        let arguments = 6 + 3 * c.plan.ranges.len() + dead.len() + checks.len() + calls.len();
+        call.arg(state.count());
+        for a in &state.args {
+            call.arg(a.as_slice());
+        }
+        let arguments = 7
+            + 3 * c.plan.ranges.len()
+            + dead.len()
+            + checks.len()
+            + calls.len()
+            + state.args.len();
         if arguments > MAX_SCRIPT_ARGUMENTS {
             return Err(SinkError::Config(format!(
                 "batch {} needs {arguments} script arguments, over the {MAX_SCRIPT_ARGUMENTS} one \
@@ -298,6 +320,13 @@ impl Sink for RedisSink {
             .zip(stored)
             .filter_map(|(tp, next)| next.map(|n| (tp.clone(), n)))
             .collect())
+    }
+
+    fn state_store(&self) -> Option<std::sync::Arc<dyn sluice_core::state::StateStore>> {
+        Some(std::sync::Arc::new(RedisStateStore::new(
+            self.conn.clone(),
+            &self.prefix,
+        )))
     }
 
     async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {

@@ -9,6 +9,7 @@ use super::memory_cap::MemoryCap;
 use super::wasi::{BatchInputs, BatchWasi, HasBatchWasi};
 use crate::batch::Records;
 use crate::output as host;
+use sluice_core::state::{RunState, StateCallError};
 
 wasmtime::component::bindgen!({
     path: "../../wit",
@@ -17,6 +18,9 @@ wasmtime::component::bindgen!({
     ownership: Borrowing {
         duplicate_if_necessary: true
     },
+    // A state call that fails (a limit, an unreachable store) stops the
+    // run: the module cannot go on as if it had been answered.
+    imports: { "sluice:plugin/state": trappable },
 });
 
 use self::sluice::plugin::types as wit;
@@ -47,15 +51,29 @@ pub struct BatchState {
     pub limiter: MemoryCap,
     pub logs: Vec<ModuleLog>,
     pub wasi: BatchWasi,
+    /// The run's keyed state; none where no batch runs (`init` alone).
+    pub state: Option<RunState>,
 }
 
 impl BatchState {
-    pub fn new(max_memory_bytes: usize, inputs: BatchInputs) -> Self {
+    pub fn new(max_memory_bytes: usize, inputs: BatchInputs, state: Option<RunState>) -> Self {
         BatchState {
             limiter: MemoryCap::new(max_memory_bytes),
             logs: Vec::new(),
             wasi: BatchWasi::new(inputs),
+            state,
         }
+    }
+
+    /// The run's state, or the error a call from `init` gets.
+    fn run_state(&mut self) -> Result<&mut RunState, StateCallFailed> {
+        self.state
+            .as_mut()
+            .ok_or(StateCallFailed(StateCallError::Base(
+                sluice_core::state::StateError::Unsupported(
+                    "state is only there while a batch runs (in `process`), not in `init`".into(),
+                ),
+            )))
     }
 
     /// Appends what the module printed to stdout (as info) and stderr (as
@@ -126,6 +144,37 @@ impl self::sluice::plugin::log::Host for BatchState {
 }
 
 impl self::sluice::plugin::types::Host for BatchState {}
+
+/// A failed state call, as the trap that stops the run carries it (the
+/// runtime classifies it back out of the trap).
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct StateCallFailed(pub StateCallError);
+
+impl self::sluice::plugin::state::Host for BatchState {
+    fn get(&mut self, index: u32, key: Vec<u8>) -> wasmtime::Result<Option<Vec<u8>>> {
+        let state = self.run_state()?;
+        Ok(state.get(index, &key).map_err(StateCallFailed)?)
+    }
+
+    fn set(
+        &mut self,
+        index: u32,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        expires_at_ms: Option<i64>,
+    ) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state
+            .set(index, key, value, expires_at_ms)
+            .map_err(StateCallFailed)?)
+    }
+
+    fn delete(&mut self, index: u32, key: Vec<u8>) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state.delete(index, key).map_err(StateCallFailed)?)
+    }
+}
 
 /// Adds the world's imports and deterministic WASI to the linker (which
 /// WASI interfaces a module may import is checked when it is loaded).
@@ -213,6 +262,7 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, R
     let mut output = host::Output {
         targets,
         rejections,
+        state: Default::default(),
     };
     output.check(batch_len).map_err(RunError::BadOutput)?;
     if let Some(cell) = output.first_non_finite() {

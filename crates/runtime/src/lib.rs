@@ -34,6 +34,7 @@ use sluice_core::{batch, output};
 use crate::batch::{Plan, Records};
 use crate::output::Output;
 use bindings::{BatchState, sluice::plugin::types as wit};
+use sluice_core::state::{EmptyState, RunState, StateBase, StateCallError};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,7 +123,7 @@ impl Runtime {
     pub fn check_params(&self, module: &LoadedModule, params: &str) -> Result<(), RunError> {
         // No batch yet: WASI reads the epoch and a zero seed, the same on
         // every check.
-        let mut store = self.new_store(wasi::BatchInputs::default());
+        let mut store = self.new_store(wasi::BatchInputs::default(), None);
         let instance = self.instantiate(module, &mut store)?;
         self.init(&mut store, &instance, params)
     }
@@ -142,7 +143,9 @@ impl Runtime {
             })
     }
 
-    /// Runs one batch in a fresh instance: `init(params)`, then `process`.
+    /// Runs one batch in a fresh instance: `init(params)`, then `process`,
+    /// with every state key absent at the start (a batch of a stateless
+    /// module, a test).
     pub fn run(
         &self,
         module: &LoadedModule,
@@ -150,13 +153,31 @@ impl Runtime {
         plan: &Plan,
         records: &Records,
     ) -> Result<Output, RunError> {
+        self.run_with_state(module, params, plan, records, Arc::new(EmptyState))
+    }
+
+    /// Runs one batch in a fresh instance: `init(params)`, then `process`,
+    /// its state calls reading `state`; what it wrote comes back in the
+    /// output.
+    pub fn run_with_state(
+        &self,
+        module: &LoadedModule,
+        params: &str,
+        plan: &Plan,
+        records: &Records,
+        state: Arc<dyn StateBase>,
+    ) -> Result<Output, RunError> {
         if self.interrupted.load(Ordering::Relaxed) {
             return Err(RunError::Interrupted);
         }
-        let mut store = self.new_store(wasi::BatchInputs {
-            batch_time_ms: plan.batch_time_ms,
-            seed: plan.seed(),
-        });
+        let run_state = RunState::new(state, records, plan.batch_time_ms, self.limits.state());
+        let mut store = self.new_store(
+            wasi::BatchInputs {
+                batch_time_ms: plan.batch_time_ms,
+                seed: plan.seed(),
+            },
+            Some(run_state),
+        );
         let instance = self.instantiate(module, &mut store)?;
         self.init(&mut store, &instance, params)?;
         let ctx = wit::BatchContext {
@@ -171,8 +192,10 @@ impl Runtime {
         store.data_mut().collect_stdio();
         self.count_fuel(&plan.batch_id, &store);
         let logs = std::mem::take(&mut store.data_mut().logs);
+        let writes = store.data_mut().state.take().map(RunState::into_writes);
         let outcome = match result {
-            Ok(Ok(out)) => bindings::into_output(out, records.len()).and_then(|output| {
+            Ok(Ok(out)) => bindings::into_output(out, records.len()).and_then(|mut output| {
+                output.state = writes.unwrap_or_default();
                 self.limits.check_output(&output)?;
                 Ok(output)
             }),
@@ -234,10 +257,10 @@ impl Runtime {
         }
     }
 
-    fn new_store(&self, inputs: wasi::BatchInputs) -> Store<BatchState> {
+    fn new_store(&self, inputs: wasi::BatchInputs, state: Option<RunState>) -> Store<BatchState> {
         let mut store = Store::new(
             &self.engine,
-            BatchState::new(self.limits.max_memory_bytes(), inputs),
+            BatchState::new(self.limits.max_memory_bytes(), inputs, state),
         );
         store.limiter(|s| &mut s.limiter);
         store
@@ -269,6 +292,13 @@ impl Runtime {
         }
         if e.downcast_ref::<ShuttingDown>().is_some() {
             return RunError::Interrupted;
+        }
+        if let Some(bindings::StateCallFailed(failed)) = e.downcast_ref() {
+            return match failed {
+                // The record the call was made for is at fault.
+                StateCallError::Misuse(m) => RunError::BadOutput(m.to_string()),
+                StateCallError::Base(b) => RunError::State(b.clone()),
+            };
         }
         if let Some(exit) = e.downcast_ref::<wasmtime_wasi::I32Exit>() {
             return RunError::Trap(format!("module called exit({})", exit.0));
@@ -398,8 +428,14 @@ impl sluice_core::transform::Transform for WasmTransform {
         &self.params
     }
 
-    fn run(&self, plan: &Plan, records: &Records) -> Result<Output, RunError> {
-        self.runtime.run(&self.module, &self.params, plan, records)
+    fn run(
+        &self,
+        plan: &Plan,
+        records: &Records,
+        state: Arc<dyn StateBase>,
+    ) -> Result<Output, RunError> {
+        self.runtime
+            .run_with_state(&self.module, &self.params, plan, records, state)
     }
 
     fn settle(&self, batch_id: &str) -> Option<u64> {

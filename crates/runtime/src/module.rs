@@ -17,8 +17,16 @@ use std::path::Path;
 use wasmtime::component::{Component, Linker, types::ComponentItem};
 use wasmtime::{Engine, Store};
 
-/// Interfaces a module may import: the world's own.
-const ALLOWED_IMPORTS: &[&str] = &["sluice:plugin/types@0.1.0", "sluice:plugin/log@0.1.0"];
+/// Interfaces a module may import: the world's own, of 0.1.1 (the host's)
+/// or 0.1.0 (built before `state`; the linker serves it 0.1.1's, which
+/// semver makes compatible).
+const ALLOWED_IMPORTS: &[&str] = &[
+    "sluice:plugin/types@0.1.1",
+    "sluice:plugin/log@0.1.1",
+    "sluice:plugin/state@0.1.1",
+    "sluice:plugin/types@0.1.0",
+    "sluice:plugin/log@0.1.0",
+];
 
 /// The WASI 0.2 interfaces a module may import (any 0.2.x; the host links
 /// 0.2.12, which serves every older 0.2 import). All are deterministic per
@@ -84,7 +92,7 @@ pub enum ModuleError {
     NotAComponent(String),
     #[error("{}", forbidden_imports(.0))]
     ForbiddenImport(Vec<String>),
-    #[error("module does not implement the sluice:plugin/transform@0.1.0 world: {0}")]
+    #[error("module does not implement the sluice:plugin/transform@0.1.1 world (or 0.1.0): {0}")]
     WrongWorld(String),
     /// Compiling it would take more time or memory than the limits give.
     #[error("module refused: {0}")]

@@ -5,7 +5,8 @@
 //! reading committed batches back; `dead_letters`: reading stored dead
 //! letters back). This file holds what they share: the batch
 //! transaction, sluice's own tables (checkpoints, lineage, dead letters) and
-//! the checks of a module's rows against the configured targets.
+//! the checks of a module's rows against the configured targets. Keyed
+//! state (`state`) is written in the same transaction as the offsets.
 //!
 //! A backend supplies its dialect, its connections and its bulk row path
 //! through [`SqlBackend`] and [`SqlTx`]; everything else is written once
@@ -49,6 +50,7 @@ pub mod reset;
 pub(crate) mod scenarios;
 pub mod section;
 pub mod sqlite;
+mod state;
 mod store;
 #[cfg(test)]
 mod store_tests;
@@ -56,6 +58,7 @@ mod target;
 
 pub use dead_letters::SqlDeadLetters;
 pub use lineage::SqlLineage;
+pub use state::SqlStateStore;
 pub use store::SqlModuleStore;
 
 pub use any::{connect_any, text_at};
@@ -144,6 +147,10 @@ enum Part {
 pub struct SqlSink<B: SqlBackend> {
     backend: B,
     own: OwnTables,
+    /// The keyed state tables and their statements.
+    state: state::StateTables<B::Statements>,
+    /// Reads keyed state back for the pipeline's cache.
+    state_store: std::sync::Arc<SqlStateStore>,
     targets: HashMap<String, (Target, B::Statements)>,
     guarantee: Guarantee,
 }
@@ -170,6 +177,8 @@ impl<B: SqlBackend> SqlSink<B> {
             let table = format!("{}{table}", store.table_prefix);
             add_column(&backend, schema, &table, column, &alter).await?;
         }
+        let state = state::StateTables::open(&backend, schema, &store.table_prefix).await?;
+        let state_store = std::sync::Arc::new(SqlStateStore::open(store).await?);
         let mut targets = HashMap::new();
         for t in writes.targets {
             let fields = SqlTargetFields::of(t)?;
@@ -185,6 +194,8 @@ impl<B: SqlBackend> SqlSink<B> {
         Ok(SqlSink {
             backend,
             own,
+            state,
+            state_store,
             targets,
             guarantee: writes.guarantee,
         })
@@ -270,7 +281,8 @@ impl<B: SqlBackend> SqlSink<B> {
         self.write_outputs(tx, c).await
     }
 
-    /// The offset compare-and-sets, then the lineage rows.
+    /// The offset compare-and-sets, then the lineage rows and the keyed
+    /// state (which moves with the offsets under either guarantee).
     async fn write_offsets(
         &self,
         tx: &mut B::Tx,
@@ -282,6 +294,7 @@ impl<B: SqlBackend> SqlSink<B> {
             }
         }
         self.own.write_lineage(tx, c).await?;
+        self.state.write(tx, c).await?;
         Ok(CommitOutcome::Committed)
     }
 
@@ -413,6 +426,10 @@ impl<B: SqlBackend> sluice_core::sink::Sink for SqlSink<B> {
 
     async fn commit(&self, commit: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         SqlSink::commit(self, commit).await
+    }
+
+    fn state_store(&self) -> Option<std::sync::Arc<dyn sluice_core::state::StateStore>> {
+        Some(self.state_store.clone())
     }
 }
 

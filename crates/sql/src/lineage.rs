@@ -1,7 +1,8 @@
 //! Reading lineage back: the committed batches of a pipeline (module and
 //! params digests, batch time, output digest) with their offset ranges,
 //! from the sink's `batches` and `batch_ranges` tables, selected by batch
-//! id, commit time or offset range.
+//! id, commit time or offset range; and the keyed state a batch read, for
+//! its replay.
 //!
 //! It must not write: lineage is written only in the batch transaction.
 
@@ -18,6 +19,8 @@ pub struct SqlLineage {
     pool: AnyPool,
     select_batches: String,
     select_ranges: String,
+    /// The batches' recorded state reads.
+    state: crate::SqlStateStore,
 }
 
 fn db_err(e: sqlx::Error) -> SinkError {
@@ -29,6 +32,7 @@ impl SqlLineage {
         let (pool, d) = connect_any(sink).await?;
         let (select_batches, select_ranges) = statements(d, sink)?;
         Ok(SqlLineage {
+            state: crate::SqlStateStore::on(pool.clone(), d, sink)?,
             pool,
             select_batches,
             select_ranges,
@@ -82,6 +86,14 @@ impl LineageStore for SqlLineage {
         }
         selection.keep_last(&mut batches);
         Ok(batches)
+    }
+
+    async fn state_reads(
+        &self,
+        pipeline: &str,
+        batch_id: &str,
+    ) -> Result<sluice_core::state::StateMap, SinkError> {
+        self.state.reads(pipeline, batch_id).await
     }
 }
 

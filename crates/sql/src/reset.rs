@@ -17,6 +17,12 @@
 //! `PIPELINE@reset-N` (N counting this pipeline's resets), so the new run's
 //! lineage starts clean and the old run stays readable. It must not touch
 //! target tables.
+//!
+//! Keyed state is the state after the checkpoint's batch; a moved
+//! checkpoint would leave it disagreeing. A partition that keeps state is
+//! therefore only moved with [`OnState::Clear`], which deletes its state
+//! in the same transaction (the re-run starts from empty state); else the
+//! reset is refused, saying so, and nothing moves.
 
 use super::{Dialect, connect_any, text_at};
 use crate::batch::{TopicPartition, now_ms};
@@ -33,6 +39,15 @@ pub struct PartitionMove {
     pub to: i64,
 }
 
+/// What a reset does with the keyed state of the partitions it moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnState {
+    /// Refuse to move a partition that keeps state.
+    Refuse,
+    /// Delete the moved partitions' state (`--clear-state`).
+    Clear,
+}
+
 /// What a reset did (or, in a dry run, would do).
 #[derive(Debug, Clone)]
 pub struct ResetDone {
@@ -41,6 +56,8 @@ pub struct ResetDone {
     pub moves: Vec<PartitionMove>,
     pub batches_archived: usize,
     pub dead_letters_archived: u64,
+    /// State keys deleted with [`OnState::Clear`].
+    pub state_keys_cleared: u64,
 }
 
 /// sluice's tables and columns, quoted for one dialect.
@@ -49,6 +66,8 @@ struct Names {
     batches: String,
     ranges: String,
     dead_letters: String,
+    state: String,
+    batch_state: String,
     d: &'static Dialect,
 }
 
@@ -60,6 +79,8 @@ impl Names {
             batches: table("batches")?,
             ranges: table("batch_ranges")?,
             dead_letters: table("dead_letters")?,
+            state: table("state")?,
+            batch_state: table("batch_state")?,
             d,
         })
     }
@@ -102,10 +123,17 @@ pub async fn reset(
     sink: &StoreConnection,
     pipeline: &str,
     targets: &[(TopicPartition, i64)],
+    on_state: OnState,
     dry_run: bool,
 ) -> Result<ResetDone, SinkError> {
     let (pool, d) = connect_any(sink).await?;
     let n = Names::new(d, sink)?;
+    // Asked outside the transaction: a database from before keyed state
+    // has no state table, and a failed statement would abort it.
+    let state_table = sqlx::query(&format!("SELECT 1 FROM {} WHERE 1 = 0", n.state))
+        .fetch_all(&pool)
+        .await
+        .is_ok();
     let mut tx = pool.begin().await.map_err(db_err)?;
     let mut moves = Vec::new();
     for (tp, to) in targets {
@@ -128,13 +156,24 @@ pub async fn reset(
             }
         }
     }
+    // A batch's recorded state reads go with its lineage rows.
+    let lineage_tables: Vec<&String> = match state_table {
+        true => vec![&n.batches, &n.ranges, &n.batch_state],
+        false => vec![&n.batches, &n.ranges],
+    };
     for id in &stale {
-        archive_batch(&mut tx, &n, pipeline, &archived_as, id).await?;
+        archive_batch(&mut tx, &n, &lineage_tables, pipeline, &archived_as, id).await?;
     }
     let mut dead_letters_archived = 0;
     for (tp, to) in targets {
         dead_letters_archived +=
             archive_dead_letters(&mut tx, &n, pipeline, &archived_as, tp, *to).await?;
+    }
+    let mut state_keys_cleared = 0;
+    if state_table {
+        for (tp, _) in targets {
+            state_keys_cleared += settle_state(&mut tx, &n, pipeline, tp, on_state).await?;
+        }
     }
     match dry_run {
         true => tx.rollback().await.map_err(db_err)?,
@@ -145,7 +184,49 @@ pub async fn reset(
         moves,
         batches_archived: stale.len(),
         dead_letters_archived,
+        state_keys_cleared,
     })
+}
+
+/// Deletes `tp`'s keyed state ([`OnState::Clear`]) or refuses to move a
+/// partition that keeps some; returns the keys deleted.
+async fn settle_state(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+    tp: &TopicPartition,
+    on_state: OnState,
+) -> Result<u64, SinkError> {
+    let sql = match on_state {
+        OnState::Refuse => format!(
+            "SELECT COUNT(*) FROM {} WHERE {}",
+            n.state,
+            n.partition_key(1)
+        ),
+        OnState::Clear => format!("DELETE FROM {} WHERE {}", n.state, n.partition_key(1)),
+    };
+    let query = sqlx::query(&sql)
+        .bind(pipeline)
+        .bind(&tp.topic)
+        .bind(tp.partition as i64);
+    if on_state == OnState::Clear {
+        return Ok(query
+            .execute(&mut **tx)
+            .await
+            .map_err(db_err)?
+            .rows_affected());
+    }
+    let row = query.fetch_one(&mut **tx).await.map_err(db_err)?;
+    let keys: i64 = sqlx::Row::try_get(&row, 0).map_err(db_err)?;
+    match keys {
+        0 => Ok(0),
+        keys => Err(SinkError::Config(format!(
+            "{tp} keeps keyed state ({keys} keys) as of its checkpoint; moving the checkpoint \
+             would leave state that disagrees with it. Add `--clear-state` to delete the moved \
+             partitions' state with the move (the re-run starts from empty state); nothing \
+             was moved"
+        ))),
+    }
 }
 
 /// Sets the checkpoint (inserting it if the partition never committed);
@@ -265,16 +346,17 @@ async fn batches_covering(
     rows.iter().map(|r| text_at(r, 0).map_err(db_err)).collect()
 }
 
-/// Moves one batch's lineage rows (the batch and all its ranges) to
-/// `archived_as`.
+/// Moves one batch's lineage rows (in `tables`: the batch, all its ranges,
+/// its recorded state reads) to `archived_as`.
 async fn archive_batch(
     tx: &mut Transaction<'_, Any>,
     n: &Names,
+    tables: &[&String],
     pipeline: &str,
     archived_as: &str,
     batch_id: &str,
 ) -> Result<(), SinkError> {
-    for table in [&n.batches, &n.ranges] {
+    for table in tables {
         sqlx::query(&format!(
             "UPDATE {table} SET {pl} = {} WHERE {pl} = {} AND {} = {}",
             n.p(1),

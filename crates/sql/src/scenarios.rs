@@ -109,6 +109,7 @@ pub async fn try_commit<B: SqlBackend>(
         output,
         dead_letters,
         output_digest: &digest,
+        state_reads: &Default::default(),
     };
     sink.commit(&c).await
 }
@@ -432,6 +433,7 @@ pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<
             ],
         }],
         rejections: vec![],
+        state: Default::default(),
     };
     assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);
     let (id, txt, bin, x, flag) = (
@@ -546,6 +548,7 @@ pub async fn redrive<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkConfig) {
         output: &output,
         dead_letters: &again,
         output_digest: &digest,
+        state_reads: &Default::default(),
     };
     let taken: Vec<RecordKey> = all.iter().map(|d| d.key()).collect();
     let stored_by = stored_plan.batch_id.as_str();

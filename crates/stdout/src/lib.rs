@@ -17,6 +17,11 @@
 //! batch. A lost reply from the state store is resolved by the loop from
 //! the checkpoints, as for SQL sinks.
 //!
+//! A stateful module's keyed state commits in the state store with the
+//! offsets (the same transaction or script), so state is exactly once even
+//! though rows are not: a batch printed again was run again from the same
+//! state.
+//!
 //! Its own config fields (`format`) are read in `section`.
 //!
 //! It must not depend on a backend: the state store comes in as a trait.
@@ -97,6 +102,12 @@ impl<S: Sink> Sink for StdoutSink<S> {
     async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
         self.print(c)?;
         commit_all_but_rows(&self.state, c).await
+    }
+
+    /// Keyed state lives in the state store, committed there with the
+    /// offsets (rows are printed before, at least once).
+    fn state_store(&self) -> Option<std::sync::Arc<dyn sluice_core::state::StateStore>> {
+        self.state.state_store()
     }
 }
 
@@ -252,6 +263,7 @@ mod tests {
             output: &output,
             dead_letters: &[],
             output_digest: "d",
+            state_reads: &Default::default(),
         };
         let lines = json_lines(&c);
         let first: Json = serde_json::from_str(lines.lines().next().unwrap()).unwrap();

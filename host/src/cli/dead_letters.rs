@@ -8,6 +8,7 @@
 use super::progress::Progress;
 use anyhow::Context;
 use sluice::batch::now_ms;
+use sluice::state_view::put_bytes;
 use sluice_core::dead_letters::{DeadLetterFilter, RecordKey, StoredDeadLetter};
 use sluice_core::sink::DeadLetterKind;
 use std::path::PathBuf;
@@ -296,25 +297,6 @@ fn one_line(text: &str, max: usize) -> String {
         true => format!("{}…", line.chars().take(max).collect::<String>()),
         false => line,
     }
-}
-
-/// `key`/`value` as text if UTF-8, else `key_hex`/`value_hex`.
-fn put_bytes(
-    object: &mut serde_json::Map<String, serde_json::Value>,
-    name: &str,
-    b: Option<&[u8]>,
-) {
-    let value = match b {
-        None => serde_json::Value::Null,
-        Some(b) => match std::str::from_utf8(b) {
-            Ok(text) => text.into(),
-            Err(_) => {
-                object.insert(format!("{name}_hex"), hex::encode(b).into());
-                return;
-            }
-        },
-    };
-    object.insert(name.to_string(), value);
 }
 
 /// The record as a `sluice test --input` line.

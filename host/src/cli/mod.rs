@@ -10,6 +10,7 @@ pub mod project;
 pub mod replay;
 pub mod reset;
 pub mod run;
+pub mod state;
 
 use tokio_util::sync::CancellationToken;
 

@@ -20,6 +20,11 @@ pub struct Reset {
     /// Show what would move, change nothing.
     #[arg(long)]
     dry_run: bool,
+    /// Delete the moved partitions' keyed state with the move (the re-run
+    /// starts from empty state). Without it, a partition that keeps state
+    /// is not moved: its state would disagree with the new checkpoint.
+    #[arg(long)]
+    clear_state: bool,
 }
 
 /// Where `reset` moves the checkpoints (exactly one).
@@ -53,7 +58,7 @@ impl ResetArgs {
     }
 }
 
-fn parse_partition(spec: &str) -> anyhow::Result<sluice::batch::TopicPartition> {
+pub(crate) fn parse_partition(spec: &str) -> anyhow::Result<sluice::batch::TopicPartition> {
     let (topic, partition) = spec
         .rsplit_once(':')
         .with_context(|| format!("--partition {spec:?}: expected TOPIC:PARTITION"))?;
@@ -71,7 +76,12 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
         to,
         partitions,
         dry_run,
+        clear_state,
     } = args;
+    let on_state = match clear_state {
+        true => sluice::sink::sql::reset::OnState::Clear,
+        false => sluice::sink::sql::reset::OnState::Refuse,
+    };
     let config = sluice::backends::load(&config)?;
     let chosen = match partitions.is_empty() {
         true => None,
@@ -82,7 +92,7 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
                 .collect::<anyhow::Result<_>>()?,
         ),
     };
-    let done = sluice::reset::reset(&config, to.target(), chosen, dry_run).await?;
+    let done = sluice::reset::reset(&config, to.target(), chosen, on_state, dry_run).await?;
     let verb = if dry_run { "would move" } else { "moved" };
     for m in &done.moves {
         let from = m
@@ -94,6 +104,13 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
         "{verb} {} batches and {} dead letters of the old run to pipeline `{}` (readable there)",
         done.batches_archived, done.dead_letters_archived, done.archived_as
     );
+    if done.state_keys_cleared > 0 {
+        let verb = if dry_run { "would delete" } else { "deleted" };
+        println!(
+            "{verb} {} keyed state keys of the moved partitions",
+            done.state_keys_cleared
+        );
+    }
     for (table, mode) in sluice::reset::targets_needing_care(&config) {
         println!(
             "note: target table `{table}` is {mode:?}: re-processed records {} (clear it first if that is not wanted)",

@@ -19,6 +19,7 @@ pub(super) const TEMPLATE: &[(&str, &str)] = &[
 const GO_SDK: &[(&str, &str)] = &[
     ("go.mod", include_str!("../../../sdk/go/go.mod")),
     ("sluice.go", include_str!("../../../sdk/go/sluice.go")),
+    ("state.go", include_str!("../../../sdk/go/state.go")),
     ("abi_wasm.go", include_str!("../../../sdk/go/abi_wasm.go")),
     (
         "abi_native.go",

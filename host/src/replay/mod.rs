@@ -2,7 +2,8 @@
 //! runs them again with the module and params its lineage row names, and
 //! compares the output digest with the recorded one; `shadow` runs a
 //! candidate version over the same batches and diffs its output against the
-//! recorded version's.
+//! recorded version's. Both start a batch from the keyed state its
+//! original runs read, as lineage recorded it (`state`).
 //!
 //! It must not write anything: no rows, no offsets, no lineage, no versions.
 //! It relies on the three conditions of exactly-once the other way round: a
@@ -11,6 +12,7 @@
 //! reproduced.
 
 mod diff;
+mod state;
 
 pub use diff::{TargetDiff, diff_outputs};
 pub use sluice_core::store::{CommittedBatch, Selection};
@@ -214,11 +216,17 @@ impl Replayer {
         let records = tokio::task::block_in_place(|| reader.read(&plan.ranges))?;
         let read_ms = reading.elapsed().as_millis() as u64;
         let transforming = std::time::Instant::now();
-        let replayed = tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0))
-            .map_err(|cause| ReplayError::Transform {
-                batch_id: batch.batch_id.clone(),
-                cause,
-            })?;
+        let state = state::ReplayState::new(
+            Arc::clone(&self.lineage),
+            &self.config.pipeline,
+            &batch.batch_id,
+        );
+        let replayed =
+            tokio::task::block_in_place(|| preparer.transform_planned(plan, records, 0, state))
+                .map_err(|cause| ReplayError::Transform {
+                    batch_id: batch.batch_id.clone(),
+                    cause,
+                })?;
         tracing::debug!(
             batch = %batch.batch_id,
             read_ms,

@@ -27,6 +27,8 @@ typedef struct {
   bool has_text;
   int keep; /* -1 absent or not a boolean, 0 false, 1 true */
   int vip;
+  int forget;
+  int expire;
 } reader;
 
 static void skip_ws(reader *r) {
@@ -202,6 +204,8 @@ static bool parse_container(reader *r, int depth, bool object, bool top) {
       else if (IS("score")) { r->has_score = kind == K_NUMBER; r->score = num; }
       else if (IS("keep")) { r->keep = kind == K_TRUE ? 1 : kind == K_FALSE ? 0 : -1; }
       else if (IS("vip")) { r->vip = kind == K_TRUE ? 1 : kind == K_FALSE ? 0 : -1; }
+      else if (IS("forget")) { r->forget = kind == K_TRUE ? 1 : kind == K_FALSE ? 0 : -1; }
+      else if (IS("expire")) { r->expire = kind == K_TRUE ? 1 : kind == K_FALSE ? 0 : -1; }
       #undef IS
     }
     free(s);
@@ -231,7 +235,7 @@ static bool parse_value(reader *r, int depth, enum kind *kind, char **s, size_t 
 /* Parses `value` as one JSON object; false when it is not one. */
 static bool parse_object(reader *r, const uint8_t *value, size_t len) {
   memset(r, 0, sizeof *r);
-  r->keep = r->vip = -1;
+  r->keep = r->vip = r->forget = r->expire = -1;
   if (!utf8_valid(value, len)) return false;
   r->p = value;
   r->end = value + len;
@@ -256,6 +260,10 @@ bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error
   static const sluice_kind word_kinds[] = {SLUICE_INT64, SLUICE_TEXT};
   int events = sluice_target(out, "events", event_names, event_kinds, 7);
   int words = sluice_target(out, "words", word_names, word_kinds, 2);
+  static const char *seen_names[] = {"offset", "user", "n", "last"};
+  static const sluice_kind seen_kinds[] = {SLUICE_INT64, SLUICE_TEXT, SLUICE_INT64, SLUICE_TEXT};
+  int seen = sluice_target(out, "seen", seen_names, seen_kinds, 4);
+  int64_t now = sluice_batch_time_ms(batch);
   sluice_record rec;
   while (sluice_next(batch, &rec)) {
     reader r = {0};
@@ -264,6 +272,27 @@ bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error
       free(r.user), free(r.text);
       if (!ok) sluice_reject(out, &rec, "not a JSON object");
       continue;
+    }
+    /* Keyed state (step 5), before the words lowercase the text in place;
+     * its row comes after the others. */
+    int64_t n = 0;
+    uint8_t *last = NULL;
+    size_t last_len = 0;
+    bool has_last = false;
+    if (r.has_user) {
+      size_t key_len = r.user_len + 5;
+      uint8_t *count_key = malloc(key_len), *last_key = malloc(key_len);
+      memcpy(count_key, "n:", 2), memcpy(count_key + 2, r.user, r.user_len);
+      memcpy(last_key, "last:", 5), memcpy(last_key + 5, r.user, r.user_len);
+      if (!sluice_state_get_i64(&rec, count_key, r.user_len + 2, &n)) n = 0;
+      n += 1;
+      has_last = sluice_state_get(&rec, last_key, key_len, &last, &last_len);
+      if (r.forget == 1) sluice_state_delete(&rec, count_key, r.user_len + 2);
+      else sluice_state_set_i64(&rec, count_key, r.user_len + 2, n);
+      int64_t expires = r.expire == 1 ? now : now + 60000;
+      sluice_state_set_expiring(&rec, last_key, key_len, (const uint8_t *)(r.has_text ? r.text : ""),
+                                r.has_text ? r.text_len : 0, expires);
+      free(count_key), free(last_key);
     }
     /* Words: maximal runs of ASCII letters and digits, lowercased. */
     size_t count = 0;
@@ -293,6 +322,14 @@ bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error
         sluice_int(out, rec.offset);
         sluice_text(out, r.text + start, i - start);
       }
+    }
+    if (r.has_user) {
+      sluice_row(out, seen);
+      sluice_int(out, rec.offset);
+      sluice_text(out, r.user, r.user_len);
+      sluice_int(out, n);
+      if (has_last) sluice_text(out, (const char *)last, last_len); else sluice_null(out);
+      free(last);
     }
     free(r.user), free(r.text);
   }

@@ -32,6 +32,13 @@ func (conformance) Process(batch *sluice.Batch, out *sluice.Output) error {
 		sluice.Col("vip", sluice.Bool),
 	)
 	words := out.Target("words", sluice.Col("offset", sluice.Int64), sluice.Col("word", sluice.Text))
+	seen := out.Target("seen",
+		sluice.Col("offset", sluice.Int64),
+		sluice.Col("user", sluice.Text),
+		sluice.Col("n", sluice.Int64),
+		sluice.Col("last", sluice.Text),
+	)
+	now := batch.Context.BatchTimeMs
 	for r := range batch.Records() {
 		var parsed any
 		if err := r.JSON(&parsed); err != nil {
@@ -70,6 +77,31 @@ func (conformance) Process(batch *sluice.Batch, out *sluice.Output) error {
 		row.Int(int64(len(split))).Bool(vip)
 		for _, w := range split {
 			out.Row(words).Int(r.Offset).Text(w)
+		}
+		user, ok := obj["user"].(string)
+		if !ok {
+			continue
+		}
+		state := r.State()
+		n, _ := state.GetInt64("n:" + user)
+		n++
+		last, hasLast := state.GetString("last:" + user)
+		if forget, _ := obj["forget"].(bool); forget {
+			state.Delete("n:" + user)
+		} else {
+			state.SetInt64("n:"+user, n)
+		}
+		expires := now + 60_000
+		if expire, _ := obj["expire"].(bool); expire {
+			expires = now
+		}
+		text, _ := obj["text"].(string)
+		state.SetExpiring("last:"+user, []byte(text), expires)
+		row = out.Row(seen).Int(r.Offset).Text(user).Int(n)
+		if hasLast {
+			row.Text(last)
+		} else {
+			row.Null()
 		}
 	}
 	return nil

@@ -13,6 +13,8 @@ class Conformance {
       key: 'bytes', words: 'int64', vip: 'bool',
     });
     const words = out.target('words', { offset: 'int64', word: 'text' });
+    const seen = out.target('seen', { offset: 'int64', user: 'text', n: 'int64', last: 'text' });
+    const now = batch.context.batchTimeMs;
     for (const r of batch) {
       let obj = null;
       try {
@@ -37,6 +39,15 @@ class Conformance {
         vip: obj.vip === true,
       });
       for (const w of split) out.row(words, [r.offset, w]);
+      if (typeof obj.user !== 'string') continue;
+      const state = r.state();
+      const n = (state.getInt(`n:${obj.user}`) ?? 0n) + 1n;
+      const last = state.getText(`last:${obj.user}`);
+      if (obj.forget === true) state.delete(`n:${obj.user}`);
+      else state.setInt(`n:${obj.user}`, n);
+      const expires = obj.expire === true ? now : now + 60000n;
+      state.setExpiring(`last:${obj.user}`, new TextEncoder().encode(typeof obj.text === 'string' ? obj.text : ''), expires);
+      out.row(seen, [r.offset, obj.user, n, last]);
     }
   }
 }

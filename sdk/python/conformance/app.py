@@ -23,6 +23,8 @@ class Conformance(Transform):
             scaled="float64", key="bytes", words="int64", vip="bool",
         )
         words = out.target("words", offset="int64", word="text")
+        seen = out.target("seen", offset="int64", user="text", n="int64", last="text")
+        now = batch.context.batch_time_ms
         for r in batch:
             try:
                 obj = r.json()
@@ -51,6 +53,19 @@ class Conformance(Transform):
             )
             for w in split:
                 out.row(words, r.offset, w)
+            if not isinstance(user, str):
+                continue
+            state = r.state()
+            n = (state.get_int("n:" + user) or 0) + 1
+            last = state.get_str("last:" + user)
+            if obj.get("forget") is True:
+                state.delete("n:" + user)
+            else:
+                state.set_int("n:" + user, n)
+            expires = now if obj.get("expire") is True else now + 60_000
+            value = text if isinstance(text, str) else ""
+            state.set_expiring("last:" + user, value.encode("utf-8"), expires)
+            out.row(seen, r.offset, user, n, last)
 
 
 WitWorld = export(Conformance)

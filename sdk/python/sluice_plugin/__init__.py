@@ -21,12 +21,14 @@ every run.
 """
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Iterator, List, Optional, Tuple
 
 import wit_world
 from componentize_py_types import Err
 from wit_world.imports import log as _log
+from wit_world.imports import state as _state
 from wit_world.imports import types as _wit
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "Context",
     "Output",
     "Record",
+    "State",
     "Transform",
     "export",
     "log",
@@ -107,6 +110,82 @@ class Record:
     def text(self) -> str:
         """The value as UTF-8 text ('' when null; bad bytes replaced)."""
         return "" if self.value is None else self.value.decode("utf-8", "replace")
+
+    def state(self) -> "State":
+        """The keyed state of the partition this record came from."""
+        return State(self.index)
+
+
+_I64 = (-(1 << 63), (1 << 63) - 1)
+_INTEGER = re.compile(rb"-?[0-9]+")
+
+
+def _key(key) -> bytes:
+    return key.encode("utf-8") if isinstance(key, str) else bytes(key)
+
+
+class State:
+    """Keyed state of one input partition, as a record sees it: the state as
+    the batch started plus the batch's own earlier writes. The host commits
+    what the batch writes with its rows and offsets, exactly once, and
+    replays it in `sluice verify`. Keys (bytes, or str as UTF-8) are at most
+    255 bytes; values at most `limits.max_state_value_kib`.
+
+    The typed helpers store integers as their decimal text and strings as
+    UTF-8: the same bytes in every SDK."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: int):
+        self._index = index
+
+    def get(self, key) -> Optional[bytes]:
+        """The value under `key`, or None if absent or expired."""
+        return _state.get(self._index, _key(key))
+
+    def set(self, key, value: bytes) -> None:
+        """Stores `value` under `key`."""
+        _state.set(self._index, _key(key), bytes(value), None)
+
+    def set_expiring(self, key, value: bytes, expires_at_ms: int) -> None:
+        """Stores `value` under `key` until `expires_at_ms` (ms since the
+        epoch): batches whose batch time is at or past it read it as absent.
+        Expiry follows batch time (`batch.context.batch_time_ms`) or a time
+        the module computes (a record's timestamp), never the host's clock."""
+        _state.set(self._index, _key(key), bytes(value), int(expires_at_ms))
+
+    def delete(self, key) -> None:
+        """Removes `key`."""
+        _state.delete(self._index, _key(key))
+
+    def get_int(self, key) -> Optional[int]:
+        """The integer under `key` (decimal text: an optional `-` then
+        digits, in the int64 range); None if absent or anything else."""
+        value = self.get(key)
+        if value is None or not _INTEGER.fullmatch(value):
+            return None
+        n = int(value)
+        return n if _I64[0] <= n <= _I64[1] else None
+
+    def set_int(self, key, value: int) -> None:
+        """Stores `value` (an int64) under `key` as decimal text."""
+        if not isinstance(value, int) or not _I64[0] <= value <= _I64[1]:
+            raise ValueError(f"{value!r} is not an int64")
+        self.set(key, str(value).encode("ascii"))
+
+    def get_str(self, key) -> Optional[str]:
+        """The text under `key`; None if absent or not UTF-8."""
+        value = self.get(key)
+        if value is None:
+            return None
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+
+    def set_str(self, key, value: str) -> None:
+        """Stores `value` under `key` as UTF-8."""
+        self.set(key, value.encode("utf-8"))
 
 
 def _no_constant(name):

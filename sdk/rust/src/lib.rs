@@ -144,6 +144,76 @@ impl<'a> Record<'a> {
             (name, value)
         })
     }
+
+    /// The keyed state of the partition this record came from.
+    pub fn state(&self) -> State {
+        State { index: self.index }
+    }
+}
+
+/// Keyed state of one input partition, as a record sees it: the state as
+/// the batch started plus the batch's own earlier writes. The host commits
+/// what the batch writes with its rows and offsets, exactly once, and
+/// replays it in `sluice verify`. Keys are at most 255 bytes; values at
+/// most `limits.max_state_value_kib`.
+///
+/// The typed helpers store integers as their decimal text and strings as
+/// UTF-8, the same bytes in every SDK.
+#[derive(Debug, Clone, Copy)]
+pub struct State {
+    index: u32,
+}
+
+impl State {
+    /// The value under `key`, if present and not expired.
+    pub fn get(&self, key: &[u8]) -> Option<Vec<u8>> {
+        bindings::sluice::plugin::state::get(self.index, key)
+    }
+
+    /// Stores `value` under `key`.
+    pub fn set(&self, key: &[u8], value: &[u8]) {
+        bindings::sluice::plugin::state::set(self.index, key, value, None)
+    }
+
+    /// Stores `value` under `key` until `expires_at_ms` (ms since the Unix
+    /// epoch): batches whose batch time is at or past it read it as absent.
+    /// Expiry follows batch time (`Context::batch_time_ms`), or whatever
+    /// time the module computes it from (a record's timestamp), never the
+    /// host's clock.
+    pub fn set_expiring(&self, key: &[u8], value: &[u8], expires_at_ms: i64) {
+        bindings::sluice::plugin::state::set(self.index, key, value, Some(expires_at_ms))
+    }
+
+    /// Removes `key`.
+    pub fn delete(&self, key: &[u8]) {
+        bindings::sluice::plugin::state::delete(self.index, key)
+    }
+
+    /// The integer under `key` (stored as decimal text: an optional `-`
+    /// then digits, in i64's range); `None` if absent or anything else.
+    pub fn get_i64(&self, key: &[u8]) -> Option<i64> {
+        let value = self.get(key)?;
+        let digits = value.strip_prefix(b"-").unwrap_or(&value);
+        if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        std::str::from_utf8(&value).ok()?.parse().ok()
+    }
+
+    /// Stores `value` under `key` as decimal text.
+    pub fn set_i64(&self, key: &[u8], value: i64) {
+        self.set(key, value.to_string().as_bytes())
+    }
+
+    /// The text under `key`; `None` if absent or not UTF-8.
+    pub fn get_str(&self, key: &[u8]) -> Option<String> {
+        String::from_utf8(self.get(key)?).ok()
+    }
+
+    /// Stores `value` under `key` as UTF-8.
+    pub fn set_str(&self, key: &[u8], value: &str) {
+        self.set(key, value.as_bytes())
+    }
 }
 
 fn take<'a>(buf: &'a [u8], at: &mut usize, len: i32) -> Option<&'a [u8]> {

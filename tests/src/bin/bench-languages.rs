@@ -166,7 +166,7 @@ fn measure(lang: &mut Language, limits: &Limits, plan: &Plan, records: &Records)
     for _ in 0..5 {
         let started = Instant::now();
         let output = transform
-            .run(plan, records)
+            .run(plan, records, Arc::new(sluice::state::EmptyState))
             .unwrap_or_else(|e| panic!("{}: {e}", lang.name));
         std::hint::black_box(output);
         best = best.min(started.elapsed().as_secs_f64() * 1e9 / BATCH as f64);

@@ -100,6 +100,7 @@ async fn through_sink(server: &RedisServer, input: &[(Vec<String>, Vec<String>)]
                 columns: vec![text_column("day", days), text_column("user", users)],
             }],
             rejections: vec![],
+            state: Default::default(),
         })
         .collect();
     let records = Records::default();
@@ -118,6 +119,7 @@ async fn through_sink(server: &RedisServer, input: &[(Vec<String>, Vec<String>)]
             output,
             dead_letters: &[],
             output_digest: "d",
+            state_reads: &Default::default(),
         };
         assert_eq!(
             sink.commit(&commit).await.unwrap(),

@@ -74,6 +74,7 @@ fn narrow_output(rows: &[NarrowRow]) -> Output {
             ],
         }],
         rejections: vec![],
+        state: Default::default(),
     }
 }
 
@@ -109,6 +110,7 @@ async fn sink_append<B: SqlBackend>(sink: &SqlSink<B>, output: &Output, round: i
         output,
         dead_letters: &[],
         output_digest: &digest,
+        state_reads: &Default::default(),
     };
     let started = Instant::now();
     sink.commit(&commit).await.expect("sink commit");

@@ -14,7 +14,7 @@
 //!
 //! Usage: `handwritten-word-count BROKERS TOPIC POSTGRES_URL TABLE (group GROUP_ID | assign PARTITIONS) [FIELD]`
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
         }
         if in_batch >= BATCH || (in_batch > 0 && at_end.len() == partitions as usize) {
             runtime.block_on(upsert(&pool, table, &counts))?;
-            commit_offsets(&consumer, topic, &next)?;
+            sluice_tests::bench::commit_offsets(&consumer, topic, &next)?;
             counts.clear();
             in_batch = 0;
         }
@@ -164,19 +164,5 @@ async fn upsert(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
-    Ok(())
-}
-
-/// After the database commit: the next offset of every partition read.
-fn commit_offsets(
-    consumer: &BaseConsumer,
-    topic: &str,
-    next: &BTreeMap<i32, i64>,
-) -> anyhow::Result<()> {
-    let mut tpl = TopicPartitionList::new();
-    for (&p, &o) in next {
-        tpl.add_partition_offset(topic, p, Offset::Offset(o))?;
-    }
-    consumer.commit(&tpl, CommitMode::Sync)?;
     Ok(())
 }

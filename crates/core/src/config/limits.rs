@@ -78,6 +78,27 @@ pub struct LimitsConfig {
     /// exits with the reason. 1 never decides by share.
     #[serde(default = "default_max_poison_share")]
     pub max_poison_share: f64,
+    /// Largest value a module may keep under one state key, in KiB (1 to
+    /// 65536). A `set` past it traps, and the record it was made for
+    /// becomes a `contract` dead letter. Recorded with each batch: it can
+    /// change a result.
+    #[serde(default = "default_max_state_value_kib")]
+    pub max_state_value_kib: Bounded<1, 65_536>,
+    /// Most distinct state keys one batch may write or delete, over all
+    /// its partitions (1 to 100000000). The write of one key more traps,
+    /// and the record it was made for becomes a `contract` dead letter
+    /// naming this limit (the other records commit, as for any poison
+    /// record). Bounds what a batch holds and commits besides its rows.
+    /// Recorded with each batch: it can change a result.
+    #[serde(default = "default_max_state_keys_per_batch")]
+    pub max_state_keys_per_batch: Bounded<1, 100_000_000>,
+    /// Memory for the host's cache of keyed state, in MiB (1 to 65536),
+    /// over all partitions this instance owns. A partition whose whole
+    /// state fits is read once when it is assigned and never again; past
+    /// the budget the cache keeps what it can and reads the rest from the
+    /// sink as the module asks for it (slower, same result).
+    #[serde(default = "default_state_cache_mib")]
+    pub state_cache_mib: Bounded<1, 65_536>,
 }
 
 /// What to do with records that fail the module on their own.
@@ -102,6 +123,9 @@ impl Default for LimitsConfig {
             compile_memory_mib: default_compile_memory(),
             isolation_budget: default_isolation_budget(),
             max_poison_share: default_max_poison_share(),
+            max_state_value_kib: default_max_state_value_kib(),
+            max_state_keys_per_batch: default_max_state_keys_per_batch(),
+            state_cache_mib: default_state_cache_mib(),
         }
     }
 }
@@ -117,6 +141,11 @@ impl LimitsConfig {
         self.compile_timeout_ms.check("limits.compile_timeout_ms")?;
         self.compile_memory_mib.check("limits.compile_memory_mib")?;
         self.isolation_budget.check("limits.isolation_budget")?;
+        self.max_state_value_kib
+            .check("limits.max_state_value_kib")?;
+        self.max_state_keys_per_batch
+            .check("limits.max_state_keys_per_batch")?;
+        self.state_cache_mib.check("limits.state_cache_mib")?;
         let share = self.max_poison_share;
         if !(share > 0.0 && share <= 1.0) {
             return Err(ConfigError::Invalid(format!(
@@ -169,4 +198,16 @@ fn default_isolation_budget() -> Bounded<1, 1000> {
 
 fn default_max_poison_share() -> f64 {
     0.5
+}
+
+fn default_max_state_value_kib() -> Bounded<1, 65_536> {
+    Bounded::at(1024)
+}
+
+fn default_max_state_keys_per_batch() -> Bounded<1, 100_000_000> {
+    Bounded::at(1_000_000)
+}
+
+fn default_state_cache_mib() -> Bounded<1, 65_536> {
+    Bounded::at(256)
 }

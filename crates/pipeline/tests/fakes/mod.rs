@@ -214,7 +214,12 @@ impl Transform for FakeTransform {
     fn limits(&self) -> &Limits {
         &self.limits
     }
-    fn run(&self, _plan: &Plan, records: &Records) -> Result<Output, RunError> {
+    fn run(
+        &self,
+        _plan: &Plan,
+        records: &Records,
+        _state: std::sync::Arc<dyn sluice_core::state::StateBase>,
+    ) -> Result<Output, RunError> {
         let (mut partitions, mut offsets) = (Vec::new(), Vec::new());
         for r in records.iter() {
             if r.value == Some(POISON) {
@@ -239,6 +244,7 @@ impl Transform for FakeTransform {
                 ],
             }],
             rejections: vec![],
+            state: Default::default(),
         })
     }
 }

@@ -90,7 +90,10 @@ impl Transform for Enrich {
             let order = match r.value.map(serde_json::from_slice::<Order<'_>>) {
                 Some(Ok(o)) if o.amount.is_finite() && o.amount >= 0.0 => o,
                 Some(Ok(o)) => {
-                    out.reject(&r, format!("order {}: amount {} is negative", o.id, o.amount));
+                    out.reject(
+                        &r,
+                        format!("order {}: amount {} is negative", o.id, o.amount),
+                    );
                     continue;
                 }
                 Some(Err(e)) => {

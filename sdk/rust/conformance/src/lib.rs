@@ -6,7 +6,8 @@
 //! with `"keep": false` is skipped; any other gives one `events` row
 //! (offset, user or null, score or null, score × 0.1, the raw key, its
 //! word count, vip) and one `words` row per ASCII word of `text`,
-//! lowercased.
+//! lowercased. A record with an `events` row and a string `user` also
+//! counts in keyed state (docs/languages.md, step 5) and gives a `seen` row.
 
 use serde_json::Value;
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Transform};
@@ -40,6 +41,16 @@ impl Transform for Conformance {
             ],
         );
         let words = out.target("words", &[("offset", Kind::Int64), ("word", Kind::Text)]);
+        let seen = out.target(
+            "seen",
+            &[
+                ("offset", Kind::Int64),
+                ("user", Kind::Text),
+                ("n", Kind::Int64),
+                ("last", Kind::Text),
+            ],
+        );
+        let now = batch.context.batch_time_ms;
         for r in batch.records() {
             let parsed = r
                 .value
@@ -74,6 +85,31 @@ impl Transform for Conformance {
             for word in &split {
                 out.row(words).int(r.offset).text(word);
             }
+            let Some(Value::String(user)) = obj.get("user") else {
+                continue;
+            };
+            let (count_key, last_key) = (format!("n:{user}"), format!("last:{user}"));
+            let state = r.state();
+            let n = state.get_i64(count_key.as_bytes()).unwrap_or(0) + 1;
+            let last = state.get_str(last_key.as_bytes());
+            match obj.get("forget") == Some(&Value::Bool(true)) {
+                true => state.delete(count_key.as_bytes()),
+                false => state.set_i64(count_key.as_bytes(), n),
+            }
+            let text = match obj.get("text") {
+                Some(Value::String(text)) => text.as_str(),
+                _ => "",
+            };
+            let expires = match obj.get("expire") == Some(&Value::Bool(true)) {
+                true => now,
+                false => now + 60_000,
+            };
+            state.set_expiring(last_key.as_bytes(), text.as_bytes(), expires);
+            let row = out.row(seen).int(r.offset).text(user).int(n);
+            match last {
+                Some(last) => row.text(&last),
+                None => row.null(),
+            };
         }
         Ok(())
     }

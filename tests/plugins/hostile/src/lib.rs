@@ -53,9 +53,8 @@ impl Transform for Hostile {
                 std::hint::black_box(&appetite);
                 Ok(Hostile { mode })
             }
-            "spin" | "bomb" | "poison" | "flood" | "wide" | "floats" | "fail" | "echo" | "raw" | "shout" => {
-                Ok(Hostile { mode })
-            }
+            "spin" | "bomb" | "poison" | "flood" | "wide" | "floats" | "fail" | "echo" | "raw"
+            | "shout" => Ok(Hostile { mode }),
             other => Err(format!("unknown mode `{other}`")),
         }
     }

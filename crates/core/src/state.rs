@@ -1,0 +1,560 @@
+//! Keyed state as the batch loop sees it: what a batch wrote (a
+//! [`StateMap`] in `Output::state`, part of its result and its digest), what
+//! its runs read of the state it started from ([`Recorded`], kept with its lineage
+//! so a replay can serve the same), the [`StateBase`] a run reads through,
+//! and one run's view ([`RunState`]: the base plus the run's own writes).
+//!
+//! State is scoped to an input partition: a key of partition 3 is not a key
+//! of partition 4. A value may expire at a time the module sets; expiry is
+//! judged against the batch plan's time, never the host's clock.
+//!
+//! It must not know where state is kept (a sink's table, a cache): the
+//! pipeline implements [`StateBase`] over its cache and sink, the replay
+//! over recorded reads.
+
+use crate::batch::{Records, TopicPartition};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+/// Longest state key, in bytes (the key column of MariaDB's state table is
+/// `VARBINARY(255)`; every sink keeps the same bound so a module runs the
+/// same on any).
+pub const MAX_KEY_BYTES: usize = 255;
+
+/// A stored value and when it expires (ms since the Unix epoch), if ever.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateValue {
+    pub value: Vec<u8>,
+    pub expires_at_ms: Option<i64>,
+}
+
+impl StateValue {
+    /// True if a batch whose batch time is `batch_time_ms` reads it as absent.
+    pub fn expired_at(&self, batch_time_ms: i64) -> bool {
+        self.expires_at_ms.is_some_and(|at| at <= batch_time_ms)
+    }
+
+    /// Bytes it takes in memory, roughly (for the cache's budget).
+    pub fn size(&self) -> usize {
+        self.value.len() + 16
+    }
+}
+
+/// Keys of one partition and what is known of each: a value, or `None` for
+/// absent (deleted, never written).
+pub type Keys = BTreeMap<Vec<u8>, Option<StateValue>>;
+
+/// Per partition, keys and their values: the shape of both what a batch
+/// wrote and what it read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateMap(pub BTreeMap<TopicPartition, Keys>);
+
+impl StateMap {
+    pub fn is_empty(&self) -> bool {
+        self.0.values().all(BTreeMap::is_empty)
+    }
+
+    /// Number of keys over all partitions.
+    pub fn len(&self) -> usize {
+        self.0.values().map(BTreeMap::len).sum()
+    }
+
+    /// What is known of `key` in `tp`: `None` if nothing, `Some(None)` if
+    /// known absent.
+    pub fn lookup(&self, tp: &TopicPartition, key: &[u8]) -> Option<Option<&StateValue>> {
+        self.0.get(tp)?.get(key).map(Option::as_ref)
+    }
+
+    pub fn insert(&mut self, tp: &TopicPartition, key: Vec<u8>, value: Option<StateValue>) {
+        match self.0.get_mut(tp) {
+            Some(keys) => {
+                keys.insert(key, value);
+            }
+            None => {
+                self.0.insert(tp.clone(), Keys::from([(key, value)]));
+            }
+        }
+    }
+
+    /// Canonical bytes: partitions and keys in order, each value with its
+    /// expiry. What the output digest hashes and lineage stores.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        put_len(&mut out, self.0.len());
+        for (tp, keys) in &self.0 {
+            put_bytes(&mut out, tp.topic.as_bytes());
+            out.extend_from_slice(&tp.partition.to_be_bytes());
+            put_len(&mut out, keys.len());
+            for (key, value) in keys {
+                put_bytes(&mut out, key);
+                match value {
+                    None => out.push(0),
+                    Some(v) => {
+                        match v.expires_at_ms {
+                            None => out.push(1),
+                            Some(at) => {
+                                out.push(2);
+                                out.extend_from_slice(&at.to_be_bytes());
+                            }
+                        }
+                        put_bytes(&mut out, &v.value);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Reads back what [`StateMap::encode`] wrote.
+    pub fn decode(bytes: &[u8]) -> Result<StateMap, StateError> {
+        let mut r = Reader(bytes);
+        let mut map = StateMap::default();
+        for _ in 0..r.len()? {
+            let topic = String::from_utf8(r.bytes()?.to_vec())
+                .map_err(|_| StateError::Corrupt("a topic is not UTF-8".into()))?;
+            let partition = i32::from_be_bytes(r.array()?);
+            let mut keys = Keys::new();
+            for _ in 0..r.len()? {
+                let key = r.bytes()?.to_vec();
+                let value = match r.byte()? {
+                    0 => None,
+                    tag @ (1 | 2) => {
+                        let expires_at_ms = (tag == 2).then(|| r.array()).transpose()?;
+                        let expires_at_ms = expires_at_ms.map(i64::from_be_bytes);
+                        Some(StateValue {
+                            value: r.bytes()?.to_vec(),
+                            expires_at_ms,
+                        })
+                    }
+                    other => return Err(StateError::Corrupt(format!("value tag {other}"))),
+                };
+                keys.insert(key, value);
+            }
+            map.0.insert(TopicPartition { topic, partition }, keys);
+        }
+        match r.0.is_empty() {
+            true => Ok(map),
+            false => Err(StateError::Corrupt("bytes after the end".into())),
+        }
+    }
+}
+
+fn put_len(out: &mut Vec<u8>, n: usize) {
+    out.extend_from_slice(&(n as u32).to_be_bytes());
+}
+
+fn put_bytes(out: &mut Vec<u8>, b: &[u8]) {
+    put_len(out, b.len());
+    out.extend_from_slice(b);
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StateError> {
+        if self.0.len() < n {
+            return Err(StateError::Corrupt("cut short".into()));
+        }
+        let (head, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(head)
+    }
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], StateError> {
+        Ok(self.take(N)?.try_into().expect("took N bytes"))
+    }
+    fn byte(&mut self) -> Result<u8, StateError> {
+        Ok(self.take(1)?[0])
+    }
+    fn len(&mut self) -> Result<usize, StateError> {
+        Ok(u32::from_be_bytes(self.array()?) as usize)
+    }
+    fn bytes(&mut self) -> Result<&'a [u8], StateError> {
+        let n = self.len()?;
+        self.take(n)
+    }
+}
+
+/// Why state could not be read or kept.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StateError {
+    /// The store could not be reached: the batch may pass on another try.
+    #[error("state store unavailable: {0}")]
+    Unavailable(String),
+    /// The sink keeps no keyed state: fatal, pick a sink that does.
+    #[error("{0}")]
+    Unsupported(String),
+    /// A replay asked for a key its batch's original runs never read: the
+    /// module does not read the same state for the same records.
+    #[error(
+        "the replay read state key {key} of {partition}, which the batch's original runs never read"
+    )]
+    NotRecorded { partition: String, key: String },
+    /// Recorded state bytes do not decode.
+    #[error("recorded state does not decode: {0}")]
+    Corrupt(String),
+}
+
+/// Where a run reads the state its batch started from.
+pub trait StateBase: Send + Sync {
+    /// The value of `key` in `tp` as the batch started (expired or not:
+    /// the run judges expiry), or `None` if absent.
+    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError>;
+    /// Whether what a run writes can be kept: a sink without keyed state
+    /// refuses the first write, so state is never dropped silently.
+    fn writable(&self) -> Result<(), StateError> {
+        Ok(())
+    }
+}
+
+/// A base for a sink that keeps no keyed state: every state call fails,
+/// saying so.
+pub struct NoState(pub String);
+
+impl StateBase for NoState {
+    fn get(&self, _: &TopicPartition, _: &[u8]) -> Result<Option<StateValue>, StateError> {
+        Err(StateError::Unsupported(self.0.clone()))
+    }
+
+    fn writable(&self) -> Result<(), StateError> {
+        Err(StateError::Unsupported(self.0.clone()))
+    }
+}
+
+/// Where a sink keeps the keyed state it commits with its batches: what
+/// the pipeline's cache reads it from. Writes are not here: they land in
+/// the sink's commit, with the rows and offsets.
+#[async_trait::async_trait]
+pub trait StateStore: Send + Sync {
+    /// Every key of `tp` (expired ones too), if they take at most
+    /// `max_bytes` ([`StateValue::size`] plus the key); `None` if more.
+    async fn load(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        max_bytes: usize,
+    ) -> Result<Option<Vec<(Vec<u8>, StateValue)>>, StateError>;
+    /// The value under `key` in `tp`, if any.
+    async fn get(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        key: &[u8],
+    ) -> Result<Option<StateValue>, StateError>;
+}
+
+/// An empty base: every key absent (`sluice test`, a first batch).
+pub struct EmptyState;
+
+impl StateBase for EmptyState {
+    fn get(&self, _: &TopicPartition, _: &[u8]) -> Result<Option<StateValue>, StateError> {
+        Ok(None)
+    }
+}
+
+/// A recorded read set as a base: a replay serves what the original runs
+/// read, and fails on a key they never read.
+pub struct Recorded(pub StateMap);
+
+impl StateBase for Recorded {
+    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+        match self.0.lookup(tp, key) {
+            Some(value) => Ok(value.cloned()),
+            None => Err(StateError::NotRecorded {
+                partition: tp.to_string(),
+                key: String::from_utf8_lossy(key).into_owned(),
+            }),
+        }
+    }
+}
+
+/// A batch's base, remembering every key any of its runs read (a retry, a
+/// bisection's parts, the final run): all runs of a batch start from the
+/// same state, and a replay makes the same runs, so what they read is what
+/// a replay needs.
+pub struct BatchBase {
+    base: Arc<dyn StateBase>,
+    reads: Mutex<StateMap>,
+}
+
+impl BatchBase {
+    pub fn new(base: Arc<dyn StateBase>) -> Arc<BatchBase> {
+        Arc::new(BatchBase {
+            base,
+            reads: Mutex::default(),
+        })
+    }
+
+    /// Everything read so far.
+    pub fn reads(&self) -> StateMap {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether any run has read a key yet (without copying the reads).
+    pub fn has_reads(&self) -> bool {
+        !self
+            .reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+}
+
+impl StateBase for BatchBase {
+    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(known) = reads.lookup(tp, key) {
+            return Ok(known.cloned());
+        }
+        let value = self.base.get(tp, key)?;
+        reads.insert(tp, key.to_vec(), value.clone());
+        Ok(value)
+    }
+
+    fn writable(&self) -> Result<(), StateError> {
+        self.base.writable()
+    }
+}
+
+/// Limits on what a module may keep, from `[limits]`.
+#[derive(Debug, Clone, Copy)]
+pub struct StateLimits {
+    /// Largest value, in bytes.
+    pub max_value_bytes: usize,
+    /// Most distinct keys one run may write or delete.
+    pub max_keys_per_batch: usize,
+}
+
+/// A state call that breaks the limits: the record it was made for is at
+/// fault (a `contract` dead letter).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StateMisuse {
+    #[error("state key of {0} bytes is over the limit of {MAX_KEY_BYTES} bytes")]
+    KeyTooLong(usize),
+    #[error(
+        "state value of {bytes} bytes is over the limit of {limit} bytes (`limits.max_state_value_kib`)"
+    )]
+    ValueTooLarge { bytes: usize, limit: usize },
+    #[error(
+        "a state write to one key more than the limit of {limit} keys per batch (`limits.max_state_keys_per_batch`)"
+    )]
+    TooManyKeys { limit: usize },
+    #[error("state call for record {index}, but the batch has {records} records")]
+    NoSuchRecord { index: u32, records: usize },
+}
+
+/// Why a state call failed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum StateCallError {
+    #[error(transparent)]
+    Misuse(#[from] StateMisuse),
+    #[error(transparent)]
+    Base(#[from] StateError),
+}
+
+/// One run's view of state: the batch's base plus the run's own writes.
+pub struct RunState {
+    base: Arc<dyn StateBase>,
+    batch_time_ms: i64,
+    limits: StateLimits,
+    /// The partition of each slice of the run's records, and where each
+    /// slice starts.
+    slices: Vec<(u32, TopicPartition)>,
+    records: usize,
+    writes: StateMap,
+}
+
+impl RunState {
+    pub fn new(
+        base: Arc<dyn StateBase>,
+        records: &Records,
+        batch_time_ms: i64,
+        limits: StateLimits,
+    ) -> RunState {
+        RunState {
+            base,
+            batch_time_ms,
+            limits,
+            slices: records
+                .slices
+                .iter()
+                .map(|s| (s.first, s.topic_partition()))
+                .collect(),
+            records: records.len(),
+            writes: StateMap::default(),
+        }
+    }
+
+    /// The partition of record `index`.
+    fn partition(&self, index: u32) -> Result<&TopicPartition, StateMisuse> {
+        if index as usize >= self.records {
+            return Err(StateMisuse::NoSuchRecord {
+                index,
+                records: self.records,
+            });
+        }
+        let at = self.slices.partition_point(|(first, _)| *first <= index);
+        Ok(&self.slices[at - 1].1)
+    }
+
+    fn check_key(key: &[u8]) -> Result<(), StateMisuse> {
+        match key.len() > MAX_KEY_BYTES {
+            true => Err(StateMisuse::KeyTooLong(key.len())),
+            false => Ok(()),
+        }
+    }
+
+    pub fn get(&self, index: u32, key: &[u8]) -> Result<Option<Vec<u8>>, StateCallError> {
+        Self::check_key(key)?;
+        let tp = self.partition(index)?;
+        let value = match self.writes.lookup(tp, key) {
+            Some(written) => written.cloned(),
+            None => self.base.get(tp, key)?,
+        };
+        Ok(value
+            .filter(|v| !v.expired_at(self.batch_time_ms))
+            .map(|v| v.value))
+    }
+
+    pub fn set(
+        &mut self,
+        index: u32,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        expires_at_ms: Option<i64>,
+    ) -> Result<(), StateCallError> {
+        Self::check_key(&key)?;
+        if value.len() > self.limits.max_value_bytes {
+            return Err(StateMisuse::ValueTooLarge {
+                bytes: value.len(),
+                limit: self.limits.max_value_bytes,
+            }
+            .into());
+        }
+        let tp = self.partition(index)?.clone();
+        self.check_room(&tp, &key)?;
+        self.base.writable()?;
+        self.writes.insert(
+            &tp,
+            key,
+            Some(StateValue {
+                value,
+                expires_at_ms,
+            }),
+        );
+        Ok(())
+    }
+
+    pub fn delete(&mut self, index: u32, key: Vec<u8>) -> Result<(), StateCallError> {
+        Self::check_key(&key)?;
+        let tp = self.partition(index)?.clone();
+        self.check_room(&tp, &key)?;
+        self.base.writable()?;
+        self.writes.insert(&tp, key, None);
+        Ok(())
+    }
+
+    /// Refuses a write to a key the run has not written yet once it has
+    /// written `max_keys_per_batch` keys (a key written again is free).
+    fn check_room(&self, tp: &TopicPartition, key: &[u8]) -> Result<(), StateMisuse> {
+        let full = self.writes.len() >= self.limits.max_keys_per_batch;
+        match full && self.writes.lookup(tp, key).is_none() {
+            true => Err(StateMisuse::TooManyKeys {
+                limit: self.limits.max_keys_per_batch,
+            }),
+            false => Ok(()),
+        }
+    }
+
+    /// What the run wrote, one change per key (the last).
+    pub fn into_writes(self) -> StateMap {
+        self.writes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::{OwnedRecord, Records};
+
+    fn tp(p: i32) -> TopicPartition {
+        TopicPartition {
+            topic: "t".into(),
+            partition: p,
+        }
+    }
+
+    fn records() -> Records {
+        let rec = |offset: i64| OwnedRecord {
+            offset,
+            timestamp: 0,
+            key: None,
+            value: Some(b"v".to_vec()),
+            headers: Vec::new(),
+        };
+        let mut r = Records::default();
+        r.push_slice("t", 0, &[rec(0), rec(1)]);
+        r.push_slice("t", 1, &[rec(0)]);
+        r
+    }
+
+    #[test]
+    fn encoding_round_trips() {
+        let mut m = StateMap::default();
+        m.insert(&tp(0), b"a".to_vec(), None);
+        m.insert(
+            &tp(0),
+            b"b".to_vec(),
+            Some(StateValue {
+                value: b"1".to_vec(),
+                expires_at_ms: Some(-5),
+            }),
+        );
+        m.insert(
+            &tp(2),
+            Vec::new(),
+            Some(StateValue {
+                value: Vec::new(),
+                expires_at_ms: None,
+            }),
+        );
+        assert_eq!(StateMap::decode(&m.encode()).unwrap(), m);
+        assert!(StateMap::decode(&m.encode()[..7]).is_err());
+    }
+
+    #[test]
+    fn a_run_sees_its_writes_per_partition_and_expiry_by_batch_time() {
+        let recs = records();
+        let base = BatchBase::new(Arc::new(EmptyState));
+        let limits = StateLimits {
+            max_value_bytes: 4,
+            max_keys_per_batch: 2,
+        };
+        let mut run = RunState::new(base.clone(), &recs, 100, limits);
+        run.set(0, b"k".to_vec(), b"x".to_vec(), None).unwrap();
+        assert_eq!(run.get(1, b"k").unwrap(), Some(b"x".to_vec()));
+        // Record 2 is partition 1: another key space.
+        assert_eq!(run.get(2, b"k").unwrap(), None);
+        run.set(1, b"e".to_vec(), b"y".to_vec(), Some(100)).unwrap();
+        assert_eq!(run.get(1, b"e").unwrap(), None);
+        assert!(matches!(
+            run.set(0, b"k".to_vec(), b"12345".to_vec(), None),
+            Err(StateCallError::Misuse(StateMisuse::ValueTooLarge { .. }))
+        ));
+        assert!(run.get(3, b"k").is_err());
+        // Two keys written (`k` and `e`): a third is refused, `k` again is not.
+        assert_eq!(
+            run.set(0, b"z".to_vec(), b"z".to_vec(), None),
+            Err(StateCallError::Misuse(StateMisuse::TooManyKeys {
+                limit: 2
+            }))
+        );
+        assert!(run.delete(2, b"k".to_vec()).is_err());
+        run.delete(0, b"k".to_vec()).unwrap();
+        assert_eq!(run.get(0, b"k").unwrap(), None);
+        let writes = run.into_writes();
+        assert_eq!(writes.len(), 2);
+        // Only the read of partition 1's `k` reached the base.
+        assert_eq!(base.reads().len(), 1);
+        assert_eq!(base.reads().lookup(&tp(1), b"k"), Some(None));
+    }
+}

@@ -1,0 +1,264 @@
+//! The keyed state of the partitions this instance owns, kept in memory for
+//! the module's runs: each partition's committed state (read whole from the
+//! sink's state store the first time a batch asks, if it fits the budget,
+//! `limits.state_cache_mib`; else key by key as asked), plus the writes of
+//! batches handed to the sink and not yet landed (the batch read ahead
+//! while one commits builds on that one's writes).
+//!
+//! Delivery: state is committed by the sink, in the same atomic unit as
+//! the batch's rows and offsets, never here. This cache only answers reads,
+//! and only with what the sink committed or what a batch being committed
+//! wrote. That holds because batches commit in order, a batch read ahead
+//! is dropped whenever the one before it does not land, and a partition's
+//! cache is dropped whenever its offsets may have moved elsewhere (fenced,
+//! revoked, restarted): it is read again from the sink.
+//!
+//! It must not write state anywhere, and must not judge expiry (the run
+//! does, by batch time).
+
+use sluice_core::batch::TopicPartition;
+use sluice_core::state::{NoState, StateBase, StateError, StateMap, StateStore, StateValue};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+/// What a cached key costs besides its bytes, roughly (map entry, vectors).
+const ENTRY_OVERHEAD: usize = 64;
+
+/// The pipeline's keyed state cache.
+pub(crate) struct KeptState {
+    pipeline: String,
+    store: Option<Arc<dyn StateStore>>,
+    /// What a state call gets when the sink keeps no state.
+    unsupported: String,
+    budget: usize,
+    handle: tokio::runtime::Handle,
+    kept: Mutex<Kept>,
+    metrics: crate::Metrics,
+}
+
+#[derive(Default)]
+struct Kept {
+    partitions: HashMap<TopicPartition, Cached>,
+    /// Writes of batches handed to the sink, not yet landed, oldest first.
+    pending: VecDeque<(String, StateMap)>,
+    /// Bytes all partitions' cached keys take.
+    bytes: usize,
+}
+
+/// One partition's committed state, as far as it is cached.
+#[derive(Default)]
+struct Cached {
+    keys: HashMap<Vec<u8>, Option<StateValue>>,
+    /// Every key of the partition is here: a key not here is absent.
+    complete: bool,
+    bytes: usize,
+}
+
+fn entry_size(key: &[u8], value: &Option<StateValue>) -> usize {
+    key.len() + value.as_ref().map_or(0, StateValue::size) + ENTRY_OVERHEAD
+}
+
+impl Cached {
+    fn put(&mut self, key: Vec<u8>, value: Option<StateValue>) -> isize {
+        let added = entry_size(&key, &value) as isize;
+        let removed = match self.keys.insert(key.clone(), value) {
+            Some(old) => entry_size(&key, &old) as isize,
+            None => 0,
+        };
+        self.bytes = (self.bytes as isize + added - removed) as usize;
+        added - removed
+    }
+}
+
+impl KeptState {
+    /// The cache over `store` (`None`: the sink keeps no state), within
+    /// `budget` bytes. Must be created inside the Tokio runtime the store
+    /// uses.
+    pub(crate) fn new(
+        pipeline: &str,
+        store: Option<Arc<dyn StateStore>>,
+        budget: usize,
+        metrics: crate::Metrics,
+    ) -> Arc<KeptState> {
+        Arc::new(KeptState {
+            pipeline: pipeline.to_string(),
+            store,
+            unsupported: "the module keeps keyed state, which a Kafka sink with guarantee = \
+                          \"exactly-once\" does not keep yet: use guarantee = \"at-least-once\" \
+                          (state then commits with the offsets in `[state]`), a SQL sink \
+                          (sqlite, postgres, mysql) or redis for a stateful module"
+                .to_string(),
+            budget,
+            handle: tokio::runtime::Handle::current(),
+            kept: Mutex::default(),
+            metrics,
+        })
+    }
+
+    fn kept(&self) -> MutexGuard<'_, Kept> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Publishes what the cache holds.
+    fn measured(&self, kept: &Kept) {
+        self.metrics.state_cache_bytes(kept.bytes);
+    }
+
+    /// What the next batch's runs read its start state from.
+    pub(crate) fn base(self: &Arc<Self>) -> Arc<dyn StateBase> {
+        match self.store {
+            Some(_) => Arc::new(Live(Arc::clone(self))),
+            None => Arc::new(NoState(self.unsupported.clone())),
+        }
+    }
+
+    /// Batch `batch_id` goes to the sink with `writes`: batches prepared
+    /// from now on build on them.
+    pub(crate) fn committing(&self, batch_id: &str, writes: &StateMap) {
+        if !writes.is_empty() {
+            self.kept()
+                .pending
+                .push_back((batch_id.to_string(), writes.clone()));
+        }
+    }
+
+    /// Batch `batch_id` landed: its writes are committed state now.
+    pub(crate) fn landed(&self, batch_id: &str) {
+        let mut kept = self.kept();
+        let Some(at) = kept.pending.iter().position(|(id, _)| id == batch_id) else {
+            return;
+        };
+        let (_, writes) = kept.pending.remove(at).expect("found");
+        for (tp, keys) in writes.0 {
+            let Some(cached) = kept.partitions.get_mut(&tp) else {
+                continue;
+            };
+            let mut grew = 0isize;
+            for (key, value) in keys {
+                grew += cached.put(key, value);
+            }
+            kept.bytes = (kept.bytes as isize + grew) as usize;
+        }
+        kept.fit_budget(self.budget);
+        self.measured(&kept);
+    }
+
+    /// Batch `batch_id` did not land (fenced): its writes are dropped, and
+    /// so is the cache of `partitions`, read again from the sink when next
+    /// asked.
+    pub(crate) fn abandoned(&self, batch_id: &str, partitions: &[TopicPartition]) {
+        self.kept().pending.retain(|(id, _)| id != batch_id);
+        self.forget(partitions);
+    }
+
+    /// `partitions` may have been committed elsewhere (revoked, restarted
+    /// from their checkpoints): their cache and pending writes go.
+    pub(crate) fn forget(&self, partitions: &[TopicPartition]) {
+        let mut kept = self.kept();
+        for tp in partitions {
+            if let Some(cached) = kept.partitions.remove(tp) {
+                kept.bytes -= cached.bytes;
+            }
+            for (_, writes) in kept.pending.iter_mut() {
+                writes.0.remove(tp);
+            }
+        }
+        self.measured(&kept);
+    }
+
+    /// The start-state value of `key` in `tp` for a batch prepared now.
+    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+        let store = self.store.as_ref().expect("a live base has a store");
+        {
+            let kept = self.kept();
+            if let Some(known) = kept.known(tp, key) {
+                return Ok(known);
+            }
+            if !kept.partitions.contains_key(tp) {
+                let room = self.budget.saturating_sub(kept.bytes);
+                drop(kept);
+                let started = Instant::now();
+                let loaded = self.handle.block_on(store.load(&self.pipeline, tp, room))?;
+                self.metrics.state_sink_read(true, started.elapsed());
+                let mut kept = self.kept();
+                kept.cache_partition(tp, loaded);
+                self.measured(&kept);
+                if let Some(known) = kept.known(tp, key) {
+                    return Ok(known);
+                }
+            }
+        }
+        let started = Instant::now();
+        let value = self.handle.block_on(store.get(&self.pipeline, tp, key))?;
+        self.metrics.state_sink_read(false, started.elapsed());
+        let mut kept = self.kept();
+        if let Some(cached) = kept.partitions.get_mut(tp) {
+            let grew = cached.put(key.to_vec(), value.clone());
+            kept.bytes = (kept.bytes as isize + grew) as usize;
+            kept.fit_budget(self.budget);
+            self.measured(&kept);
+        }
+        Ok(value)
+    }
+}
+
+impl Kept {
+    /// What is known of `key` in `tp` without asking the sink: a pending
+    /// write (newest first), a cached value, or absent from a complete
+    /// partition.
+    fn known(&self, tp: &TopicPartition, key: &[u8]) -> Option<Option<StateValue>> {
+        for (_, writes) in self.pending.iter().rev() {
+            if let Some(value) = writes.lookup(tp, key) {
+                return Some(value.cloned());
+            }
+        }
+        let cached = self.partitions.get(tp)?;
+        match cached.keys.get(key) {
+            Some(value) => Some(value.clone()),
+            None => cached.complete.then_some(None),
+        }
+    }
+
+    /// Caches what loading `tp` gave: all its keys, or (too large) none yet.
+    fn cache_partition(&mut self, tp: &TopicPartition, loaded: Option<Vec<(Vec<u8>, StateValue)>>) {
+        if self.partitions.contains_key(tp) {
+            return;
+        }
+        let mut cached = Cached::default();
+        if let Some(entries) = loaded {
+            cached.complete = true;
+            for (key, value) in entries {
+                cached.put(key, Some(value));
+            }
+        }
+        self.bytes += cached.bytes;
+        self.partitions.insert(tp.clone(), cached);
+    }
+
+    /// Over `budget`, the largest partitions' caches are emptied (they are
+    /// read key by key from then on) until it fits.
+    fn fit_budget(&mut self, budget: usize) {
+        while self.bytes > budget {
+            let Some(largest) = self
+                .partitions
+                .values_mut()
+                .filter(|c| c.bytes > 0)
+                .max_by_key(|c| c.bytes)
+            else {
+                return;
+            };
+            self.bytes -= largest.bytes;
+            *largest = Cached::default();
+        }
+    }
+}
+
+/// The base batches prepared now read through.
+struct Live(Arc<KeptState>);
+
+impl StateBase for Live {
+    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+        self.0.get(tp, key)
+    }
+}

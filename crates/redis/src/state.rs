@@ -1,0 +1,209 @@
+//! Keyed state on Redis: one hash per partition (`<prefix>state:<pipeline>:
+//! <topic>:<partition>`, state key -> stored value), the arguments that
+//! make the commit script write a batch's changes, and [`RedisStateStore`],
+//! which reads the state back for the pipeline's cache.
+//!
+//! A stored value is one tag byte, `1` then the value, or `2`, the expiry
+//! (i64, big-endian ms since the epoch) and the value.
+//!
+//! It must not write: changes are written only by the commit script, in
+//! the same call as the batch's commands and offset moves (see `sink`).
+
+use crate::connect::{StateKeys, connect};
+use redis::aio::ConnectionManager;
+use sluice_core::batch::TopicPartition;
+use sluice_core::config::StoreConnection;
+use sluice_core::sink::SinkError;
+use sluice_core::state::{StateError, StateMap, StateStore, StateValue};
+
+/// The bytes a hash field holds for `value`.
+pub(crate) fn encode(value: &StateValue) -> Vec<u8> {
+    let mut out = Vec::with_capacity(value.value.len() + 9);
+    match value.expires_at_ms {
+        None => out.push(1),
+        Some(at) => {
+            out.push(2);
+            out.extend_from_slice(&at.to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&value.value);
+    out
+}
+
+/// Reads back what [`encode`] wrote.
+pub(crate) fn decode(bytes: &[u8]) -> Result<StateValue, StateError> {
+    match bytes.split_first() {
+        Some((1, value)) => Ok(StateValue {
+            value: value.to_vec(),
+            expires_at_ms: None,
+        }),
+        Some((2, rest)) if rest.len() >= 8 => {
+            let (at, value) = rest.split_at(8);
+            Ok(StateValue {
+                value: value.to_vec(),
+                expires_at_ms: Some(i64::from_be_bytes(at.try_into().expect("8 bytes"))),
+            })
+        }
+        _ => Err(StateError::Corrupt(
+            "a Redis state value without sluice's tag".into(),
+        )),
+    }
+}
+
+/// A batch's state changes as commit-script operations: the hash keys
+/// (for `KEYS`) and per change the key's index among them, `s`et or
+/// `d`elete, the field and the stored value (empty for a delete).
+pub(crate) struct StateOps {
+    pub keys: Vec<String>,
+    pub args: Vec<Vec<u8>>,
+}
+
+impl StateOps {
+    pub(crate) fn of(changes: &StateMap, keys: &StateKeys, first_key: usize) -> StateOps {
+        let mut ops = StateOps {
+            keys: Vec::new(),
+            args: Vec::new(),
+        };
+        for (tp, changed) in &changes.0 {
+            ops.keys.push(keys.state(tp));
+            let index = (first_key + ops.keys.len()).to_string().into_bytes();
+            for (key, value) in changed {
+                ops.args.push(index.clone());
+                let (op, stored) = match value {
+                    Some(v) => (b"s".to_vec(), encode(v)),
+                    None => (b"d".to_vec(), Vec::new()),
+                };
+                ops.args.extend([op, key.clone(), stored]);
+            }
+        }
+        ops
+    }
+
+    /// How many changes.
+    pub(crate) fn count(&self) -> usize {
+        self.args.len() / 4
+    }
+
+    /// The commit script's checks that the hashes are hashes (or absent),
+    /// in its check layout: key index, wanted type, field, check.
+    pub(crate) fn checks(&self, first_key: usize) -> Vec<Vec<u8>> {
+        (1..=self.keys.len())
+            .flat_map(|i| {
+                [
+                    (first_key + i).to_string().into_bytes(),
+                    b"hash".to_vec(),
+                    Vec::new(),
+                    Vec::new(),
+                ]
+            })
+            .collect()
+    }
+}
+
+/// Reads a Redis sink's keyed state for the pipeline's cache.
+pub struct RedisStateStore {
+    conn: ConnectionManager,
+    prefix: String,
+}
+
+fn unavailable(e: redis::RedisError) -> StateError {
+    StateError::Unavailable(format!("reading keyed state: {e}"))
+}
+
+impl RedisStateStore {
+    /// Opens a connection of its own to `store` (`sluice state`).
+    pub async fn open(store: &StoreConnection) -> Result<RedisStateStore, SinkError> {
+        let timeout = std::time::Duration::from_millis(store.lock_timeout_ms);
+        Ok(RedisStateStore::new(
+            connect(&store.url, timeout).await?,
+            &store.table_prefix,
+        ))
+    }
+
+    /// Reads through the sink's connection.
+    pub(crate) fn new(conn: ConnectionManager, prefix: &str) -> RedisStateStore {
+        RedisStateStore {
+            conn,
+            prefix: prefix.to_string(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl StateStore for RedisStateStore {
+    async fn load(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        max_bytes: usize,
+    ) -> Result<Option<Vec<(Vec<u8>, StateValue)>>, StateError> {
+        let hash = StateKeys::new(&self.prefix, pipeline).state(tp);
+        let mut conn = self.conn.clone();
+        let (mut cursor, mut bytes, mut entries) = (0u64, 0usize, Vec::new());
+        loop {
+            let (next, page): (u64, Vec<(Vec<u8>, Vec<u8>)>) = redis::cmd("HSCAN")
+                .arg(&hash)
+                .arg(cursor)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(&mut conn)
+                .await
+                .map_err(unavailable)?;
+            for (key, stored) in page {
+                let value = decode(&stored)?;
+                bytes += key.len() + value.size();
+                if bytes > max_bytes {
+                    return Ok(None);
+                }
+                entries.push((key, value));
+            }
+            if next == 0 {
+                // HSCAN may return a field twice (a rehash between pages).
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                entries.dedup_by(|a, b| a.0 == b.0);
+                return Ok(Some(entries));
+            }
+            cursor = next;
+        }
+    }
+
+    async fn get(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        key: &[u8],
+    ) -> Result<Option<StateValue>, StateError> {
+        let hash = StateKeys::new(&self.prefix, pipeline).state(tp);
+        let mut conn = self.conn.clone();
+        let stored: Option<Vec<u8>> = redis::cmd("HGET")
+            .arg(&hash)
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .map_err(unavailable)?;
+        stored.map(|s| decode(&s)).transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_values_round_trip() {
+        for v in [
+            StateValue {
+                value: b"12".to_vec(),
+                expires_at_ms: None,
+            },
+            StateValue {
+                value: Vec::new(),
+                expires_at_ms: Some(-3),
+            },
+        ] {
+            assert_eq!(decode(&encode(&v)).unwrap(), v);
+        }
+        assert!(decode(b"").is_err());
+        assert!(decode(b"\x02short").is_err());
+    }
+}

@@ -1,0 +1,368 @@
+//! Keyed state in a SQL sink: the `state` table (one row per pipeline,
+//! partition and key: the value and when it expires) and `batch_state`
+//! (per batch, the state its runs read as it started, for replay), their
+//! DDL and writes into the batch transaction, and [`SqlStateStore`], which
+//! reads the state back for the pipeline's cache on a connection of its
+//! own.
+//!
+//! # Delivery guarantee
+//!
+//! A batch's state changes and its recorded reads are written inside the
+//! batch transaction, after the offset compare-and-set (also under
+//! `guarantee = "at-least-once"`, where they go with the offsets, not the
+//! rows): they land exactly when the checkpoint moves, so the stored state
+//! is always the state after the checkpoint's batch, and a fenced zombie's
+//! changes roll back with its offsets. That depends on the same three
+//! conditions as the rows (see the crate's header).
+//!
+//! It must not commit: it only writes into the transaction it is handed.
+//! Reads never write: an expired key is left where it is (it reads as
+//! absent by batch time) until a batch writes or deletes it.
+
+use super::dialect::Dialect;
+use super::{Param, SqlBackend, SqlTx, Target, TypedColumn};
+use crate::batch::TopicPartition;
+use crate::config::{ColumnType, StoreConnection, TargetConfig};
+use crate::section::{SqlTargetFields, WriteMode};
+use crate::sink::{Commit, SinkError};
+use sluice_core::state::{StateError, StateMap, StateStore, StateValue};
+use sqlx::{AnyPool, Row};
+
+/// The state table's columns, as the internal targets declare them.
+const COLUMNS: [(&str, ColumnType); 6] = [
+    ("expires_at_ms", ColumnType::Integer),
+    ("partition", ColumnType::Integer),
+    ("pipeline", ColumnType::Text),
+    ("state_key", ColumnType::Blob),
+    ("topic", ColumnType::Text),
+    ("value", ColumnType::Blob),
+];
+const KEY: [&str; 4] = ["pipeline", "topic", "partition", "state_key"];
+
+/// The state tables of one sink, quoted once, with the write statements of
+/// its backend.
+pub(super) struct StateTables<S> {
+    /// Sets: mode upsert, or (see [`SetsBy`]) append after a delete.
+    sets: (Target, S),
+    sets_by: SetsBy,
+    /// Deletes (mode delete) of the state table.
+    delete: (Target, S),
+    insert_reads: String,
+}
+
+/// How a dialect writes a batch's sets fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SetsBy {
+    /// One upsert of the set keys (SQLite, MySQL: a multi-row insert with
+    /// its conflict clause).
+    Upsert,
+    /// Every changed key deleted, then the sets inserted (Postgres: an
+    /// `ON CONFLICT DO UPDATE` costs ~10 µs a row in its speculative
+    /// insertion; a delete by key and a COPY cost ~4 µs together).
+    DeleteThenInsert,
+}
+
+fn internal_target(
+    d: &Dialect,
+    schema: Option<&str>,
+    table: &str,
+    mode: WriteMode,
+) -> Result<Target, SinkError> {
+    let config = TargetConfig {
+        name: format!("sluice {table}"),
+        columns: COLUMNS.iter().map(|(n, t)| (n.to_string(), *t)).collect(),
+        settings: Default::default(),
+    };
+    let fields = SqlTargetFields {
+        table: Some(table.to_string()),
+        mode,
+        key: KEY.iter().map(|k| k.to_string()).collect(),
+        create: true,
+    };
+    Target::new(&config, fields, d, schema)
+}
+
+impl<S> StateTables<S> {
+    /// Creates the tables if missing and prepares the statements.
+    pub(super) async fn open<B: SqlBackend<Statements = S>>(
+        backend: &B,
+        schema: Option<&str>,
+        prefix: &str,
+    ) -> Result<Self, SinkError> {
+        let d = backend.dialect();
+        let table = format!("{prefix}state");
+        let sets_by = match std::ptr::eq(d, &super::POSTGRES) {
+            true => SetsBy::DeleteThenInsert,
+            false => SetsBy::Upsert,
+        };
+        let sets_mode = match sets_by {
+            SetsBy::Upsert => WriteMode::Upsert,
+            SetsBy::DeleteThenInsert => WriteMode::Append,
+        };
+        let sets = internal_target(d, schema, &table, sets_mode)?;
+        let delete = internal_target(d, schema, &table, WriteMode::Delete)?;
+        super::create(backend, &sets.create_ddl(d)).await?;
+        let reads = d.qualified(schema, &format!("{prefix}batch_state"))?;
+        let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
+        let t = &d.types;
+        super::create(
+            backend,
+            &format!(
+                "CREATE TABLE IF NOT EXISTS {reads} ({} {} NOT NULL, {} {} NOT NULL, {} {} NOT NULL, \
+                 PRIMARY KEY ({}, {}))",
+                c("pipeline"),
+                t.key_text,
+                c("batch_id"),
+                t.key_text,
+                c("reads"),
+                t.blob,
+                c("pipeline"),
+                c("batch_id"),
+            ),
+        )
+        .await?;
+        let (sets_statements, delete_statements) = (
+            backend.statements(&sets).await?,
+            backend.statements(&delete).await?,
+        );
+        Ok(StateTables {
+            sets: (sets, sets_statements),
+            sets_by,
+            delete: (delete, delete_statements),
+            insert_reads: format!(
+                "INSERT INTO {reads} ({}, {}, {}) VALUES ({})",
+                c("pipeline"),
+                c("batch_id"),
+                c("reads"),
+                d.params(1, 3)
+            ),
+        })
+    }
+
+    /// Writes the batch's state changes and the reads a replay needs.
+    pub(super) async fn write(
+        &self,
+        tx: &mut impl SqlTx<S>,
+        c: &Commit<'_>,
+    ) -> Result<(), SinkError> {
+        let pipeline = c.plan.pipeline.as_str();
+        let (sets, deletes) = Changes::split(&c.output.state, self.sets_by);
+        // Deletes first: with `SetsBy::DeleteThenInsert` they make room.
+        for (changes, (target, statements)) in [(deletes, &self.delete), (sets, &self.sets)] {
+            let rows = changes.rows;
+            if rows > 0 {
+                let columns = changes.columns(pipeline);
+                tx.write_rows(target, statements, &columns, rows).await?;
+            }
+        }
+        if !c.state_reads.is_empty() {
+            let reads = c.state_reads.encode();
+            tx.execute(
+                &self.insert_reads,
+                &[
+                    Param::Text(pipeline),
+                    Param::Text(&c.plan.batch_id),
+                    Param::Bytes(Some(&reads)),
+                ],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+/// One kind of change (sets or deletes), row by row.
+#[derive(Default)]
+struct Changes<'a> {
+    rows: usize,
+    topics: Vec<Option<&'a str>>,
+    partitions: Vec<Option<i64>>,
+    keys: Vec<Option<&'a [u8]>>,
+    values: Vec<Option<&'a [u8]>>,
+    expires: Vec<Option<i64>>,
+}
+
+impl<'a> Changes<'a> {
+    /// The sets and the deletes (with [`SetsBy::DeleteThenInsert`], every
+    /// changed key is deleted first).
+    fn split(state: &'a StateMap, sets_by: SetsBy) -> (Changes<'a>, Changes<'a>) {
+        let (mut sets, mut deletes) = (Changes::default(), Changes::default());
+        for (tp, keys) in &state.0 {
+            for (key, value) in keys {
+                if value.is_none() || sets_by == SetsBy::DeleteThenInsert {
+                    deletes.push(tp, key, None);
+                }
+                if let Some(v) = value {
+                    sets.push(tp, key, Some(v));
+                }
+            }
+        }
+        (sets, deletes)
+    }
+
+    fn push(&mut self, tp: &'a TopicPartition, key: &'a [u8], value: Option<&'a StateValue>) {
+        self.rows += 1;
+        self.topics.push(Some(&tp.topic));
+        self.partitions.push(Some(tp.partition as i64));
+        self.keys.push(Some(key));
+        self.values.push(value.map(|v| v.value.as_slice()));
+        self.expires.push(value.and_then(|v| v.expires_at_ms));
+    }
+
+    /// The columns in the targets' order (by name).
+    fn columns(self, pipeline: &'a str) -> Vec<TypedColumn<'a>> {
+        vec![
+            TypedColumn::Integer(self.expires),
+            TypedColumn::Integer(self.partitions),
+            TypedColumn::Text(vec![Some(pipeline); self.rows]),
+            TypedColumn::Blob(self.keys),
+            TypedColumn::Text(self.topics),
+            TypedColumn::Blob(self.values),
+        ]
+    }
+}
+
+/// Reads a SQL sink's keyed state (and the reads recorded for replay) on a
+/// pool of its own.
+pub struct SqlStateStore {
+    pool: AnyPool,
+    load: String,
+    get: String,
+    reads: String,
+}
+
+fn unavailable(e: sqlx::Error) -> StateError {
+    StateError::Unavailable(format!("reading keyed state: {e}"))
+}
+
+impl SqlStateStore {
+    /// Opens a pool of its own on `store`'s database.
+    pub async fn open(store: &StoreConnection) -> Result<SqlStateStore, SinkError> {
+        let (pool, d) = super::connect_any(store).await?;
+        Self::on(pool, d, store)
+    }
+
+    /// Reads `store`'s state through `pool`.
+    pub(crate) fn on(
+        pool: AnyPool,
+        d: &Dialect,
+        store: &StoreConnection,
+    ) -> Result<SqlStateStore, SinkError> {
+        let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
+        let state = super::own_table(d, store, "state")?;
+        let partition_is = format!(
+            "{} = {} AND {} = {} AND {} = {}",
+            c("pipeline"),
+            d.param(1),
+            c("topic"),
+            d.param(2),
+            c("partition"),
+            d.param(3)
+        );
+        // Keys come back as hex text: MySQL reports a VARBINARY column to
+        // the `Any` driver as text, which would not hold bytes that are
+        // not UTF-8.
+        let key_hex = match std::ptr::eq(d, &super::POSTGRES) {
+            true => format!("encode({}, 'hex')", c("state_key")),
+            false => format!("hex({})", c("state_key")),
+        };
+        let listed = format!("{key_hex}, {}, {}", c("value"), c("expires_at_ms"));
+        Ok(SqlStateStore {
+            load: format!("SELECT {listed} FROM {state} WHERE {partition_is}"),
+            get: format!(
+                "SELECT {listed} FROM {state} WHERE {partition_is} AND {} = {}",
+                c("state_key"),
+                d.param(4)
+            ),
+            reads: format!(
+                "SELECT {} FROM {} WHERE {} = {} AND {} = {}",
+                c("reads"),
+                super::own_table(d, store, "batch_state")?,
+                c("pipeline"),
+                d.param(1),
+                c("batch_id"),
+                d.param(2)
+            ),
+            pool,
+        })
+    }
+
+    /// The state batch `batch_id`'s runs read as it started (empty if it
+    /// read none).
+    pub async fn reads(&self, pipeline: &str, batch_id: &str) -> Result<StateMap, SinkError> {
+        let row = sqlx::query(&self.reads)
+            .bind(pipeline.to_string())
+            .bind(batch_id.to_string())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(|e| SinkError::database("reading a batch's recorded state", e))?;
+        match row {
+            None => Ok(StateMap::default()),
+            Some(row) => {
+                let bytes: Vec<u8> = row
+                    .try_get(0)
+                    .map_err(|e| SinkError::database("reading a batch's recorded state", e))?;
+                StateMap::decode(&bytes)
+                    .map_err(|e| SinkError::database(format!("batch {batch_id}"), e))
+            }
+        }
+    }
+}
+
+fn state_row(row: &sqlx::any::AnyRow) -> Result<(Vec<u8>, StateValue), StateError> {
+    let corrupt = |e: sqlx::Error| StateError::Corrupt(format!("a state row: {e}"));
+    let key = super::text_at(row, 0).map_err(corrupt)?;
+    let key = hex::decode(&key)
+        .map_err(|e| StateError::Corrupt(format!("a state key read as {key:?}: {e}")))?;
+    Ok((
+        key,
+        StateValue {
+            value: row.try_get::<Vec<u8>, _>(1).map_err(corrupt)?,
+            expires_at_ms: row.try_get::<Option<i64>, _>(2).map_err(corrupt)?,
+        },
+    ))
+}
+
+#[async_trait::async_trait]
+impl StateStore for SqlStateStore {
+    async fn load(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        max_bytes: usize,
+    ) -> Result<Option<Vec<(Vec<u8>, StateValue)>>, StateError> {
+        use futures_util::TryStreamExt;
+        let mut rows = sqlx::query(&self.load)
+            .bind(pipeline.to_string())
+            .bind(tp.topic.clone())
+            .bind(tp.partition as i64)
+            .fetch(&self.pool);
+        let (mut entries, mut bytes) = (Vec::new(), 0usize);
+        while let Some(row) = rows.try_next().await.map_err(unavailable)? {
+            let (key, value) = state_row(&row)?;
+            bytes += key.len() + value.size();
+            if bytes > max_bytes {
+                return Ok(None);
+            }
+            entries.push((key, value));
+        }
+        Ok(Some(entries))
+    }
+
+    async fn get(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        key: &[u8],
+    ) -> Result<Option<StateValue>, StateError> {
+        let row = sqlx::query(&self.get)
+            .bind(pipeline.to_string())
+            .bind(tp.topic.clone())
+            .bind(tp.partition as i64)
+            .bind(key.to_vec())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(unavailable)?;
+        row.map(|row| state_row(&row).map(|(_, v)| v)).transpose()
+    }
+}

@@ -1,0 +1,219 @@
+//! What keyed state costs, as ratios measured in one run: the same topic of
+//! events (100k distinct ids by default, every tenth record a repeat of an
+//! earlier id of its partition) through
+//!
+//! - the stateless pipeline (`identity`: every record out as a row), and
+//! - a stateful dedupe (`tally` with `dedupe_ttl_ms`: a state lookup for
+//!   every record, the first sighting of an id passes with a state write
+//!   that expires in 24 h, repeats are dropped),
+//!
+//! both exactly-once into SQLite and into Postgres, in interleaved rounds.
+//! Rates are the pipelines' steady state (first to last commit, from the
+//! lineage). Every dedupe's output is checked: one row per distinct id.
+//!
+//! Each round also runs, into Postgres with all partitions assigned, the
+//! same dedupe as a user would write it by hand (`handwritten-dedupe`:
+//! rdkafka, a `HashMap` of ids, rows and ids flushed to Postgres every
+//! 10,000 records, then offsets: at-least-once) against the sluice dedupe,
+//! both timed from spawn to exit.
+//!
+//! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
+//!       -p sluice-tests --bin bench-state --bin handwritten-dedupe && \
+//!       SLUICE_BIN=target/release/sluice target/release/bench-state [IDS] [ROUNDS]`
+
+use sluice_tests::sinks::SinkDb;
+use sluice_tests::*;
+use std::time::Duration;
+
+const PARTITIONS: i32 = 4;
+
+/// `ids` distinct event ids, and a repeat after every nine new ones (10%
+/// of the records), in the partition of the id it repeats.
+fn events(ids: usize) -> Vec<Produce> {
+    let mut out = Vec::with_capacity(ids + ids / 9);
+    for id in 0..ids {
+        let event = |id: usize| Produce {
+            partition: (id % PARTITIONS as usize) as i32,
+            key: Some(format!("ev-{id:09}")),
+            value: format!(
+                r#"{{"id":{id},"user":"user{}","amount":{}.5}}"#,
+                id % 1000,
+                id % 300
+            ),
+        };
+        out.push(event(id));
+        if id % 9 == 8 {
+            out.push(event(id / 2));
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy)]
+enum Arm {
+    Stateless,
+    Dedupe,
+}
+
+impl Arm {
+    fn config(self, name: &str, brokers: &str) -> PipelineToml {
+        match self {
+            Arm::Stateless => PipelineToml::identity(name, brokers, "bench", 10_000),
+            Arm::Dedupe => tally::config(name, brokers, 10_000)
+                .topics(&["bench"])
+                .module_param("dedupe_ttl_ms", TTL_MS),
+        }
+    }
+}
+
+/// Runs `arm` into `db` to the end; its steady rate.
+async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) -> f64 {
+    let config = db
+        .configure(arm.config(name, brokers).batch_interval_ms(100))
+        .write(&dir.path().join(name));
+    let out = run_until_caught_up(&config, Duration::from_secs(1800));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bench::lineage_rate(db).await.0
+}
+
+const TTL_MS: i64 = 86_400_000;
+
+/// Runs `command` to a successful exit; how long it took.
+fn timed_ok(command: &mut std::process::Command, what: &str) -> Duration {
+    let started = std::time::Instant::now();
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    started.elapsed()
+}
+
+/// The hand-written dedupe against the sluice dedupe, both into Postgres
+/// with all partitions assigned, spawn to exit: (hand-written, sluice).
+async fn against_handwritten(
+    brokers: &str,
+    ids: usize,
+    tag: &str,
+    dir: &TempDir,
+) -> (Duration, Duration) {
+    let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
+    let SinkDb::Postgres { schema, .. } = &hand_db else {
+        unreachable!()
+    };
+    let pool = hand_db.pool().await;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let me = std::env::current_exe().expect("current exe");
+    let hand = timed_ok(
+        std::process::Command::new(me.with_file_name("handwritten-dedupe")).args([
+            brokers,
+            "bench",
+            &sluice_tests::sinks::postgres_url(),
+            schema,
+            &PARTITIONS.to_string(),
+            &TTL_MS.to_string(),
+        ]),
+        "handwritten-dedupe",
+    );
+    let rows = hand_db
+        .scalar(&format!("SELECT count(*) FROM \"{schema}\".tallies"))
+        .await;
+    assert_eq!(
+        rows,
+        Some(ids as i64),
+        "hand-written: one row per distinct id"
+    );
+    let sluice_db = SinkDb::fresh_postgres(&format!("{tag}_sluice")).await;
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let name = format!("{tag}_sluice");
+    std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+    let config = sluice_db
+        .configure(
+            Arm::Dedupe
+                .config(&name, brokers)
+                .batch_interval_ms(100)
+                .assign("bench", &all),
+        )
+        .write(&dir.path().join(&name));
+    let took = timed_ok(
+        std::process::Command::new(sluice_bin())
+            .args(["run", "--until-caught-up"])
+            .arg(&config)
+            .env("SLUICE_LOG", "warn"),
+        "sluice",
+    );
+    let rows = sluice_db
+        .scalar(&format!(
+            "SELECT count(*) FROM {}",
+            sluice_db.table("tallies")
+        ))
+        .await;
+    assert_eq!(rows, Some(ids as i64), "sluice: one row per distinct id");
+    (hand, took)
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let ids: usize = args.next().map_or(100_000, |a| a.parse().expect("IDS"));
+    let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
+    let broker = Broker::start();
+    create_topic(&broker.brokers, "bench", PARTITIONS);
+    let input = events(ids);
+    produce(&broker.brokers, "bench", &input);
+    println!(
+        "{} records ({ids} distinct ids, {} repeats) over {PARTITIONS} partitions",
+        input.len(),
+        input.len() - ids
+    );
+    let dir = TempDir::new("bench-state");
+    for round in 0..rounds {
+        for sink in ["sqlite", "postgres"] {
+            let mut rates = Vec::new();
+            for (arm, label) in [(Arm::Stateless, "stateless"), (Arm::Dedupe, "dedupe")] {
+                let name = format!("bench_{sink}_{label}_{round}");
+                std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+                let db = match sink {
+                    "sqlite" => SinkDb::Sqlite(dir.path().join(&name).join("s.db")),
+                    _ => SinkDb::fresh_postgres(&name).await,
+                };
+                let rate = run(arm, &db, &name, &broker.brokers, &dir).await;
+                if let Arm::Dedupe = arm {
+                    let rows = db
+                        .scalar(&format!("SELECT count(*) FROM {}", db.table("tallies")))
+                        .await;
+                    assert_eq!(rows, Some(ids as i64), "{name}: one row per distinct id");
+                }
+                rates.push(rate);
+            }
+            println!(
+                "round {round} {sink:>8}: stateless {:>8.0} rec/s, dedupe {:>8.0} rec/s, dedupe/stateless {:.2}",
+                rates[0],
+                rates[1],
+                rates[1] / rates[0]
+            );
+        }
+        let tag = format!("bench_hand_{round}");
+        let (hand, took) = against_handwritten(&broker.brokers, ids, &tag, &dir).await;
+        let rate = |d: Duration| input.len() as f64 / d.as_secs_f64();
+        println!(
+            "round {round} postgres, spawn to exit: hand-written dedupe {:>8.0} rec/s ({:.1} s), \
+             sluice dedupe {:>8.0} rec/s ({:.1} s), sluice/hand-written {:.2}",
+            rate(hand),
+            hand.as_secs_f64(),
+            rate(took),
+            took.as_secs_f64(),
+            hand.as_secs_f64() / took.as_secs_f64()
+        );
+    }
+}

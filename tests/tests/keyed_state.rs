@@ -1,0 +1,830 @@
+//! Keyed state through the CLI, against real databases and a real broker:
+//! a stateful module (`tally`: a running count per key and partition)
+//! SIGKILLed at random moments (SQL, Redis, stdout), two owners fencing
+//! each other, a poison record, an oversized value and one key too many in
+//! stateful batches, a frozen zombie with a warm cache, state kept in
+//! `[state]` by the sinks without state of their own, `sluice state`, and
+//! the exactly-once Kafka sink refusing a stateful module. Rows and the final state are checked
+//! against a recomputation from an independent `read_committed` read;
+//! `verify` must replay every stateful batch alike.
+//!
+//! Each test owns its topic, database (schema) and pipeline.
+
+use sluice_tests::control::sluice_ok;
+use sluice_tests::sinks::SinkDb;
+use sluice_tests::tally::{self, Expected};
+use sluice_tests::*;
+use std::process::Stdio;
+use tokio::sync::Mutex;
+
+const PARTITIONS: i32 = 4;
+
+/// One test per database server at a time.
+static POSTGRES: Mutex<()> = Mutex::const_new(());
+static MYSQL: Mutex<()> = Mutex::const_new(());
+
+/// Mixed input with repeating keys: plain records and transactions, one in
+/// four aborted; at least 100k committed.
+fn produce_keyed_input(brokers: &str, topic: &str, rng: &mut impl rand::Rng) -> usize {
+    let mut sent = 0;
+    for round in 0..20 {
+        let plain = tally::keyed(numbered(&format!("plain{round}"), 4_500, PARTITIONS));
+        produce(brokers, topic, &plain);
+        sent += plain.len();
+        let size = rng.gen_range(200..1_500);
+        let txn = tally::keyed(numbered(&format!("txn{round}"), size, PARTITIONS));
+        let commit = round % 4 != 3;
+        produce_transaction(brokers, topic, &format!("{topic}-{round}"), &txn, commit);
+        if commit {
+            sent += txn.len();
+        }
+    }
+    sent
+}
+
+/// `verify` replays every batch of `config`'s pipeline alike; returns how
+/// many.
+fn assert_verified(config: &std::path::Path) -> usize {
+    let out = sluice_ok(&["verify", config.to_str().unwrap()]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("verified "))
+        .unwrap_or_else(|| panic!("no verify summary: {out}"));
+    let batches: usize = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        line.contains(&format!("{batches} match, 0 differ")) && batches > 0,
+        "{out}"
+    );
+    batches
+}
+
+/// A stateful pipeline after the kill loop, and what an independent
+/// `read_committed` read of its input says it must have left.
+struct Killed {
+    _broker: Broker,
+    _dir: TempDir,
+    config: std::path::PathBuf,
+    kills: usize,
+    expected: Expected,
+}
+
+/// The kill loop with a stateful module (`tally` as `configure` points it
+/// at its sink): over at least 100k keyed records with aborted
+/// transactions, ≥ 20 SIGKILLs 0-60 ms after a batch lands (`committed`
+/// counts them), then a final run.
+async fn kill_stateful(
+    name: &str,
+    seed: u64,
+    configure: impl FnOnce(PipelineToml) -> PipelineToml,
+    committed: impl AsyncFn() -> i64,
+) -> Killed {
+    use rand::SeedableRng;
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, name, PARTITIONS);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let sent = produce_keyed_input(brokers, name, &mut rng);
+    assert!(sent >= 100_000, "sent {sent}");
+    let dir = TempDir::new(name);
+    let config = configure(tally::config(name, brokers, 100)).write(dir.path());
+    let (kills, _) = crash::kill_loop(&config, committed, 22, &mut rng).await;
+    assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");
+    run_ok(&config);
+    let input = read_committed(brokers, name, PARTITIONS);
+    Killed {
+        expected: Expected::of(&input, &[]),
+        _broker: broker,
+        _dir: dir,
+        config,
+        kills,
+    }
+}
+
+/// The kill loop on a SQL sink: every count right, the final state right,
+/// and `verify` replays every batch.
+async fn state_survives_sigkills(db: SinkDb, name: &str) {
+    let run = kill_stateful(
+        name,
+        0x5747e,
+        |c| db.configure(c),
+        async || db.committed_batches().await,
+    )
+    .await;
+    tally::assert_stored(&db, name, &run.expected).await;
+    db.assert_contiguous_lineage(name).await;
+    let batches = assert_verified(&run.config);
+    println!(
+        "{name}: {} SIGKILLs; {} records counted exactly once into {} keys; {batches} batches verified",
+        run.kills,
+        run.expected.rows.len(),
+        run.expected.state.len()
+    );
+}
+
+/// The kill loop on Redis: state hashes written by the commit script.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_state_survives_sigkill_cycles_exactly_once() {
+    let name = "state_redis_crash";
+    let server = redis_server::RedisServer::start(name);
+    let run = kill_stateful(
+        name,
+        0x5e715,
+        |c| tally::redis_config(c, &server.url()),
+        async || server.committed_batches(name),
+    )
+    .await;
+    let actual = tally::stored_redis(&server, name, PARTITIONS);
+    tally::assert_same(name, &actual, &run.expected);
+    server.assert_contiguous_lineage(name);
+    let batches = assert_verified(&run.config);
+    println!(
+        "{name}: {} SIGKILLs; {} records counted exactly once; {batches} batches verified",
+        run.kills,
+        run.expected.rows.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_state_survives_sigkill_cycles_exactly_once() {
+    let dir = TempDir::new("state-sqlite-crash");
+    let db = SinkDb::Sqlite(dir.path().join("crash.db"));
+    state_survives_sigkills(db, "state_sqlite_crash").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_state_survives_sigkill_cycles_exactly_once() {
+    let _only = POSTGRES.lock().await;
+    let name = "state_pg_crash";
+    state_survives_sigkills(SinkDb::fresh_postgres(name).await, name).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_state_survives_sigkill_cycles_exactly_once() {
+    let _only = MYSQL.lock().await;
+    let name = "state_my_crash";
+    state_survives_sigkills(SinkDb::fresh_mysql(name).await, name).await;
+}
+
+/// The kill loop on the stdout sink: rows are printed at least once, but
+/// the state commits in `[state]` with the offsets, so the counts kept
+/// there equal the recomputation after 20-odd SIGKILLs, and `verify` replays
+/// every batch from the lineage kept there.
+#[tokio::test(flavor = "multi_thread")]
+async fn stdout_state_survives_sigkill_cycles_exactly_once() {
+    let name = "state_stdout_crash";
+    let dir = TempDir::new("state-stdout-store");
+    let state = SinkDb::Sqlite(dir.path().join("state.db"));
+    let run = kill_stateful(
+        name,
+        0x57d0,
+        |c| c.sink_url("stdout://").field("state", "url", state.url()),
+        async || state.committed_batches().await,
+    )
+    .await;
+    assert_eq!(tally::stored_state(&state, name).await, run.expected.state);
+    state.assert_contiguous_lineage(name).await;
+    let batches = assert_verified(&run.config);
+    println!(
+        "{name}: {} SIGKILLs; {} keys' counts exact in [state]; {batches} batches verified",
+        run.kills,
+        run.expected.state.len()
+    );
+}
+
+/// Two processes statically assigned the same partitions race for every
+/// range: the loser of each race is a zombie whose state writes must not
+/// land, and whose cache must not feed its next batch stale counts.
+async fn fenced_owner_writes_no_state(db: SinkDb, name: &str) {
+    let brokers = shared_broker();
+    create_topic(brokers, name, PARTITIONS);
+    produce(
+        brokers,
+        name,
+        &tally::keyed(numbered(name, 30_000, PARTITIONS)),
+    );
+    let dir = TempDir::new(name);
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let config = db
+        .configure(
+            tally::config(name, brokers, 100)
+                .batch_interval_ms(20)
+                .assign(name, &all),
+        )
+        .write(dir.path());
+    let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let fenced: u64 = [&a, &b]
+        .iter()
+        .map(|run| {
+            RunSummary::find(&String::from_utf8_lossy(&run.stdout))
+                .expect("a run summary")
+                .fenced
+        })
+        .sum();
+    assert!(fenced > 0, "the two owners never collided");
+    let input = read_committed(brokers, name, PARTITIONS);
+    tally::assert_stored(&db, name, &Expected::of(&input, &[])).await;
+    let batches = assert_verified(&config);
+    println!("{name}: {fenced} fenced commits rolled back; {batches} batches verified");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sqlite_fenced_owner_writes_no_state() {
+    let dir = TempDir::new("state-sqlite-fence");
+    let db = SinkDb::Sqlite(dir.path().join("fence.db"));
+    fenced_owner_writes_no_state(db, "state_sqlite_fence").await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_fenced_owner_writes_no_state() {
+    let _only = POSTGRES.lock().await;
+    let name = "state_pg_fence";
+    fenced_owner_writes_no_state(SinkDb::fresh_postgres(name).await, name).await;
+}
+
+/// A zombie with a warm cache: instance A is frozen (SIGSTOP) just after a
+/// commit, with its next batch transformed from its cached state, past its
+/// session timeout; B takes its partitions over and commits on from the
+/// stored state. A is thawed while input keeps coming: what it had in
+/// flight lands only where the checkpoint is still the one it planned from
+/// (the offset compare-and-set: then its cache was the stored state), else
+/// is fenced, rolled back and its cache dropped; B's commits are fenced the
+/// same way where A's landed first. The two finish the input themselves.
+/// Every count and the final state equal a recomputation from the
+/// `read_committed` input, and `verify` replays every batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_frozen_zombie_with_cached_state_never_lands_stale_counts() {
+    use sluice_tests::control::Host;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let _only = POSTGRES.lock().await;
+    let name = "state_pg_zombie";
+    let brokers = shared_broker();
+    create_topic(brokers, name, PARTITIONS);
+    produce(
+        brokers,
+        name,
+        &tally::keyed(numbered("backlog", 20_000, PARTITIONS)),
+    );
+    let db = SinkDb::fresh_postgres(name).await;
+    let dir = TempDir::new(name);
+    let config = db
+        .configure(tally::config(name, brokers, 500))
+        .write(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let producing = {
+        let (stop, topic) = (Arc::clone(&stop), name.to_string());
+        std::thread::spawn(move || {
+            use rdkafka::producer::Producer as _;
+            let p = producer(shared_broker(), None);
+            let mut sent = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let chunk = tally::keyed(numbered(&format!("live{sent}"), 200, PARTITIONS));
+                for r in &chunk {
+                    send(&p, &topic, r);
+                }
+                p.flush(Duration::from_secs(60)).expect("flush");
+                sent += chunk.len();
+                std::thread::sleep(Duration::from_millis(40));
+            }
+            sent
+        })
+    };
+    let a = Host::start(&config, &dir.path().join("a.log"));
+    a.wait_for_log("batch committed", 3, Duration::from_secs(90));
+    let committed = a.log().matches("batch committed").count();
+    a.wait_for_log("batch committed", committed + 1, Duration::from_secs(30));
+    a.signal(libc::SIGSTOP);
+    let frozen_batches = db.committed_batches().await;
+    // Past the 6 s session timeout: the group drops A, B takes everything.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let b = Host::start(&config, &dir.path().join("b.log"));
+    b.wait_for_log("batch committed", 3, Duration::from_secs(90));
+    assert!(db.committed_batches().await > frozen_batches);
+    a.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    stop.store(true, Ordering::SeqCst);
+    let sent = 20_000 + producing.join().unwrap() as i64;
+    // The two instances finish the input themselves.
+    let done = format!(
+        "SELECT CAST(sum(next_offset) AS BIGINT) FROM {} WHERE pipeline = '{name}'",
+        db.table("sluice_checkpoints")
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    while db.scalar(&done).await != Some(sent) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not caught up with {sent} records\nA:\n{}\nB:\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    a.stop();
+    b.stop();
+    let input = read_committed(brokers, name, PARTITIONS);
+    assert_eq!(input.len() as i64, sent);
+    tally::assert_stored(&db, name, &Expected::of(&input, &[])).await;
+    db.assert_contiguous_lineage(name).await;
+    let batches = assert_verified(&config);
+    println!(
+        "{name}: {} records counted exactly once through a zombie; {batches} batches verified",
+        input.len()
+    );
+}
+
+/// Records of a few keys in one partition, some with value `value`.
+fn few_keys_with(name: &str, records: usize, every: usize, value: &str) -> Vec<Produce> {
+    (0..records)
+        .map(|i| Produce {
+            partition: 0,
+            key: Some(format!("k{}", i % 5)),
+            value: match i % every == every - 1 {
+                true => value.to_string(),
+                false => format!("{name} {i}"),
+            },
+        })
+        .collect()
+}
+
+/// A record that traps after writing state is a dead letter, and the batch
+/// commits as if it never came: the other records' counts skip it, in
+/// every batch it was bisected out of; `verify` replays those batches.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_poison_record_has_no_effect_on_state() {
+    let name = "state_poison";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    produce(brokers, name, &few_keys_with(name, 400, 37, "poison"));
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("poison.db"));
+    let config = db
+        .configure(tally::config(name, brokers, 100).module_param("poison", "poison"))
+        .write(dir.path());
+    run_ok(&config);
+    let input = read_committed(brokers, name, 1);
+    let poison = input.iter().filter(|r| r.value == "poison").count();
+    assert_eq!(poison, 10);
+    assert_eq!(db.dead_letters().await, poison as i64);
+    tally::assert_stored(&db, name, &Expected::of(&input, &["poison"])).await;
+    assert_verified(&config);
+}
+
+/// A value over `limits.max_state_value_kib` is refused: the record that
+/// wrote it is a `contract` dead letter naming the limit, the rest commit.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_state_value_over_the_limit_is_a_dead_letter() {
+    let name = "state_too_big";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    produce(brokers, name, &few_keys_with(name, 50, 10, "big"));
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("big.db"));
+    let config = db
+        .configure(
+            tally::config(name, brokers, 100)
+                .module_param("big", 2048)
+                .field("limits", "max_state_value_kib", 1),
+        )
+        .write(dir.path());
+    run_ok(&config);
+    let input = read_committed(brokers, name, 1);
+    tally::assert_stored(&db, name, &Expected::of(&input, &["big"])).await;
+    let pool = db.pool().await;
+    let reasons: Vec<(String, String)> =
+        sqlx::query_as("SELECT kind, reason FROM sluice_dead_letters")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(reasons.len(), 5, "{reasons:?}");
+    for (kind, reason) in &reasons {
+        assert_eq!(kind, "contract");
+        assert!(
+            reason.contains("2048 bytes") && reason.contains("limits.max_state_value_kib"),
+            "{reason}"
+        );
+    }
+}
+
+/// A batch may write at most `limits.max_state_keys_per_batch` distinct
+/// keys: the record whose write is one key more is a `contract` dead letter
+/// naming the limit, and the batch commits as if it never came (a key
+/// written again is free). Every 10th record brings a new key; with a limit
+/// of 4 keys and three repeating ones, a batch takes the first new key and
+/// dead-letters every new one after it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_writing_too_many_keys_dead_letters_the_record_over() {
+    let name = "state_many_keys";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    let records: Vec<Produce> = (0..50)
+        .map(|i| Produce {
+            partition: 0,
+            key: Some(match i % 10 == 9 {
+                true => format!("u{i}"),
+                false => format!("k{}", i % 3),
+            }),
+            value: format!("{name} {i}"),
+        })
+        .collect();
+    produce(brokers, name, &records);
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("keys.db"));
+    let config = db
+        .configure(tally::config(name, brokers, 100).field("limits", "max_state_keys_per_batch", 4))
+        .write(dir.path());
+    run_ok(&config);
+    let pool = db.pool().await;
+    let dead: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT \"offset\", kind, reason FROM sluice_dead_letters")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    // However the 50 records were cut into batches, each batch of them
+    // holds at most the three repeating keys and one new one.
+    assert!(!dead.is_empty() && dead.len() <= 4, "{dead:?}");
+    for (offset, kind, reason) in &dead {
+        assert!(offset % 10 == 9 && *offset > 9, "{offset} holds no new key");
+        assert_eq!(kind, "contract");
+        assert!(
+            reason.contains("4 keys per batch") && reason.contains("max_state_keys_per_batch"),
+            "{reason}"
+        );
+    }
+    let input: Vec<Seen> = read_committed(brokers, name, 1)
+        .into_iter()
+        .filter(|r| !dead.iter().any(|(offset, ..)| *offset == r.offset))
+        .collect();
+    tally::assert_stored(&db, name, &Expected::of(&input, &[])).await;
+    assert_verified(&config);
+}
+
+/// The stdout sink and an at-least-once Kafka sink commit a stateful
+/// module's state in `[state]`, with the offsets: a run counts every key
+/// right, a second run resumes from that state (adding nothing), `verify`
+/// replays the batches, and `sluice state` reads it there.
+#[tokio::test(flavor = "multi_thread")]
+async fn sinks_without_state_of_their_own_keep_it_in_the_state_store() {
+    let brokers = shared_broker();
+    for (name, sink) in [
+        ("state_on_stdout", "stdout"),
+        ("state_on_kafka_alo", "kafka"),
+    ] {
+        create_topic(brokers, name, 2);
+        let mut records = few_keys_with(name, 300, 1000, "-");
+        records.extend(
+            few_keys_with(name, 120, 1000, "-")
+                .into_iter()
+                .map(|r| Produce { partition: 1, ..r }),
+        );
+        produce(brokers, name, &records);
+        let dir = TempDir::new(name);
+        let state_db = dir.path().join("state.db");
+        let mut config = tally::config(name, brokers, 50).field(
+            "state",
+            "url",
+            format!("sqlite://{}", state_db.display()),
+        );
+        if sink == "kafka" {
+            let out = format!("{name}-out");
+            create_topic(brokers, &out, 2);
+            create_topic(brokers, &format!("{name}.dead-letters"), 1);
+            config = config
+                .sink_url(&format!("kafka://{brokers}"))
+                .sink("guarantee", "at-least-once")
+                .targets(|t| t.kafka_topic(&out));
+        } else {
+            config = config.sink_url("stdout://");
+        }
+        let config = config.write(dir.path());
+        let first = run_until_caught_up(&config, std::time::Duration::from_secs(120));
+        assert!(
+            first.status.success(),
+            "{}",
+            String::from_utf8_lossy(&first.stderr)
+        );
+        run_ok(&config);
+        let input = read_committed(brokers, name, 2);
+        let expected = Expected::of(&input, &[]);
+        let state = tally::stored_state(&SinkDb::Sqlite(state_db.clone()), name).await;
+        assert_eq!(state, expected.state, "{sink}: state in [state]");
+        if sink == "stdout" {
+            // No fault: each row printed once, with the count the input implies.
+            let printed: Vec<(i64, i64, i64)> = String::from_utf8_lossy(&first.stdout)
+                .lines()
+                .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+                .filter(|l| l["target"] == "tallies")
+                .map(|l| {
+                    let row = &l["row"];
+                    let n = |c: &str| row[c].as_i64().unwrap();
+                    (n("partition"), n("offset"), n("n"))
+                })
+                .collect();
+            let mut printed = printed;
+            printed.sort();
+            let want: Vec<(i64, i64, i64)> = expected
+                .rows
+                .iter()
+                .map(|(p, o, _, n)| (*p, *o, *n))
+                .collect();
+            assert_eq!(printed, want, "stdout rows");
+        }
+        assert_verified(&config);
+        let k0 = expected.state[&(1, b"k0".to_vec())];
+        let partition = format!("{name}:1");
+        let got = sluice_ok(&[
+            "state",
+            "get",
+            config.to_str().unwrap(),
+            "--partition",
+            &partition,
+            "--key",
+            "k0",
+        ]);
+        assert_eq!(
+            got.trim(),
+            format!("{partition} \"k0\" = \"{k0}\""),
+            "{sink}"
+        );
+    }
+}
+
+/// A Kafka sink with `guarantee = "exactly-once"` keeps no state yet: it
+/// refuses a stateful module with the reason and the ways out, instead of
+/// dropping its state; `sluice state` says the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sink_without_state_refuses_a_stateful_module() {
+    let name = "state_kafka_once";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    let out = format!("{name}-out");
+    sluice_tests::kafka_out::create_sink_topics(brokers, name, &out);
+    produce(brokers, name, &few_keys_with(name, 10, 100, "-"));
+    let dir = TempDir::new(name);
+    let config = tally::config(name, brokers, 100)
+        .sink_url(&format!("kafka://{brokers}"))
+        .targets(|t| t.kafka_topic(&out))
+        .write(dir.path());
+    let run = run_until_caught_up(&config, std::time::Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("does not keep yet")
+            && stderr.contains("at-least-once")
+            && stderr.contains("or redis"),
+        "{stderr}"
+    );
+    let looked = std::process::Command::new(sluice_bin())
+        .args(["state", "scan", config.to_str().unwrap(), "--partition"])
+        .arg(format!("{name}:0"))
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&looked.stderr);
+    assert!(
+        !looked.status.success() && said.contains("keeps no keyed state yet"),
+        "{said}"
+    );
+}
+
+/// `sluice state get|scan` show what the sink holds, on SQLite and Redis:
+/// every key of a partition with the count the input implies, one key,
+/// an absent key, a prefix and a limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_cli_shows_a_partitions_state() {
+    let name = "state_cli";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    let mut records = few_keys_with(name, 60, 1000, "-");
+    records.extend(
+        few_keys_with(name, 7, 1000, "-")
+            .into_iter()
+            .map(|r| Produce { partition: 1, ..r }),
+    );
+    produce(brokers, name, &records);
+    let input = read_committed(brokers, name, 2);
+    let expected = Expected::of(&input, &[]);
+    let dir = TempDir::new(name);
+    let server = redis_server::RedisServer::start(name);
+    for sub in ["sqlite", "redis"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let sqlite = SinkDb::Sqlite(dir.path().join("cli.db"))
+        .configure(tally::config(name, brokers, 100))
+        .write(&dir.path().join("sqlite"));
+    let redis = tally::redis_config(tally::config(name, brokers, 100), &server.url())
+        .write(&dir.path().join("redis"));
+    for config in [&sqlite, &redis] {
+        run_ok(config);
+        let config = config.to_str().unwrap();
+        for p in 0..2 {
+            let partition = format!("{name}:{p}");
+            let scanned =
+                sluice_ok(&["state", "scan", config, "--partition", &partition, "--json"]);
+            let got: Vec<(Vec<u8>, i64)> = scanned
+                .lines()
+                .map(|l| {
+                    let line: serde_json::Value = serde_json::from_str(l).unwrap();
+                    let state = &line;
+                    assert_eq!(state["topic"], name);
+                    assert_eq!(state["partition"], p);
+                    assert!(state["expires_at_ms"].is_null(), "{l}");
+                    let n = state["value"].as_str().unwrap().parse().unwrap();
+                    (state["key"].as_str().unwrap().as_bytes().to_vec(), n)
+                })
+                .collect();
+            let want: Vec<(Vec<u8>, i64)> = expected
+                .state
+                .iter()
+                .filter(|((partition, _), _)| *partition == p)
+                .map(|((_, key), n)| (key.clone(), *n))
+                .collect();
+            assert_eq!(got, want, "{config} {partition}");
+        }
+        let partition = format!("{name}:0");
+        let state = |verb: &str, extra: &[&str]| {
+            let head = ["state", verb, config, "--partition", partition.as_str()];
+            let args = [&head[..], extra].concat();
+            sluice_ok(&args)
+        };
+        let k3 = expected.state[&(0, b"k3".to_vec())];
+        let one = state("get", &["--key", "k3"]);
+        assert_eq!(one.trim(), format!("{partition} \"k3\" = \"{k3}\""));
+        let hex = state("get", &["--key-hex", "6b33", "--json"]);
+        let hex: serde_json::Value = serde_json::from_str(&hex).unwrap();
+        assert_eq!(hex["value"], k3.to_string());
+        let none = state("get", &["--key", "nope"]);
+        assert_eq!(none.trim(), format!("{partition} \"nope\" absent"));
+        let prefixed = state("scan", &["--prefix", "k1"]);
+        assert_eq!(prefixed.lines().count(), 1, "{prefixed}");
+        let limited = state("scan", &["--limit", "2"]);
+        assert_eq!(limited.lines().count(), 2, "{limited}");
+        // Bad input: a clear refusal, and the state is untouched.
+        for (args, says) in [
+            (
+                vec!["get", config, "--partition", &partition, "--key-hex", "6b3"],
+                "not hex",
+            ),
+            (
+                vec!["get", config, "--partition", &partition, "--key-hex", "zz"],
+                "not hex",
+            ),
+            (
+                vec!["get", config, "--partition", name, "--key", "k3"],
+                "TOPIC:PARTITION",
+            ),
+            (vec!["get", config, "--partition", &partition], "--key"),
+            (
+                vec!["scan", config, "--partition", &format!("{name}:x")],
+                "TOPIC:PARTITION",
+            ),
+        ] {
+            let out = std::process::Command::new(sluice_bin())
+                .arg("state")
+                .args(&args)
+                .output()
+                .unwrap();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success() && out.stdout.is_empty(), "{args:?}");
+            assert!(stderr.contains(says), "{args:?}: {stderr}");
+        }
+        assert_eq!(state("get", &["--key", "k3"]), one);
+    }
+}
+
+/// `reset` never leaves state that disagrees with the checkpoint: it
+/// refuses a partition that keeps state, moving nothing, and with
+/// `--clear-state` deletes the state with the move, so the re-run counts
+/// from scratch to the same final state.
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_moves_state_with_the_checkpoint_or_refuses() {
+    let name = "state_reset";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    produce(brokers, name, &few_keys_with(name, 300, 1000, "-"));
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("reset.db"));
+    let config = db
+        .configure(tally::config(name, brokers, 100))
+        .write(dir.path());
+    run_ok(&config);
+    let input = read_committed(brokers, name, 1);
+    let expected = Expected::of(&input, &[]);
+    tally::assert_stored(&db, name, &expected).await;
+    let path = config.to_str().unwrap();
+
+    let refused = std::process::Command::new(sluice_bin())
+        .args(["reset", path, "--to-earliest"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("keeps keyed state (5 keys)") && stderr.contains("--clear-state"),
+        "{stderr}"
+    );
+    let checkpoint = "SELECT next_offset FROM sluice_checkpoints";
+    assert_eq!(db.scalar(checkpoint).await, Some(300), "nothing moved");
+
+    let out = sluice_ok(&["reset", path, "--to-earliest", "--clear-state"]);
+    assert!(out.contains("deleted 5 keyed state keys"), "{out}");
+    run_ok(&config);
+    let after = tally::stored(&db, name).await;
+    assert_eq!(
+        after.state, expected.state,
+        "the re-run counts from scratch"
+    );
+    assert_eq!(
+        after.rows.len(),
+        2 * expected.rows.len(),
+        "append rows come again"
+    );
+}
+
+/// A module built against contract 0.1.0 (before `state`; bound directly
+/// from a frozen copy of that WIT) loads and runs on this host unchanged.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_built_against_0_1_0_runs_unchanged() {
+    let name = "state_legacy";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    produce(brokers, name, &few_keys_with(name, 120, 1000, "-"));
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("legacy.db"));
+    let config = db
+        .configure(
+            PipelineToml::new(name, brokers, &[name], &plugin("legacy"))
+                .target(Target::new("records").column("offset", "integer")),
+        )
+        .write(dir.path());
+    run_ok(&config);
+    let rows = db.scalar("SELECT count(*) FROM records").await;
+    assert_eq!(rows, Some(120));
+    assert_verified(&config);
+}
+
+/// A partition whose state outgrows `limits.state_cache_mib` is read key by
+/// key from the sink (the cache empties it, `sluice_state_sink_reads_total
+/// {kind="key"}` counts the misses), with the same counts, and the host's
+/// memory stays bounded.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_larger_than_the_cache_is_read_key_by_key() {
+    use sluice_tests::control::{Host, control_port};
+    let name = "state_small_cache";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    // 40,000 distinct keys, then 10,000 repeats: ~3 MiB of cached state.
+    let records: Vec<Produce> = (0..50_000)
+        .map(|i| Produce {
+            partition: 0,
+            key: Some(format!("key-{:08}", i % 40_000)),
+            value: format!("v{i}"),
+        })
+        .collect();
+    produce(brokers, name, &records);
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("small.db"));
+    let (port, _) = control_port();
+    let config = db
+        .configure(
+            tally::config(name, brokers, 2_000)
+                .field("limits", "state_cache_mib", 1)
+                .control(port, 1 << 20),
+        )
+        .write(dir.path());
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    let limit = std::time::Duration::from_secs(240);
+    host.wait_for_metric("sluice_records_in_total", records.len() as f64, limit);
+    let scrape = sluice_tests::control::scrape_metrics(port);
+    let metric =
+        |name: &str, labels: &[&str]| sluice_tests::control::metric_sample(&scrape, name, labels);
+    let misses = metric("sluice_state_sink_reads_total", &["kind=\"key\""]);
+    let timed = metric("sluice_state_sink_read_seconds_count", &["kind=\"key\""]);
+    let cached = metric("sluice_state_cache_bytes", &[]);
+    let peak = host.peak_rss_mib();
+    host.stop();
+    assert!(
+        misses >= 10_000.0,
+        "the repeats were read from the sink: {misses}"
+    );
+    assert_eq!(timed, misses, "every read from the sink is timed");
+    assert!(cached <= (1 << 20) as f64, "the cache kept {cached} bytes");
+    assert!(peak < 200, "peak RSS {peak} MiB");
+    let input = read_committed(brokers, name, 1);
+    tally::assert_stored(&db, name, &Expected::of(&input, &[])).await;
+    println!(
+        "{name}: {misses} key reads from the sink, cache at {cached} bytes, peak RSS {peak} MiB"
+    );
+}
