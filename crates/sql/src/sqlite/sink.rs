@@ -11,9 +11,11 @@ use crate::config::{SinkConfig, StoreConnection, Writes};
 use crate::section::WriteMode;
 use crate::sink::SinkError;
 use crate::{MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sqlx::pool::PoolConnection;
-use sqlx::sqlite::SqliteArguments;
+use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions};
 use sqlx::{Connection, Row, Sqlite, SqlitePool};
+use std::time::Duration;
 
 /// Most bound parameters per statement (SQLite's limit is 32766).
 const MAX_PARAMS: usize = 30_000;
@@ -34,14 +36,46 @@ pub async fn open_with(
     writes: Writes<'_>,
 ) -> Result<SqliteSink, SinkError> {
     let options = SqliteConfig::from_url(&store.url, store.lock_timeout_ms)?.options;
-    // One writer: SQLite serializes writes anyway, and one connection keeps
-    // `BEGIN IMMEDIATE` ... `COMMIT` on the same handle.
-    let pool = sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
+    let pool = connect(options, store)
         .await
         .map_err(|e| SinkError::unavailable(format!("cannot open {}", store.url), e))?;
     SqlSink::open(SqliteBackend { pool }, store, writes).await
+}
+
+/// Connects the one writer (SQLite serializes writes anyway, and one
+/// connection keeps `BEGIN IMMEDIATE` ... `COMMIT` on the same handle).
+///
+/// Two hosts opening one new file at once race to switch it to WAL, and
+/// SQLite answers the loser "database is locked" at once, busy timeout or
+/// not: that is retried, through the one backoff policy, for as long as
+/// the lock timeout allows.
+async fn connect(
+    options: SqliteConnectOptions,
+    store: &StoreConnection,
+) -> sqlx::Result<SqlitePool> {
+    let mut backoff = RetryPolicy {
+        first: Duration::from_millis(10),
+        max: Duration::from_millis(200),
+        give_up: GiveUp::After(Duration::from_millis(store.lock_timeout_ms)),
+    }
+    .start();
+    loop {
+        let tried = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options.clone())
+            .await;
+        match tried {
+            Err(e) => match backoff.next_wait_if(is_locked(&e)) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return Err(e),
+            },
+            pool => return pool,
+        }
+    }
+}
+
+fn is_locked(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(d) if d.message().contains("database is locked"))
 }
 
 pub struct SqliteBackend {
@@ -65,9 +99,7 @@ fn db_err(e: sqlx::Error) -> SinkError {
         sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed => {
             SinkError::unavailable("", e)
         }
-        sqlx::Error::Database(ref d) if d.message().contains("database is locked") => {
-            SinkError::unavailable("", e)
-        }
+        ref locked if is_locked(locked) => SinkError::unavailable("", e),
         other => SinkError::database("", other),
     }
 }
