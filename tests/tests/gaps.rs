@@ -68,6 +68,45 @@ async fn aborted_records_in_the_middle_and_range_ending_on_a_marker() {
     assert_contiguous_lineage(&pool, "gap-middle").await;
 }
 
+/// `verify` of two batches that are not one after the other: reading the
+/// first runs past its range and pauses the partition, and the second
+/// starts past where that read stopped, a seek into the paused partition
+/// (as an aborted lineage entry on Kafka, or a selection, makes one). This
+/// read nothing more until the read limit and failed with "could not read
+/// back".
+#[tokio::test(flavor = "multi_thread")]
+async fn verify_reads_batches_that_are_not_contiguous() {
+    let brokers = shared_broker();
+    let topic = "gap-verify-skip";
+    create_topic(brokers, topic, 2);
+    produce(brokers, topic, &numbered(topic, 4_000, 2));
+    let dir = TempDir::new(topic);
+    let db = dir.path().join("out.db");
+    let config = write_config(dir.path(), identity_config(topic, brokers, topic, &db, 200));
+    run_ok(&config);
+    let pool = sqlite(&db).await;
+    let batches: Vec<String> = sqlx::query_scalar(
+        "SELECT batch_id FROM sluice_batch_ranges WHERE partition = 0 ORDER BY from_offset",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(batches.len(), 10, "{batches:?}");
+    // Far enough apart that reading the first does not reach the second.
+    let said = sluice_ok(&[
+        "verify",
+        config.to_str().unwrap(),
+        "--batch",
+        &batches[1],
+        "--batch",
+        &batches[9],
+    ]);
+    assert!(
+        said.contains("verified 2 batches: 2 match, 0 differ"),
+        "{said}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn empty_partition_and_zero_record_range() {
     let brokers = shared_broker();

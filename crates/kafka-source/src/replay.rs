@@ -149,7 +149,15 @@ impl RangeReader {
             match cursors.get_mut(&tp) {
                 Some(c) if c.covers(r.from) => c.drop_below(r.from),
                 Some(c) => {
+                    // A partition read past an earlier range is paused in
+                    // the consumer, and a seek does not resume it: the
+                    // cursor starts over but keeps saying so, for the
+                    // resume below (it used to forget, and the read of a
+                    // range before one already read stalled until the
+                    // read limit).
+                    let paused = c.paused;
                     *c = Cursor::at(r.from);
+                    c.paused = paused;
                     seeks
                         .add_partition_offset(&r.topic, r.partition, Offset::Offset(r.from))
                         .map_err(kafka)?;
