@@ -7,15 +7,18 @@
 //! or write anywhere but the report: it is how a plugin author tries a
 //! module before a pipeline exists.
 
-use crate::batch::{OffsetRange, OwnedRecord, Plan, Records};
-use crate::config::OnPoison;
+use crate::batch::{OffsetRange, OwnedRecord, Plan, Records, TopicPartition};
+use crate::config::{Bounded, ConfigError, LimitsConfig, OnPoison};
 use crate::pipeline::{PipelineError, Preparer};
 use crate::runtime::{Limits, LogLine};
 use crate::sink::stdout::StdoutFormat;
 use crate::sink::{Commit, DeadLetter};
 use crate::state_view::StateLine;
 use serde_json::{Value as Json, json};
+use sluice_core::state::{StateBase, StateError, StateMap, StateValue};
+use sluice_core::transform::BatchUsage;
 use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -32,6 +35,39 @@ pub struct SampleRun {
     pub pipeline: Option<PathBuf>,
     /// The batch time the module sees (its wall clock).
     pub batch_time_ms: i64,
+    /// Limits given as flags, over the pipeline's or the defaults.
+    pub limits: LimitFlags,
+    /// At most this many records per partition in a batch: the sample runs
+    /// as several batches, each starting from the keyed state the ones
+    /// before it left. `None`: one batch.
+    pub batch_size: Option<NonZeroUsize>,
+}
+
+/// Limits set by `sluice test`'s flags; each replaces the pipeline's (or
+/// the default) and is checked as the config's field would be.
+#[derive(Debug, Default)]
+pub struct LimitFlags {
+    /// `limits.fuel_per_batch`.
+    pub fuel_per_batch: Option<u64>,
+    /// `limits.max_memory_mib`.
+    pub max_memory_mib: Option<u64>,
+    /// `limits.batch_timeout_ms`.
+    pub batch_timeout_ms: Option<u64>,
+}
+
+impl LimitFlags {
+    fn apply(&self, limits: &mut LimitsConfig) -> Result<(), ConfigError> {
+        if let Some(fuel) = self.fuel_per_batch {
+            limits.fuel_per_batch = Bounded::given(fuel);
+        }
+        if let Some(mib) = self.max_memory_mib {
+            limits.max_memory_mib = Bounded::given(mib);
+        }
+        if let Some(ms) = self.batch_timeout_ms {
+            limits.batch_timeout_ms = ms;
+        }
+        limits.validate()
+    }
 }
 
 /// Why a sample could not be run.
@@ -50,6 +86,9 @@ pub enum SampleError {
     },
     #[error("--params is not JSON: {0}")]
     ParamsNotJson(#[source] serde_json::Error),
+    /// A limit given as a flag is out of its range.
+    #[error(transparent)]
+    Limits(#[from] ConfigError),
     /// The module cannot be read, compiled or refuses the params.
     #[error(transparent)]
     Module(#[from] crate::app::AppError),
@@ -63,46 +102,69 @@ pub enum SampleError {
 
 /// The result of a sample run.
 pub struct SampleReport {
-    pub plan: Plan,
-    pub records: Records,
-    pub batch: crate::pipeline::Batch,
+    /// The batches, in the order they ran.
+    pub batches: Vec<BatchRun>,
     pub logs: Vec<LogLine>,
     /// Rows that break the pipeline's declared targets, if one was given.
     pub contract_errors: Vec<String>,
+    /// The limits the batches ran under.
+    pub limits: Limits,
+}
+
+/// One batch of a sample run.
+pub struct BatchRun {
+    pub records: Records,
+    pub batch: crate::pipeline::Batch,
+}
+
+/// What a sample runs under: from the pipeline config if one is given.
+struct Setup {
+    name: String,
+    limits: LimitsConfig,
+    on_poison: OnPoison,
+    targets: Option<Vec<crate::config::TargetConfig>>,
+    cache_dir: PathBuf,
+}
+
+impl Setup {
+    fn of(sample: &SampleRun) -> Result<Setup, SampleError> {
+        // Compiled modules are cached where a pipeline would cache them: the
+        // config's `module.cache_dir`, else `.sluice-cache` next to the module.
+        let cache_dir = sample
+            .module
+            .parent()
+            .unwrap_or(Path::new("."))
+            .join(".sluice-cache");
+        let mut setup = match &sample.pipeline {
+            Some(path) => {
+                let config = crate::backends::load(path).map_err(|e| SampleError::Config {
+                    path: path.clone(),
+                    message: format!("{e:#}"),
+                })?;
+                Setup {
+                    name: config.pipeline.clone(),
+                    on_poison: config.limits.on_poison,
+                    limits: config.limits,
+                    targets: Some(config.sink.targets),
+                    cache_dir: config.module.cache_dir.unwrap_or(cache_dir),
+                }
+            }
+            None => Setup {
+                name: "sample".to_string(),
+                limits: LimitsConfig::default(),
+                on_poison: OnPoison::DeadLetter,
+                targets: None,
+                cache_dir,
+            },
+        };
+        sample.limits.apply(&mut setup.limits)?;
+        Ok(setup)
+    }
 }
 
 /// Runs the sample and returns the report.
 pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
-    // Compiled modules are cached where a pipeline would cache them: the
-    // config's `module.cache_dir`, else `.sluice-cache` next to the module.
-    let mut cache_dir = sample
-        .module
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(".sluice-cache");
-    let (name, limits, on_poison, targets) = match &sample.pipeline {
-        Some(path) => {
-            let config = crate::backends::load(path).map_err(|e| SampleError::Config {
-                path: path.clone(),
-                message: format!("{e:#}"),
-            })?;
-            if let Some(dir) = &config.module.cache_dir {
-                cache_dir = dir.clone();
-            }
-            (
-                config.pipeline.clone(),
-                Limits::from_config(&config.limits),
-                config.limits.on_poison,
-                Some(config.sink.targets.clone()),
-            )
-        }
-        None => (
-            "sample".to_string(),
-            Limits::from_config(&Default::default()),
-            OnPoison::DeadLetter,
-            None,
-        ),
-    };
+    let setup = Setup::of(sample)?;
     // As a pipeline's params are: JSON, or refused before the module runs.
     serde_json::from_str::<Json>(&sample.params).map_err(SampleError::ParamsNotJson)?;
     let text = std::fs::read_to_string(&sample.input).map_err(|source| SampleError::Read {
@@ -114,32 +176,61 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
         line,
         message,
     })?;
+    let limits = Limits::from_config(&setup.limits);
     let transform = crate::app::load_module_transform(
         &sample.module,
-        limits,
+        limits.clone(),
         sample.params.clone(),
-        &cache_dir,
+        &setup.cache_dir,
     )?;
     let runtime = Arc::clone(transform.runtime());
-    let (ranges, records) = batch_of(&partitions);
     let params_digest = crate::batch::sha256_hex(sample.params.as_bytes());
     let digest = sluice_core::transform::Transform::module_digest(&transform).to_string();
-    let plan = Plan::new(&name, ranges, &digest, &params_digest, sample.batch_time_ms);
-    let preparer = Preparer::new(name, on_poison, transform);
-    // A sample runs as one batch from empty state.
-    let state = Arc::new(sluice_core::state::EmptyState);
-    let batch = preparer.transform_planned(plan.clone(), records.clone(), 0, state)?;
-    let contract_errors = match targets {
-        Some(targets) => check_targets(&targets, &batch.output),
+    let preparer = Preparer::new(setup.name.clone(), setup.on_poison, transform);
+    // The first batch starts from empty state; each next one from what the
+    // ones before it wrote.
+    let mut state = StateMap::default();
+    let mut batches = Vec::new();
+    for (ranges, records) in batches_of(&partitions, sample.batch_size) {
+        let plan = Plan::new(
+            &setup.name,
+            ranges,
+            &digest,
+            &params_digest,
+            sample.batch_time_ms,
+        );
+        let base = Arc::new(Carried(state.clone()));
+        let batch = preparer.transform_planned(plan, records.clone(), 0, base)?;
+        for (tp, keys) in &batch.output.state.0 {
+            for (key, value) in keys {
+                state.insert(tp, key.clone(), value.clone());
+            }
+        }
+        batches.push(BatchRun { records, batch });
+    }
+    let contract_errors = match &setup.targets {
+        Some(targets) => batches
+            .iter()
+            .flat_map(|b| check_targets(targets, &b.batch.output))
+            .collect(),
         None => Vec::new(),
     };
     Ok(SampleReport {
-        plan: batch.plan.clone(),
-        records,
+        batches,
         logs: runtime.recent_logs(),
-        batch,
         contract_errors,
+        limits,
     })
+}
+
+/// Keyed state carried from one batch of a sample to the next: a key the
+/// batches before never wrote is absent.
+struct Carried(StateMap);
+
+impl StateBase for Carried {
+    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+        Ok(self.0.lookup(tp, key).flatten().cloned())
+    }
 }
 
 /// Sample records by (topic, partition), each partition's in file order.
@@ -274,20 +365,35 @@ fn headers(fields: &serde_json::Map<String, Json>) -> Result<Headers, String> {
     }
 }
 
-/// One batch holding every partition's records, a slice per partition.
-fn batch_of(partitions: &Partitions) -> (Vec<OffsetRange>, Records) {
-    let mut records = Records::default();
-    let mut ranges = Vec::new();
-    for ((topic, partition), owned) in partitions {
-        records.push_slice(topic, *partition, owned);
-        ranges.push(OffsetRange {
-            topic: topic.clone(),
-            partition: *partition,
-            from: owned[0].offset,
-            until: owned[owned.len() - 1].offset + 1,
-        });
-    }
-    (ranges, records)
+/// The sample's batches: each holds up to `size` records of every
+/// partition (all of them with no size), a slice per partition.
+fn batches_of(
+    partitions: &Partitions,
+    size: Option<NonZeroUsize>,
+) -> Vec<(Vec<OffsetRange>, Records)> {
+    let size = size.map_or(usize::MAX, NonZeroUsize::get);
+    let longest = partitions.values().map(Vec::len).max().unwrap_or(0);
+    (0..longest.div_ceil(size))
+        .map(|n| {
+            let mut records = Records::default();
+            let mut ranges = Vec::new();
+            for ((topic, partition), owned) in partitions {
+                let start = (n * size).min(owned.len());
+                let part = &owned[start..(start.saturating_add(size)).min(owned.len())];
+                let (Some(first), Some(last)) = (part.first(), part.last()) else {
+                    continue;
+                };
+                records.push_slice(topic, *partition, part);
+                ranges.push(OffsetRange {
+                    topic: topic.clone(),
+                    partition: *partition,
+                    from: first.offset,
+                    until: last.offset + 1,
+                });
+            }
+            (ranges, records)
+        })
+        .collect()
 }
 
 /// Each target's rows checked against the pipeline's declared targets.
@@ -317,10 +423,10 @@ fn check_targets(
         .collect()
 }
 
-impl SampleReport {
+impl BatchRun {
     fn commit(&self) -> Commit<'_> {
         Commit {
-            plan: &self.plan,
+            plan: &self.batch.plan,
             records: &self.records,
             output: &self.batch.output,
             dead_letters: &self.batch.dead_letters,
@@ -329,33 +435,13 @@ impl SampleReport {
         }
     }
 
-    /// Rows (aligned tables), then dead letters, logs and the summary.
-    pub fn table(&self) -> String {
-        let commit = self.commit();
-        let mut text = crate::sink::stdout::render_rows(&commit, StdoutFormat::Table);
-        if !self.batch.dead_letters.is_empty() {
-            text.push_str("dead letters:\n");
-            for d in &self.batch.dead_letters {
-                text.push_str(&format!("  {}\n", self.dead_letter_line(d)));
-            }
-        }
-        if !self.logs.is_empty() {
-            text.push_str("logs:\n");
-            for line in &self.logs {
-                text.push_str(&format!("  {:<5}  {}\n", line.level.as_str(), line.message));
-            }
-        }
-        for error in &self.contract_errors {
-            text.push_str(&format!("contract: {error}\n"));
-        }
-        if !self.batch.output.state.is_empty() {
-            text.push_str("state written:\n");
-            for change in self.state_changes() {
-                text.push_str(&format!("  {}\n", change.line("deleted")));
-            }
-        }
-        text.push_str(&format!("output digest: {}\n", self.batch.output_digest));
-        text
+    /// Its ranges, as `topic:partition from..until`, comma-separated.
+    fn ranges(&self) -> String {
+        let ranges = self.batch.plan.ranges.iter();
+        ranges
+            .map(|r| format!("{}:{} {}..{}", r.topic, r.partition, r.from, r.until))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// What the batch wrote to state, key by key, in partition then key order.
@@ -388,31 +474,201 @@ impl SampleReport {
         )
     }
 
-    /// JSON lines: one per row (as the stdout sink's), per dead letter, per
-    /// log line, and a last `summary` line.
-    pub fn json_lines(&self) -> String {
+    /// Rows (aligned tables), dead letters and the state written.
+    fn table(&self) -> String {
+        let mut text = crate::sink::stdout::render_rows(&self.commit(), StdoutFormat::Table);
+        if !self.batch.dead_letters.is_empty() {
+            text.push_str("dead letters:\n");
+            for d in &self.batch.dead_letters {
+                text.push_str(&format!("  {}\n", self.dead_letter_line(d)));
+            }
+        }
+        if !self.batch.output.state.is_empty() {
+            text.push_str("state written:\n");
+            for change in self.state_changes() {
+                text.push_str(&format!("  {}\n", change.line("deleted")));
+            }
+        }
+        text
+    }
+
+    /// JSON lines: one per row (as the stdout sink's), per dead letter and
+    /// per state key written.
+    fn json_lines(&self) -> String {
         let commit = self.commit();
         let mut text = crate::sink::stdout::render_rows(&commit, StdoutFormat::Json);
         text.push_str(&crate::sink::stdout::render_dead_letters(&commit));
+        for change in self.state_changes() {
+            text.push_str(&format!("{}\n", json!({ "state": change.json() })));
+        }
+        text
+    }
+
+    fn summary(&self) -> Json {
+        let usage = self.batch.usage;
+        json!({
+            "ranges": self.ranges(),
+            "records": self.records.len(),
+            "rows": self.batch.output.row_count(),
+            "dead_letters": self.batch.dead_letters.len(),
+            "state_keys_written": self.batch.output.state.len(),
+            "output_digest": self.batch.output_digest,
+            "fuel_used": usage.fuel,
+            "peak_memory_bytes": usage.peak_memory_bytes,
+        })
+    }
+}
+
+impl SampleReport {
+    /// The run's digest: its batch's output digest; over several batches,
+    /// the SHA-256 of theirs, one per line, in order.
+    pub fn output_digest(&self) -> String {
+        match self.batches.as_slice() {
+            [one] => one.batch.output_digest.clone(),
+            several => {
+                let lines: Vec<&str> = several
+                    .iter()
+                    .map(|b| b.batch.output_digest.as_str())
+                    .collect();
+                crate::batch::sha256_hex(lines.join("\n").as_bytes())
+            }
+        }
+    }
+
+    /// The fuel all batches used, and the most memory one held.
+    fn usage(&self) -> BatchUsage {
+        let each = self.batches.iter().map(|b| b.batch.usage);
+        each.fold(BatchUsage::default(), |all, one| BatchUsage {
+            fuel: Some(all.fuel.unwrap_or(0) + one.fuel.unwrap_or(0)),
+            peak_memory_bytes: all.peak_memory_bytes.max(one.peak_memory_bytes),
+        })
+    }
+
+    /// Each batch's rows (aligned tables), dead letters and state written;
+    /// then logs, the digest and what the batches used of their limits.
+    pub fn table(&self) -> String {
+        let mut text = String::new();
+        for (n, batch) in self.batches.iter().enumerate() {
+            if self.batches.len() > 1 {
+                text.push_str(&format!("batch {}: {}\n", n + 1, batch.ranges()));
+            }
+            text.push_str(&batch.table());
+        }
+        if !self.logs.is_empty() {
+            text.push_str("logs:\n");
+            for line in &self.logs {
+                text.push_str(&format!("  {:<5}  {}\n", line.level.as_str(), line.message));
+            }
+        }
+        for error in &self.contract_errors {
+            text.push_str(&format!("contract: {error}\n"));
+        }
+        text.push_str(&format!("output digest: {}\n", self.output_digest()));
+        let usage = self.usage();
+        text.push_str(&format!(
+            "used: fuel {} (limits.fuel_per_batch {}), peak memory {} KiB (limits.max_memory_mib {})\n",
+            usage.fuel.unwrap_or(0),
+            self.limits.fuel_per_batch,
+            usage.peak_memory_bytes.unwrap_or(0) >> 10,
+            self.limits.max_memory_mib,
+        ));
+        text
+    }
+
+    /// JSON lines: each batch's rows (as the stdout sink's), dead letters
+    /// and state keys written; then log lines, and a last `summary` line.
+    pub fn json_lines(&self) -> String {
+        let mut text: String = self.batches.iter().map(BatchRun::json_lines).collect();
         for line in &self.logs {
             let log = json!({ "log": { "level": line.level.as_str(), "message": line.message } });
             text.push_str(&format!("{log}\n"));
         }
-        for change in self.state_changes() {
-            text.push_str(&format!("{}\n", json!({ "state": change.json() })));
-        }
+        let sum = |count: fn(&BatchRun) -> usize| self.batches.iter().map(count).sum::<usize>();
+        let usage = self.usage();
         let summary = json!({ "summary": {
-            "records": self.records.len(),
-            "rows": self.batch.output.row_count(),
-            "rejections": self.batch.output.rejections.len(),
-            "dead_letters": self.batch.dead_letters.len(),
-            "state_keys_written": self.batch.output.state.len(),
+            "records": sum(|b| b.records.len()),
+            "rows": sum(|b| b.batch.output.row_count()),
+            "rejections": sum(|b| b.batch.output.rejections.len()),
+            "dead_letters": sum(|b| b.batch.dead_letters.len()),
+            "state_keys_written": sum(|b| b.batch.output.state.len()),
             "contract_errors": self.contract_errors,
-            "output_digest": self.batch.output_digest,
+            "output_digest": self.output_digest(),
+            "fuel_used": usage.fuel,
+            "peak_memory_bytes": usage.peak_memory_bytes,
+            "limits": {
+                "fuel_per_batch": self.limits.fuel_per_batch,
+                "max_memory_mib": self.limits.max_memory_mib,
+                "batch_timeout_ms": self.limits.batch_timeout.as_millis() as u64,
+            },
+            "batches": self.batches.iter().map(BatchRun::summary).collect::<Vec<_>>(),
         }});
         text.push_str(&format!("{summary}\n"));
         text
     }
+
+    /// How this run's result differs from `expected`, the `--json` output of
+    /// an earlier run: its rows, dead letters, state written and output
+    /// digest (log lines and the rest of the summary are not compared).
+    /// Empty when they agree.
+    pub fn differences(&self, expected: &str) -> Result<Vec<String>, String> {
+        let results = |text: &str| -> Result<(Vec<String>, Option<String>), String> {
+            let mut lines = Vec::new();
+            let mut digest = None;
+            for (n, line) in text
+                .lines()
+                .enumerate()
+                .filter(|(_, l)| !l.trim().is_empty())
+            {
+                let json: Json = serde_json::from_str(line)
+                    .map_err(|e| format!("line {}: not JSON ({e})", n + 1))?;
+                if let Some(summary) = json.get("summary") {
+                    digest = summary["output_digest"].as_str().map(str::to_string);
+                } else if json.get("log").is_none() {
+                    lines.push(json.to_string());
+                }
+            }
+            Ok((lines, digest))
+        };
+        let (want, want_digest) = results(expected)?;
+        let (got, got_digest) = results(&self.json_lines()).expect("our own JSON lines");
+        let mut said = Vec::new();
+        for line in only_in(&want, &got).into_iter().take(MAX_SAID) {
+            said.push(format!("- {line}"));
+        }
+        for line in only_in(&got, &want).into_iter().take(MAX_SAID) {
+            said.push(format!("+ {line}"));
+        }
+        if want_digest != got_digest {
+            said.push(format!(
+                "output digest: expected {}, got {}",
+                want_digest.as_deref().unwrap_or("none"),
+                got_digest.as_deref().unwrap_or("none")
+            ));
+        }
+        Ok(said)
+    }
+}
+
+/// Lines of each kind `--expect` says at most.
+const MAX_SAID: usize = 20;
+
+/// The lines of `a` that `b` does not have (as many times as `a` has them
+/// more), in `a`'s order.
+fn only_in<'a>(a: &'a [String], b: &[String]) -> Vec<&'a str> {
+    let mut left: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in b {
+        *left.entry(line).or_default() += 1;
+    }
+    a.iter()
+        .filter(|line| match left.get_mut(line.as_str()) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                false
+            }
+            _ => true,
+        })
+        .map(String::as_str)
+        .collect()
 }
 
 #[cfg(test)]

@@ -215,6 +215,46 @@ void sluice_text(sluice_output *out, const char *text, size_t len) {
   append_var(out, next_column(out, SLUICE_TEXT), text, len);
 }
 
+/* The length of the well-formed sequence starting `s` (at most `n` bytes
+ * long), or 0; else, in `*bad`, the length of the maximal subpart of the
+ * ill-formed one (a lead byte and the continuation bytes it may take, up to
+ * the first that does not fit; Unicode 3.9). */
+static size_t utf8_step(const uint8_t *s, size_t n, size_t *bad) {
+  uint8_t c = s[0], lo = 0x80, hi = 0xBF;
+  size_t need = 0;
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) need = 1;
+  else if (c == 0xE0) lo = 0xA0, need = 2;
+  else if (c == 0xED) hi = 0x9F, need = 2;
+  else if (c >= 0xE1 && c <= 0xEF) need = 2;
+  else if (c == 0xF0) lo = 0x90, need = 3;
+  else if (c == 0xF4) hi = 0x8F, need = 3;
+  else if (c >= 0xF1 && c <= 0xF3) need = 3;
+  size_t k = 1;
+  for (; k <= need && k < n && s[k] >= lo && s[k] <= hi; k++) lo = 0x80, hi = 0xBF;
+  if (need > 0 && k == need + 1) return k;
+  *bad = k;
+  return 0;
+}
+
+char *sluice_lossy_text(const uint8_t *bytes, size_t len, size_t *out_len) {
+  /* Each bad byte grows into at most three. */
+  char *text = malloc(len * 3 + 1);
+  if (!text) abort();
+  size_t n = 0;
+  for (size_t i = 0; i < len;) {
+    size_t bad = 0, good = utf8_step(bytes + i, len - i, &bad);
+    if (good) {
+      memcpy(text + n, bytes + i, good), n += good, i += good;
+    } else {
+      memcpy(text + n, "\xEF\xBF\xBD", 3), n += 3, i += bad;
+    }
+  }
+  text[n] = 0;
+  *out_len = n;
+  return text;
+}
+
 void sluice_bytes(sluice_output *out, const uint8_t *bytes, size_t len) {
   append_var(out, next_column(out, SLUICE_BYTES), bytes, len);
 }

@@ -106,6 +106,11 @@ void sluice_row(sluice_output *out, int target);
 void sluice_int(sluice_output *out, int64_t value);
 void sluice_float(sluice_output *out, double value);
 void sluice_text(sluice_output *out, const char *text, size_t len);
+/* `bytes` as UTF-8 text, each maximal invalid subsequence replaced by
+ * U+FFFD (as Rust's from_utf8_lossy, Python's "replace" and JavaScript's
+ * TextDecoder do): a malloc'd, NUL-terminated copy the caller frees, its
+ * length in `*out_len`. */
+char *sluice_lossy_text(const uint8_t *bytes, size_t len, size_t *out_len);
 void sluice_bytes(sluice_output *out, const uint8_t *bytes, size_t len);
 void sluice_bool(sluice_output *out, bool value);
 void sluice_null(sluice_output *out);

@@ -29,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"iter"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -112,8 +113,71 @@ func (r *Record) Text() (string, error) {
 	return string(r.Value), nil
 }
 
+// LossyText returns the value as UTF-8 text, "" for a null value, each
+// maximal invalid subsequence replaced by U+FFFD: what Rust's
+// String::from_utf8_lossy, Python's decode("utf-8", "replace") and
+// JavaScript's TextDecoder give (strings.ToValidUTF8 would replace a run
+// of them by one).
+func (r *Record) LossyText() string {
+	if utf8.Valid(r.Value) {
+		return string(r.Value)
+	}
+	var b strings.Builder
+	for rest := r.Value; len(rest) > 0; {
+		n := validPrefix(rest)
+		if n > 0 {
+			b.Write(rest[:n])
+		} else {
+			n = invalidSubpart(rest)
+			b.WriteRune(utf8.RuneError)
+		}
+		rest = rest[n:]
+	}
+	return b.String()
+}
+
+// validPrefix is the length of the valid UTF-8 sequence starting b, or 0.
+func validPrefix(b []byte) int {
+	r, n := utf8.DecodeRune(b)
+	if r == utf8.RuneError && n <= 1 {
+		return 0
+	}
+	return n
+}
+
+// invalidSubpart is the length of the maximal subpart of an ill-formed
+// sequence at b's start (Unicode 3.9, U+FFFD substitution): a lead byte
+// and the continuation bytes it may take, up to the first that does not
+// fit; a byte that leads nothing is one.
+func invalidSubpart(b []byte) int {
+	lo, hi, need := byte(0x80), byte(0xBF), 0
+	switch c := b[0]; {
+	case c >= 0xC2 && c <= 0xDF:
+		need = 1
+	case c == 0xE0:
+		lo, need = 0xA0, 2
+	case c == 0xED:
+		hi, need = 0x9F, 2
+	case c >= 0xE1 && c <= 0xEF:
+		need = 2
+	case c == 0xF0:
+		lo, need = 0x90, 3
+	case c == 0xF4:
+		hi, need = 0x8F, 3
+	case c >= 0xF1 && c <= 0xF3:
+		need = 3
+	}
+	n := 1
+	for ; n <= need && n < len(b) && b[n] >= lo && b[n] <= hi; n++ {
+		lo, hi = 0x80, 0xBF
+	}
+	return n
+}
+
 // JSON parses the value into v as strict JSON from strict UTF-8 (an error
-// for a null value, bad UTF-8, NaN or Infinity literals, trailing data).
+// for a null value, bad UTF-8, NaN or Infinity literals, trailing data,
+// nesting deeper than MaxJSONDepth arrays and objects, and a lone
+// surrogate escape).
 func (r *Record) JSON(v any) error {
 	if r.Value == nil {
 		return errors.New("value is null")
@@ -121,7 +185,78 @@ func (r *Record) JSON(v any) error {
 	if !utf8.Valid(r.Value) {
 		return errors.New("value is not UTF-8")
 	}
+	if err := checkJSON(r.Value); err != nil {
+		return err
+	}
 	return json.Unmarshal(r.Value, v)
+}
+
+// MaxJSONDepth is how many arrays and objects Record.JSON lets nest. Every
+// SDK's JSON helper refuses what Rust's serde_json refuses beyond RFC 8259
+// (docs/languages.md): a deeper value (which would exhaust the module's
+// stack) and a \u escape of half a surrogate pair (encoding/json would
+// replace it; it has no UTF-8 encoding).
+const MaxJSONDepth = 127
+
+func checkJSON(b []byte) error {
+	depth, inString := 0, false
+	for i := 0; i < len(b); i++ {
+		switch c := b[i]; {
+		case inString && c == '\\':
+			if i+1 < len(b) && b[i+1] == 'u' {
+				n, err := surrogates(b, i)
+				if err != nil {
+					return err
+				}
+				i += n - 1
+			} else {
+				i++
+			}
+		case inString:
+			inString = c != '"'
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			depth++
+			if depth > MaxJSONDepth {
+				return fmt.Errorf("JSON nested deeper than %d levels", MaxJSONDepth)
+			}
+		case c == ']' || c == '}':
+			depth--
+		}
+	}
+	return nil
+}
+
+// hex4 is the code unit of the 4 hex digits at b[at:], or -1.
+func hex4(b []byte, at int) int {
+	if at+4 > len(b) {
+		return -1
+	}
+	v, err := strconv.ParseUint(string(b[at:at+4]), 16, 16)
+	if err != nil {
+		return -1 // not an escape: json.Unmarshal says so
+	}
+	return int(v)
+}
+
+// surrogates checks the \u escape at b[i:]; its length (a pair: both).
+func surrogates(b []byte, i int) (int, error) {
+	unit := hex4(b, i+2)
+	if unit >= 0xDC00 && unit <= 0xDFFF {
+		return 0, fmt.Errorf("lone surrogate escape \\u%04x in JSON", unit)
+	}
+	if unit >= 0xD800 && unit <= 0xDBFF {
+		low := -1
+		if i+8 <= len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+			low = hex4(b, i+8)
+		}
+		if low < 0xDC00 || low > 0xDFFF {
+			return 0, fmt.Errorf("lone surrogate escape \\u%04x in JSON", unit)
+		}
+		return 12, nil
+	}
+	return 6, nil
 }
 
 // Headers returns the record's headers in order.
@@ -344,7 +479,7 @@ func (o *Output) Row(t Target) *Row {
 	if int(t) < 0 || int(t) >= len(o.targets) {
 		panic(fmt.Sprintf("row for target %d, which was not declared", t))
 	}
-	o.row = Row{target: &o.targets[t], open: true}
+	o.row = Row{out: o, index: int(t), open: true}
 	return &o.row
 }
 
@@ -354,11 +489,12 @@ func (o *Output) finishRow() {
 	if !r.open {
 		return
 	}
-	if r.column != len(r.target.columns) {
+	t := r.target()
+	if r.column != len(t.columns) {
 		panic(fmt.Sprintf("row for target %q has %d of %d values",
-			r.target.name, r.column, len(r.target.columns)))
+			t.name, r.column, len(t.columns)))
 	}
-	r.target.rows++
+	t.rows++
 	r.open = false
 }
 
@@ -367,21 +503,27 @@ func (o *Output) Reject(r Record, reason string) {
 	o.rejections = append(o.rejections, rejection{index: r.Index, reason: strings.ToValidUTF8(reason, "\uFFFD")})
 }
 
-// Row builds one row, column by column.
+// Row builds one row, column by column. It names its target by index, never
+// by pointer: declaring a target appends to Output.targets, which may move
+// them.
 type Row struct {
-	target *target
+	out    *Output
+	index  int
 	column int
 	open   bool
 }
+
+func (r *Row) target() *target { return &r.out.targets[r.index] }
 
 func (r *Row) next(null bool, given string, takes ...Kind) *column {
 	if !r.open {
 		panic("a value for a row that is finished: start one with out.Row")
 	}
-	if r.column >= len(r.target.columns) {
-		panic(fmt.Sprintf("row for target %q has more than %d values", r.target.name, len(r.target.columns)))
+	t := r.target()
+	if r.column >= len(t.columns) {
+		panic(fmt.Sprintf("row for target %q has more than %d values", t.name, len(t.columns)))
 	}
-	c := &r.target.columns[r.column]
+	c := &t.columns[r.column]
 	ok := null
 	for _, k := range takes {
 		ok = ok || c.kind == k
@@ -390,7 +532,7 @@ func (r *Row) next(null bool, given string, takes ...Kind) *column {
 		panic(fmt.Sprintf("column %q (%v) does not take a %s value", c.name, c.kind, given))
 	}
 	r.column++
-	c.mark(r.target.rows, null)
+	c.mark(t.rows, null)
 	return c
 }
 

@@ -22,7 +22,8 @@ import { write } from 'sluice:plugin/log@0.1.1';
 import * as stateImport from 'sluice:plugin/state@0.1.1';
 
 const KINDS = ['int64', 'float64', 'text', 'bytes', 'bool'];
-const utf8 = new TextDecoder('utf-8');
+// ignoreBOM keeps a leading BOM, as the other SDKs' text does.
+const utf8 = new TextDecoder('utf-8', { ignoreBOM: true });
 // ignoreBOM keeps a BOM in the text, so JSON.parse refuses it as every language does.
 const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
 const encoder = new TextEncoder();
@@ -59,15 +60,74 @@ export class Record {
   text() {
     return this.value === null ? '' : utf8.decode(this.value);
   }
-  /** The value parsed as JSON from strict UTF-8 (throws when it is not). */
+  /** The value parsed as JSON from strict UTF-8 (throws when it is not,
+   * when arrays and objects nest deeper than MAX_JSON_DEPTH, and at a lone
+   * surrogate escape). */
   json() {
     if (this.value === null) throw new Error('value is null');
-    return JSON.parse(strictUtf8.decode(this.value));
+    const text = strictUtf8.decode(this.value);
+    checkJson(text);
+    return JSON.parse(text);
   }
   /** The keyed state of the partition this record came from. */
   state() {
     return new State(this.index);
   }
+}
+
+/** How many arrays and objects Record.json() lets nest. Every SDK's JSON
+ * helper refuses what Rust's serde_json refuses beyond RFC 8259
+ * (docs/languages.md): a deeper value (it would exhaust the module's stack)
+ * and a \\u escape of half a surrogate pair (it has no UTF-8 encoding). */
+export const MAX_JSON_DEPTH = 127;
+
+/** More than `limit` of `c` in `text`. */
+function moreThan(text, c, limit) {
+  for (let at = text.indexOf(c), n = 0; at >= 0; at = text.indexOf(c, at + 1)) {
+    if (++n > limit) return true;
+  }
+  return false;
+}
+
+function checkJson(text) {
+  // The exact scan runs only when a cheap count says it may find something.
+  const deep = moreThan(text, '[', MAX_JSON_DEPTH / 2) || moreThan(text, '{', MAX_JSON_DEPTH / 2);
+  if (!deep && !text.includes('\\u')) return;
+  let depth = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i];
+    if (inString && c === '\\') {
+      i += text[i + 1] === 'u' ? surrogates(text, i) - 1 : 1;
+    } else if (inString) {
+      inString = c !== '"';
+    } else if (c === '"') {
+      inString = true;
+    } else if (c === '[' || c === '{') {
+      if (++depth > MAX_JSON_DEPTH) throw new Error(`JSON nested deeper than ${MAX_JSON_DEPTH} levels`);
+    } else if (c === ']' || c === '}') {
+      depth--;
+    }
+  }
+}
+
+/** The code unit of the 4 hex digits at `at`, or -1. */
+function hex4(text, at) {
+  const digits = text.slice(at, at + 4);
+  return /^[0-9a-fA-F]{4}$/.test(digits) ? parseInt(digits, 16) : -1;
+}
+
+/** Checks the \\u escape at `i`; returns its length (a pair: both). */
+function surrogates(text, i) {
+  const unit = hex4(text, i + 2);
+  const lone = () => new Error(`lone surrogate escape \\u${unit.toString(16).padStart(4, '0')} in JSON`);
+  if (unit >= 0xdc00 && unit <= 0xdfff) throw lone();
+  if (unit >= 0xd800 && unit <= 0xdbff) {
+    const low = text.slice(i + 6, i + 8) === '\\u' ? hex4(text, i + 8) : -1;
+    if (low < 0xdc00 || low > 0xdfff) throw lone();
+    return 12;
+  }
+  return 6;
 }
 
 const I64_MIN = -(2n ** 63n);

@@ -277,6 +277,25 @@ fn conformance_output_is_byte_identical_in_every_language() {
     // user counted apart in two partitions.
     assert!(expected.seen.iter().any(|r| r["n"] == 3));
     assert!(expected.state.iter().any(|s| s["value"].is_null()));
+    // The JSON edges every SDK's helper must refuse with an error the
+    // module rejects on (not a trap): nesting beyond 127 levels (100k
+    // deep too) and lone surrogate escapes; 127 levels and an escaped pair
+    // read.
+    let users: Vec<&str> = expected
+        .seen
+        .iter()
+        .filter_map(|r| r["user"].as_str())
+        .collect();
+    assert!(
+        users.contains(&"deep") && users.contains(&"pat"),
+        "{users:?}"
+    );
+    assert!(
+        !users
+            .iter()
+            .any(|u| ["deeper", "deepest", "sam"].contains(u)),
+        "{users:?}"
+    );
     let (_, reference) = &reports[0];
     for (lang, report) in &reports {
         assert_eq!(report.rows_of("events").len(), expected.events, "{lang}");
@@ -339,6 +358,30 @@ fn conformance_output_is_byte_identical_in_every_language() {
     }
 }
 
+/// The template transform recomputed from a sample, independent of every
+/// plugin: each non-null value, bad UTF-8 replaced as Rust's
+/// `from_utf8_lossy` does, ASCII letters upper-cased, after `> `.
+fn template_rows(sample: &Path) -> Vec<String> {
+    let sample = std::fs::read_to_string(sample).unwrap();
+    sample
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .filter_map(|line| {
+            let record: Json = serde_json::from_str(line).unwrap();
+            let bytes = match (&record["value"], record["value_hex"].as_str()) {
+                (Json::String(s), _) => s.as_bytes().to_vec(),
+                (_, Some(hex)) => (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+                    .collect(),
+                _ => return None,
+            };
+            let text = String::from_utf8_lossy(&bytes).to_ascii_uppercase();
+            Some(format!("> {text}"))
+        })
+        .collect()
+}
+
 /// `sluice new`, `sluice build`, `sluice test` in an empty directory
 /// outside the repository, for each language; and `sluice build` without
 /// the toolchain says how to install it.
@@ -362,9 +405,20 @@ fn new_build_and_test_work_from_an_empty_directory() {
             .iter()
             .map(|r| r["value"].as_str().unwrap())
             .collect();
-        assert_eq!(values, ["> HELLO", "> SLUICE"], "{lang}");
+        // Every template: bad UTF-8 replaced per maximal invalid subpart,
+        // ASCII letters upper-cased, a null value rejected as `no value`.
+        assert_eq!(
+            values,
+            template_rows(&project.join("sample.jsonl")),
+            "{lang}"
+        );
+        assert_eq!(values[3..], ["> STRAßE", "> OK\u{FFFD}\u{FFFD}!"], "{lang}");
         assert_eq!(report.dead_letter_kinds(), [(2, "rejected".to_string())]);
-        assert_eq!(report.logs[0]["log"]["message"], "3 records", "{lang}");
+        assert_eq!(
+            report.dead_letters[0]["dead_letter"]["reason"], "no value",
+            "{lang}"
+        );
+        assert_eq!(report.logs[0]["log"]["message"], "5 records", "{lang}");
 
         // Params that are not JSON are refused, as a pipeline refuses them.
         let (ok, _, err) = sluice(&[
@@ -405,6 +459,130 @@ fn new_build_and_test_work_from_an_empty_directory() {
     );
     let (ok, _, err) = sluice(&["build", dir.path().to_str().unwrap()]);
     assert!(!ok && err.contains("sluice-plugin.toml"), "{err}");
+}
+
+/// `sluice test` as a pipeline would run a sample: `--batch-size` in
+/// several batches carrying keyed state from each to the next (the counts
+/// equal one batch's), the fuel and memory every run used, limits as flags
+/// (checked as the config's fields), and `--expect` against a golden file.
+#[test]
+fn sluice_test_runs_batches_with_state_limits_and_an_expected_output() {
+    let dir = TempDir::new("sluice-test-batches");
+    let sample = dir.path().join("keyed.jsonl");
+    let lines: Vec<String> = (0..10)
+        .map(|i| {
+            let partition = i % 2;
+            serde_json::json!({ "key": format!("k{}", i % 3), "value": "v", "partition": partition })
+                .to_string()
+        })
+        .collect();
+    std::fs::write(&sample, lines.join("\n")).unwrap();
+    let tally = plugin("tally");
+    let counts = |report: &Report| -> Vec<(i64, i64, i64)> {
+        let mut rows: Vec<(i64, i64, i64)> = report
+            .rows_of("tallies")
+            .iter()
+            .map(|r| {
+                let n = |c: &str| r[c].as_i64().unwrap();
+                (n("partition"), n("offset"), n("n"))
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    let whole = run_sample(&tally, &sample, &[]);
+    let batched = run_sample(&tally, &sample, &["--batch-size", "2"]);
+    let batches = batched.summary["batches"].as_array().unwrap();
+    assert_eq!(batches.len(), 3, "5 records per partition, 2 a batch");
+    assert_eq!(batches[2]["ranges"], "sample:0 4..5, sample:1 4..5");
+    assert_eq!(
+        counts(&batched),
+        counts(&whole),
+        "state carried across batches counts as one batch does"
+    );
+    assert!(counts(&whole).iter().any(|(_, _, n)| *n == 2));
+    assert_ne!(
+        batched.summary["output_digest"],
+        whole.summary["output_digest"]
+    );
+    for report in [&whole, &batched] {
+        let fuel = report.summary["fuel_used"].as_u64().unwrap();
+        let memory = report.summary["peak_memory_bytes"].as_u64().unwrap();
+        assert!(fuel > 0 && memory >= 64 << 10, "{}", report.summary);
+    }
+
+    // Limits as flags: used, reported, and checked as the config's are.
+    let limited = run_sample(
+        &tally,
+        &sample,
+        &["--fuel", "90000000", "--max-memory-mib", "32"],
+    );
+    assert_eq!(limited.summary["limits"]["fuel_per_batch"], 90_000_000);
+    assert_eq!(limited.summary["limits"]["max_memory_mib"], 32);
+    let (ok, _, err) = sluice(&[
+        "test",
+        tally.to_str().unwrap(),
+        "--input",
+        sample.to_str().unwrap(),
+        "--max-memory-mib",
+        "0",
+    ]);
+    assert!(!ok && err.contains("limits.max_memory_mib"), "{err}");
+    let table = sluice_ok(&[
+        "test",
+        tally.to_str().unwrap(),
+        "--input",
+        sample.to_str().unwrap(),
+    ]);
+    assert!(
+        table.contains("used: fuel ") && table.contains("peak memory "),
+        "{table}"
+    );
+
+    // A golden file: the same run matches it; a changed count does not.
+    let args = |expect: &Path| {
+        vec![
+            "test".to_string(),
+            tally.display().to_string(),
+            "--input".into(),
+            sample.display().to_string(),
+            "--batch-size".into(),
+            "2".into(),
+            "--expect".into(),
+            expect.display().to_string(),
+        ]
+    };
+    let golden = dir.path().join("expected.jsonl");
+    let json = sluice_ok(&[
+        "test",
+        tally.to_str().unwrap(),
+        "--input",
+        sample.to_str().unwrap(),
+        "--batch-size",
+        "2",
+        "--json",
+    ]);
+    std::fs::write(&golden, &json).unwrap();
+    let args_ok = args(&golden);
+    let (ok, _, err) = sluice(&args_ok.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ok && err.contains("as expected"), "{err}");
+    let changed = dir.path().join("changed.jsonl");
+    let first_row = json.lines().find(|l| l.contains("\"n\":2")).unwrap();
+    std::fs::write(
+        &changed,
+        json.replacen(first_row, &first_row.replace("\"n\":2", "\"n\":7"), 1),
+    )
+    .unwrap();
+    let args_bad = args(&changed);
+    let (ok, _, err) = sluice(&args_bad.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(!ok, "a changed count must fail --expect");
+    assert!(
+        err.contains("- ")
+            && err.contains("\"n\":7")
+            && err.contains("+ ")
+            && err.contains("\"n\":2"),
+        "{err}"
+    );
 }
 
 /// Python, JavaScript, C and Go see the batch time as their clock, a virtual

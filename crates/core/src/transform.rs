@@ -11,6 +11,16 @@ use crate::output::Output;
 use crate::state::{StateBase, StateError};
 use std::sync::Arc;
 
+/// What a batch's runs used, summed over its retries and bisection; `None`
+/// where the transform does not count it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchUsage {
+    /// Fuel (Wasm instructions, roughly) of all its runs.
+    pub fuel: Option<u64>,
+    /// The most linear memory one of its runs' instances held, in bytes.
+    pub peak_memory_bytes: Option<u64>,
+}
+
 /// The transform the pipeline runs; implemented by the Wasm runtime. It is
 /// shared with the thread that prepares the next batch, hence `Send + Sync`.
 pub trait Transform: Send + Sync + 'static {
@@ -32,11 +42,11 @@ pub trait Transform: Send + Sync + 'static {
     /// Batch `batch_id` will not run again (its result is settled, or it
     /// failed for good): a transform that holds something per batch (the
     /// Wasm runtime holds a failed run's log lines until it knows whether
-    /// a retry repeats them) lets go of it now. Returns the fuel the
-    /// batch's runs used in all (retries and bisection included), if the
-    /// transform counts fuel.
-    fn settle(&self, _batch_id: &str) -> Option<u64> {
-        None
+    /// a retry repeats them) lets go of it now. Returns what the batch's
+    /// runs used in all (retries and bisection included), as far as the
+    /// transform counts it.
+    fn settle(&self, _batch_id: &str) -> BatchUsage {
+        BatchUsage::default()
     }
     /// The host is shutting down: every run of this transform in progress
     /// stops at once and every later one fails, with

@@ -239,7 +239,7 @@ impl Metrics {
     /// fuel it used.
     pub(crate) fn committed(&self, batch: &Batch, commit_ms: u64) {
         self.batches.inc();
-        if let Some(fuel) = batch.fuel_used {
+        if let Some(fuel) = batch.usage.fuel {
             self.fuel_used.observe(fuel as f64);
         }
         self.records_in.inc_by(batch.records.len() as u64);

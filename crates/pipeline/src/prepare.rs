@@ -20,7 +20,7 @@ use sluice_core::output::Output;
 use sluice_core::sink::{DeadLetter, DeadLetterKind, digest};
 use sluice_core::source::Source;
 use sluice_core::state::{BatchBase, StateBase, StateMap};
-use sluice_core::transform::{GaveUp, ModuleAtFault, RunError, Transform};
+use sluice_core::transform::{BatchUsage, GaveUp, ModuleAtFault, RunError, Transform};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -49,9 +49,8 @@ pub struct Batch {
     pub read_ms: u64,
     /// Time spent in the transform (retries and bisection included).
     pub transform_ms: u64,
-    /// Fuel the transform's runs used (retries and bisection included), if
-    /// it counts fuel.
-    pub fuel_used: Option<u64>,
+    /// What the transform's runs used (retries and bisection included).
+    pub usage: BatchUsage,
 }
 
 /// Plans and transforms batches of one pipeline.
@@ -139,7 +138,7 @@ impl<T: Transform> Preparer<T> {
         let base = BatchBase::new(state);
         let transformed = self.transform_batch(&plan, &records, &base);
         // Every run of the batch is done: each record's log lines once.
-        let fuel_used = self.transform.settle(&plan.batch_id);
+        let usage = self.transform.settle(&plan.batch_id);
         let (output, dead_letters) = transformed?;
         let output_digest = digest(&output, &dead_letters);
         Ok(Batch {
@@ -151,7 +150,7 @@ impl<T: Transform> Preparer<T> {
             state_reads: base.reads(),
             read_ms,
             transform_ms: transforming.elapsed().as_millis() as u64,
-            fuel_used,
+            usage,
         })
     }
 

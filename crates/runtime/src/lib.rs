@@ -35,6 +35,7 @@ use crate::batch::{Plan, Records};
 use crate::output::Output;
 use bindings::{BatchState, sluice::plugin::types as wit};
 use sluice_core::state::{EmptyState, RunState, StateBase, StateCallError};
+use sluice_core::transform::BatchUsage;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -55,8 +56,9 @@ pub struct Runtime {
     limits: Limits,
     stop_ticker: Arc<AtomicBool>,
     logs: logs::ModuleLogs,
-    /// Fuel used per batch id, summed over its runs until it settles.
-    fuel_used: Mutex<HashMap<String, u64>>,
+    /// Fuel used per batch id, summed over its runs until it settles, and
+    /// the most memory one of its runs held.
+    usage: Mutex<HashMap<String, Used>>,
     /// Set once the host shuts down: every run stops at its next epoch
     /// tick, and none starts.
     interrupted: Arc<AtomicBool>,
@@ -67,9 +69,16 @@ pub struct Runtime {
 #[error("stopped: the host is shutting down")]
 struct ShuttingDown;
 
-/// Batches whose fuel is counted at once; beyond, the count starts over
+/// Batches whose usage is counted at once; beyond, the count starts over
 /// (a caller that never settles cannot grow it).
-const MAX_FUEL_COUNTS: usize = 64;
+const MAX_USAGE_COUNTS: usize = 64;
+
+/// What a batch's runs have used so far.
+#[derive(Default)]
+struct Used {
+    fuel: u64,
+    peak_memory_bytes: u64,
+}
 
 impl Drop for Runtime {
     fn drop(&mut self) {
@@ -92,7 +101,7 @@ impl Runtime {
             limits,
             stop_ticker,
             logs: logs::ModuleLogs::default(),
-            fuel_used: Mutex::default(),
+            usage: Mutex::default(),
             interrupted: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -190,7 +199,7 @@ impl Runtime {
         let batch = bindings::record_batch(records, &slices);
         let result = instance.call_process(&mut store, ctx, batch);
         store.data_mut().collect_stdio();
-        self.count_fuel(&plan.batch_id, &store);
+        self.count_usage(&plan.batch_id, &store);
         let logs = std::mem::take(&mut store.data_mut().logs);
         let writes = store.data_mut().state.take().map(RunState::into_writes);
         let outcome = match result {
@@ -212,25 +221,34 @@ impl Runtime {
 
     /// Batch `batch_id` will not run again (committed, dead-lettered or
     /// failed for good): the lines of its last failed run are kept too.
-    /// Returns the fuel its runs used.
-    pub fn settle(&self, batch_id: &str) -> Option<u64> {
+    /// Returns the fuel its runs used and the most memory one held.
+    pub fn settle(&self, batch_id: &str) -> BatchUsage {
         self.logs.settle(batch_id);
-        self.fuel_counts().remove(batch_id)
+        self.usage_counts()
+            .remove(batch_id)
+            .map_or_else(BatchUsage::default, |used| BatchUsage {
+                fuel: Some(used.fuel),
+                peak_memory_bytes: Some(used.peak_memory_bytes),
+            })
     }
 
-    fn fuel_counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, u64>> {
-        self.fuel_used.lock().unwrap_or_else(|e| e.into_inner())
+    fn usage_counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Used>> {
+        self.usage.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds what a run used of its store's fuel to its batch's count.
-    fn count_fuel(&self, batch_id: &str, store: &Store<BatchState>) {
+    /// Adds what a run used of its store's fuel to its batch's count, and
+    /// its instance's memory to the batch's peak.
+    fn count_usage(&self, batch_id: &str, store: &Store<BatchState>) {
         let left = store.get_fuel().unwrap_or(0);
         let used = self.limits.fuel_per_batch.saturating_sub(left);
-        let mut counts = self.fuel_counts();
-        if counts.len() >= MAX_FUEL_COUNTS && !counts.contains_key(batch_id) {
+        let peak = store.data().limiter.peak_bytes() as u64;
+        let mut counts = self.usage_counts();
+        if counts.len() >= MAX_USAGE_COUNTS && !counts.contains_key(batch_id) {
             counts.clear();
         }
-        *counts.entry(batch_id.to_string()).or_default() += used;
+        let batch = counts.entry(batch_id.to_string()).or_default();
+        batch.fuel += used;
+        batch.peak_memory_bytes = batch.peak_memory_bytes.max(peak);
     }
 
     /// The newest module log lines (up to 10,000), oldest first.
@@ -438,7 +456,7 @@ impl sluice_core::transform::Transform for WasmTransform {
             .run_with_state(&self.module, &self.params, plan, records, state)
     }
 
-    fn settle(&self, batch_id: &str) -> Option<u64> {
+    fn settle(&self, batch_id: &str) -> BatchUsage {
         self.runtime.settle(batch_id)
     }
 

@@ -10,6 +10,9 @@
 pub struct MemoryCap {
     max_bytes: usize,
     hit: bool,
+    /// Linear memory granted so far, over every memory of the instance
+    /// (memories never shrink: this is the run's peak).
+    granted: usize,
 }
 
 impl MemoryCap {
@@ -17,18 +20,24 @@ impl MemoryCap {
         MemoryCap {
             max_bytes,
             hit: false,
+            granted: 0,
         }
     }
 
     pub fn hit_cap(&self) -> bool {
         self.hit
     }
+
+    /// The most linear memory the instance has held.
+    pub fn peak_bytes(&self) -> usize {
+        self.granted
+    }
 }
 
 impl wasmtime::ResourceLimiter for MemoryCap {
     fn memory_growing(
         &mut self,
-        _current: usize,
+        current: usize,
         desired: usize,
         _maximum: Option<usize>,
     ) -> wasmtime::Result<bool> {
@@ -36,6 +45,7 @@ impl wasmtime::ResourceLimiter for MemoryCap {
             self.hit = true;
             wasmtime::bail!("memory limit of {} MiB reached", self.max_bytes >> 20);
         }
+        self.granted += desired.saturating_sub(current);
         Ok(true)
     }
 

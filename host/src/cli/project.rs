@@ -4,6 +4,8 @@
 //! It must not hold build or run logic: that is `sluice::plugin_build` and
 //! `sluice::plugin_test`.
 
+use anyhow::Context;
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 // The arguments of `sluice new`.
@@ -50,6 +52,25 @@ pub struct Test {
     /// JSON lines (rows, dead letters, logs, a summary) instead of tables.
     #[arg(long)]
     json: bool,
+    /// Run the sample as batches of at most N records per partition, each
+    /// starting from the keyed state the ones before it left (default: one
+    /// batch).
+    #[arg(long, value_name = "N")]
+    batch_size: Option<NonZeroUsize>,
+    /// `limits.fuel_per_batch` for this run (over --target-schema's).
+    #[arg(long, value_name = "FUEL")]
+    fuel: Option<u64>,
+    /// `limits.max_memory_mib` for this run (over --target-schema's).
+    #[arg(long, value_name = "MIB")]
+    max_memory_mib: Option<u64>,
+    /// `limits.batch_timeout_ms` for this run (over --target-schema's).
+    #[arg(long, value_name = "MS")]
+    batch_timeout_ms: Option<u64>,
+    /// The `--json` output of an earlier run: exit 1, saying what differs,
+    /// unless this run gives the same rows, dead letters, state written and
+    /// output digest.
+    #[arg(long, value_name = "FILE")]
+    expect: Option<PathBuf>,
 }
 
 pub fn new(args: New) -> anyhow::Result<()> {
@@ -85,13 +106,32 @@ pub fn test(args: Test) -> anyhow::Result<()> {
         target_schema,
         batch_time_ms,
         json,
+        batch_size,
+        fuel,
+        max_memory_mib,
+        batch_timeout_ms,
+        expect,
     } = args;
+    // Read first: a missing file is said before the module runs.
+    let expected = match &expect {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read --expect {}", path.display()))?,
+        ),
+        None => None,
+    };
     let sample = sluice::plugin_test::SampleRun {
         module,
         input,
         params,
         pipeline: target_schema,
         batch_time_ms,
+        limits: sluice::plugin_test::LimitFlags {
+            fuel_per_batch: fuel,
+            max_memory_mib,
+            batch_timeout_ms,
+        },
+        batch_size,
     };
     // Transforms block: run off the async workers.
     let report = tokio::task::block_in_place(|| sluice::plugin_test::run(&sample))?;
@@ -99,8 +139,22 @@ pub fn test(args: Test) -> anyhow::Result<()> {
         true => print!("{}", report.json_lines()),
         false => print!("{}", report.table()),
     }
-    match report.contract_errors.is_empty() {
-        true => Ok(()),
-        false => anyhow::bail!("rows break the pipeline's targets"),
+    if !report.contract_errors.is_empty() {
+        anyhow::bail!("rows break the pipeline's targets");
     }
+    let (Some(path), Some(expected)) = (expect, expected) else {
+        return Ok(());
+    };
+    let differences = report
+        .differences(&expected)
+        .map_err(|e| anyhow::anyhow!("--expect {}: {e}", path.display()))?;
+    if !differences.is_empty() {
+        anyhow::bail!(
+            "the result differs from {} (- expected, + got):\n{}",
+            path.display(),
+            differences.join("\n")
+        );
+    }
+    eprintln!("as expected: the result matches {}", path.display());
+    Ok(())
 }

@@ -177,8 +177,12 @@ enum kind { K_OTHER, K_STRING, K_NUMBER, K_TRUE, K_FALSE };
  * kind, and for top-level fields the decoded string or number. */
 static bool parse_value(reader *r, int depth, enum kind *kind, char **s, size_t *s_len, double *num);
 
+/* Arrays and objects nest at most this deep, as in every SDK's JSON helper
+ * (serde_json's limit, docs/languages.md); the top-level object is depth 0. */
+#define MAX_DEPTH 127
+
 static bool parse_container(reader *r, int depth, bool object, bool top) {
-  if (depth > 128) return false;
+  if (depth >= MAX_DEPTH) return false;
   skip_ws(r);
   uint8_t close = object ? '}' : ']';
   if (r->p < r->end && *r->p == close) { r->p++; return true; }
@@ -262,7 +266,6 @@ bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error
   int words = sluice_target(out, "words", word_names, word_kinds, 2);
   static const char *seen_names[] = {"offset", "user", "n", "last"};
   static const sluice_kind seen_kinds[] = {SLUICE_INT64, SLUICE_TEXT, SLUICE_INT64, SLUICE_TEXT};
-  int seen = sluice_target(out, "seen", seen_names, seen_kinds, 4);
   int64_t now = sluice_batch_time_ms(batch);
   sluice_record rec;
   while (sluice_next(batch, &rec)) {
@@ -324,6 +327,9 @@ bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error
       }
     }
     if (r.has_user) {
+      /* Declared where its first row is made: mid-batch, after rows of the
+       * other targets (later calls find it by name). */
+      int seen = sluice_target(out, "seen", seen_names, seen_kinds, 4);
       sluice_row(out, seen);
       sluice_int(out, rec.offset);
       sluice_text(out, r.user, r.user_len);

@@ -1,14 +1,15 @@
 /* {{name}}: a sluice transform in C.
  *
- * Each record's value is read as text; a record with no value is rejected
- * (it becomes a dead letter); every other one gives a row of target `out`
- * with its offset and its value in upper case (ASCII).
+ * Each record's value is read as UTF-8 text (bad bytes replaced by U+FFFD);
+ * a record with no value is rejected (it becomes a dead letter); every other
+ * one gives a row of target `out` with its offset and its value, ASCII
+ * letters in upper case, after the `prefix` param. Every language's
+ * template does exactly this.
  *
  * Try it:   sluice build && sluice test dist/{{name}}.wasm --input sample.jsonl
  */
 #include "sluice.h"
 
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,13 +46,18 @@ bool sluice_process(sluice_batch *batch, sluice_output *out, sluice_error *error
       sluice_reject(out, &r, "no value");
       continue;
     }
-    char *text = malloc(n + r.value_len + 1);
+    size_t len;
+    char *value = sluice_lossy_text(r.value, r.value_len, &len);
+    char *text = malloc(n + len + 1);
     memcpy(text, prefix, n);
-    for (size_t i = 0; i < r.value_len; i++) text[n + i] = (char)toupper(r.value[i]);
+    for (size_t i = 0; i < len; i++) {
+      char c = value[i];
+      text[n + i] = c >= 'a' && c <= 'z' ? (char)(c - 'a' + 'A') : c;
+    }
     sluice_row(out, t);
     sluice_int(out, r.offset);
-    sluice_text(out, text, n + r.value_len);
-    free(text);
+    sluice_text(out, text, n + len);
+    free(text), free(value);
   }
   char line[64];
   snprintf(line, sizeof line, "%zu records", sluice_batch_len(batch));

@@ -32,12 +32,6 @@ func (conformance) Process(batch *sluice.Batch, out *sluice.Output) error {
 		sluice.Col("vip", sluice.Bool),
 	)
 	words := out.Target("words", sluice.Col("offset", sluice.Int64), sluice.Col("word", sluice.Text))
-	seen := out.Target("seen",
-		sluice.Col("offset", sluice.Int64),
-		sluice.Col("user", sluice.Text),
-		sluice.Col("n", sluice.Int64),
-		sluice.Col("last", sluice.Text),
-	)
 	now := batch.Context.BatchTimeMs
 	for r := range batch.Records() {
 		var parsed any
@@ -97,6 +91,14 @@ func (conformance) Process(batch *sluice.Batch, out *sluice.Output) error {
 		}
 		text, _ := obj["text"].(string)
 		state.SetExpiring("last:"+user, []byte(text), expires)
+		// Declared where its first row is made: mid-batch, after rows of
+		// the other targets (later calls find it by name).
+		seen := out.Target("seen",
+			sluice.Col("offset", sluice.Int64),
+			sluice.Col("user", sluice.Text),
+			sluice.Col("n", sluice.Int64),
+			sluice.Col("last", sluice.Text),
+		)
 		row = out.Row(seen).Int(r.Offset).Text(user).Int(n)
 		if hasLast {
 			row.Text(last)

@@ -1,8 +1,10 @@
 // {{name}}: a sluice transform in JavaScript.
 //
-// Each record's value is read as UTF-8 text; a record with no value is
-// rejected (it becomes a dead letter); every other one gives a row of target
-// `out` with its offset and its value in upper case.
+// Each record's value is read as UTF-8 text (bad bytes replaced by U+FFFD);
+// a record with no value is rejected (it becomes a dead letter); every other
+// one gives a row of target `out` with its offset and its value, ASCII
+// letters in upper case, after the `prefix` param. Every language's
+// template does exactly this.
 //
 // Try it:   sluice build && sluice test dist/{{name}}.wasm --input sample.jsonl
 import { exportTransform, log } from './sluice.js';
@@ -20,7 +22,7 @@ class Upper {
         out.reject(r, 'no value');
         continue;
       }
-      out.row(t, { offset: r.offset, value: this.prefix + r.text().toUpperCase() });
+      out.row(t, { offset: r.offset, value: this.prefix + r.text().replace(/[a-z]+/g, (s) => s.toUpperCase()) });
     }
     log.info(`${batch.length} records`);
   }

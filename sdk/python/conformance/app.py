@@ -23,7 +23,6 @@ class Conformance(Transform):
             scaled="float64", key="bytes", words="int64", vip="bool",
         )
         words = out.target("words", offset="int64", word="text")
-        seen = out.target("seen", offset="int64", user="text", n="int64", last="text")
         now = batch.context.batch_time_ms
         for r in batch:
             try:
@@ -65,6 +64,9 @@ class Conformance(Transform):
             expires = now if obj.get("expire") is True else now + 60_000
             value = text if isinstance(text, str) else ""
             state.set_expiring("last:" + user, value.encode("utf-8"), expires)
+            # Declared where its first row is made: mid-batch, after rows of
+            # the other targets (later calls find it by name).
+            seen = out.target("seen", offset="int64", user="text", n="int64", last="text")
             out.row(seen, r.offset, user, n, last)
 
 

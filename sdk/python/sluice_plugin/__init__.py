@@ -102,10 +102,13 @@ class Record:
 
     def json(self):
         """The value parsed as strict JSON, from strict UTF-8 (raises
-        ValueError when it is not: NaN and Infinity literals included)."""
+        ValueError when it is not: NaN and Infinity literals, nesting deeper
+        than 127 arrays and objects, and lone surrogate escapes included)."""
         if self.value is None:
             raise ValueError("value is null")
-        return json.loads(self.value.decode("utf-8"), parse_constant=_no_constant)
+        text = self.value.decode("utf-8")
+        _check_json(self.value, text)
+        return json.loads(text, parse_constant=_no_constant)
 
     def text(self) -> str:
         """The value as UTF-8 text ('' when null; bad bytes replaced)."""
@@ -190,6 +193,63 @@ class State:
 
 def _no_constant(name):
     raise ValueError(f"{name} is not JSON")
+
+
+# Every SDK's JSON helper refuses what Rust's serde_json refuses beyond
+# RFC 8259 (docs/languages.md): more than this many nested arrays and
+# objects (a deeper value would exhaust the module's stack), and a \u
+# escape of half a surrogate pair (it has no UTF-8 encoding).
+MAX_JSON_DEPTH = 127
+
+
+def _check_json(raw: bytes, text: str) -> None:
+    # The exact scan runs only when a cheap count says it may find something.
+    deep = raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH
+    if deep or b"\\u" in raw:
+        _scan_json(text)
+
+
+def _scan_json(text: str) -> None:
+    depth, i, n, in_string = 0, 0, len(text), False
+    while i < n:
+        c = text[i]
+        if in_string:
+            if c == "\\":
+                if text[i + 1 : i + 2] == "u":
+                    i += _surrogates(text, i)
+                    continue
+                i += 2
+                continue
+            in_string = c != '"'
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        elif c in "]}":
+            depth -= 1
+        i += 1
+
+
+def _hex4(text: str, at: int) -> int:
+    try:
+        return int(text[at : at + 4], 16) if len(text[at : at + 4]) == 4 else -1
+    except ValueError:
+        return -1  # not an escape: json.loads says so
+
+
+def _surrogates(text: str, i: int) -> int:
+    """Checks the \\u escape at `i`; returns its length (a pair: both)."""
+    unit = _hex4(text, i + 2)
+    if 0xDC00 <= unit <= 0xDFFF:
+        raise ValueError(f"lone surrogate escape \\u{unit:04x} in JSON")
+    if 0xD800 <= unit <= 0xDBFF:
+        low = _hex4(text, i + 8) if text[i + 6 : i + 8] == "\\u" else -1
+        if not 0xDC00 <= low <= 0xDFFF:
+            raise ValueError(f"lone surrogate escape \\u{unit:04x} in JSON")
+        return 12
+    return 6
 
 
 class Batch:

@@ -22,6 +22,12 @@ impl<const MIN: u64, const MAX: u64> Bounded<MIN, MAX> {
         Bounded(value)
     }
 
+    /// A value from the user (a command-line flag), not yet checked: call
+    /// [`Bounded::check`] before using it.
+    pub const fn given(value: u64) -> Self {
+        Bounded(value)
+    }
+
     /// The number.
     pub const fn get(self) -> u64 {
         self.0

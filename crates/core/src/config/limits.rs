@@ -131,7 +131,10 @@ impl Default for LimitsConfig {
 }
 
 impl LimitsConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    /// Refuses a value out of its range, naming the field: a pipeline's
+    /// config is checked so when it loads; a tool that changes limits
+    /// (`sluice test --fuel`) checks them again.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         self.fuel_per_batch.check("limits.fuel_per_batch")?;
         self.max_memory_mib.check("limits.max_memory_mib")?;
         self.max_stack_kib.check("limits.max_stack_kib")?;

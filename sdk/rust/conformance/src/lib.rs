@@ -41,15 +41,6 @@ impl Transform for Conformance {
             ],
         );
         let words = out.target("words", &[("offset", Kind::Int64), ("word", Kind::Text)]);
-        let seen = out.target(
-            "seen",
-            &[
-                ("offset", Kind::Int64),
-                ("user", Kind::Text),
-                ("n", Kind::Int64),
-                ("last", Kind::Text),
-            ],
-        );
         let now = batch.context.batch_time_ms;
         for r in batch.records() {
             let parsed = r
@@ -105,6 +96,17 @@ impl Transform for Conformance {
                 false => now + 60_000,
             };
             state.set_expiring(last_key.as_bytes(), text.as_bytes(), expires);
+            // Declared where its first row is made: mid-batch, after rows of
+            // the other targets (later calls find it by name).
+            let seen = out.target(
+                "seen",
+                &[
+                    ("offset", Kind::Int64),
+                    ("user", Kind::Text),
+                    ("n", Kind::Int64),
+                    ("last", Kind::Text),
+                ],
+            );
             let row = out.row(seen).int(r.offset).text(user).int(n);
             match last {
                 Some(last) => row.text(&last),

@@ -1,8 +1,10 @@
 //! {{name}}: a sluice transform in Rust.
 //!
-//! Each record's value is read as UTF-8 text; a record with no value is
-//! rejected (it becomes a dead letter); every other one gives a row of
-//! target `out` with its offset and its value in upper case.
+//! Each record's value is read as UTF-8 text (bad bytes replaced by
+//! U+FFFD); a record with no value is rejected (it becomes a dead letter);
+//! every other one gives a row of target `out` with its offset and its
+//! value, ASCII letters in upper case, after the `prefix` param. Every
+//! language's template does exactly this.
 //!
 //! Try it:   sluice build && sluice test dist/{{name}}.wasm --input sample.jsonl
 
@@ -28,7 +30,7 @@ impl Transform for Upper {
                 out.reject(&r, "no value");
                 continue;
             };
-            let text = String::from_utf8_lossy(value).to_uppercase();
+            let text = String::from_utf8_lossy(value).to_ascii_uppercase();
             out.row(t).int(r.offset).text(&format!("{}{text}", self.prefix));
         }
         log::info(&format!("{} records", batch.len()));
