@@ -570,7 +570,7 @@ impl SampleReport {
             usage.fuel.unwrap_or(0),
             self.limits.fuel_per_batch,
             usage.peak_memory_bytes.unwrap_or(0) >> 10,
-            self.limits.max_memory_mib,
+            self.limits.max_memory_mib(),
         ));
         text
     }
@@ -583,21 +583,21 @@ impl SampleReport {
             let log = json!({ "log": { "level": line.level.as_str(), "message": line.message } });
             text.push_str(&format!("{log}\n"));
         }
-        let sum = |count: fn(&BatchRun) -> usize| self.batches.iter().map(count).sum::<usize>();
+        let sum = |count: fn(&BatchRun) -> u64| self.batches.iter().map(count).sum::<u64>();
         let usage = self.usage();
         let summary = json!({ "summary": {
-            "records": sum(|b| b.records.len()),
+            "records": sum(|b| b.records.len() as u64),
             "rows": sum(|b| b.batch.output.row_count()),
-            "rejections": sum(|b| b.batch.output.rejections.len()),
-            "dead_letters": sum(|b| b.batch.dead_letters.len()),
-            "state_keys_written": sum(|b| b.batch.output.state.len()),
+            "rejections": sum(|b| b.batch.output.rejections.len() as u64),
+            "dead_letters": sum(|b| b.batch.dead_letters.len() as u64),
+            "state_keys_written": sum(|b| b.batch.output.state.len() as u64),
             "contract_errors": self.contract_errors,
             "output_digest": self.output_digest(),
             "fuel_used": usage.fuel,
             "peak_memory_bytes": usage.peak_memory_bytes,
             "limits": {
                 "fuel_per_batch": self.limits.fuel_per_batch,
-                "max_memory_mib": self.limits.max_memory_mib,
+                "max_memory_mib": self.limits.max_memory_mib(),
                 "batch_timeout_ms": self.limits.batch_timeout.as_millis() as u64,
             },
             "batches": self.batches.iter().map(BatchRun::summary).collect::<Vec<_>>(),

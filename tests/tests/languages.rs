@@ -412,7 +412,7 @@ fn new_build_and_test_work_from_an_empty_directory() {
             template_rows(&project.join("sample.jsonl")),
             "{lang}"
         );
-        assert_eq!(values[3..], ["> STRAßE", "> OK\u{FFFD}\u{FFFD}!"], "{lang}");
+        assert_eq!(values[2..], ["> STRAßE", "> OK\u{FFFD}\u{FFFD}!"], "{lang}");
         assert_eq!(report.dead_letter_kinds(), [(2, "rejected".to_string())]);
         assert_eq!(
             report.dead_letters[0]["dead_letter"]["reason"], "no value",
