@@ -26,6 +26,10 @@
 //!   time, log start or end.
 //! - [`state_view`]: keyed state shown to a user (`sluice test`, `sluice
 //!   state`).
+//! - [`sample`]: the JSON-lines record format of samples, `sluice
+//!   produce`/`consume` and `dead-letters show --sample`.
+//! - [`topic_io`]: `sluice produce` and `sluice consume`, samples into a
+//!   topic and back.
 //!
 //! Re-exported: [`batch`], [`config`], [`output`], [`limits`], [`store`]
 //! (`sluice-core`); [`pipeline`] (`sluice-pipeline`, the batch loop);
@@ -44,7 +48,9 @@ pub mod plugin_test;
 pub mod redrive;
 pub mod replay;
 pub mod reset;
+pub mod sample;
 pub mod state_view;
+pub mod topic_io;
 
 pub use sluice_control as control;
 pub use sluice_core::{batch, config, limits, output, state, store, transform};

@@ -81,6 +81,12 @@ enum Command {
         #[command(subcommand)]
         command: cli::state::StateCommand,
     },
+    /// Produce sample records (the `sluice test --input` JSON lines) to a
+    /// topic, in order; prints how many went to each partition.
+    Produce(cli::topic::Produce),
+    /// Print a topic's committed records, from the start of each partition
+    /// to its end, as sample lines (`sluice test --input`, `sluice produce`).
+    Consume(cli::topic::Consume),
 }
 
 fn main() -> std::process::ExitCode {
@@ -157,6 +163,8 @@ async fn execute(cli: Cli) -> anyhow::Result<()> {
         Command::DeadLetters { command } => cli::dead_letters::execute(command).await,
         Command::Reset(args) => cli::reset::reset(args).await,
         Command::State { command } => cli::state::execute(command).await,
+        Command::Produce(args) => cli::topic::produce(args).await,
+        Command::Consume(args) => cli::topic::consume(args),
     }
 }
 

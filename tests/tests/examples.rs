@@ -2,6 +2,7 @@
 //! broker on its sample data and must give its `expected.txt`. Each SQL
 //! example names its own schema, dropped before its test.
 
+use sluice_tests::control::sluice_ok;
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
 use std::path::Path;
@@ -84,7 +85,7 @@ fn word_count_counts_the_words_of_a_json_field() {
         r#"{"value":"not json"}"#,
     ];
     std::fs::write(&input, lines.join("\n")).unwrap();
-    let out = sluice_tests::control::sluice_ok(&[
+    let out = sluice_ok(&[
         "test",
         plugin("word-count").to_str().unwrap(),
         "--input",
@@ -550,4 +551,144 @@ fn enrich_kafka_example_enriches_valid_orders_and_dead_letters_the_rest() {
     );
     actual.push_str(&format!("enrich.dead-letters: {}\n", dead.len()));
     assert_eq!(actual, expected("enrich-kafka"));
+}
+
+/// The local workflow's way in and out: a sample produced with `sluice
+/// produce` (which creates the topic), run by a pipeline and verified, and
+/// read back by `sluice consume` as the same records (partition, time, key,
+/// value, headers; bytes that are not UTF-8 as hex), which read again as
+/// a sample. A missing topic and a bad line are refused with nothing sent.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sample_goes_in_with_produce_and_comes_back_with_consume() {
+    use sluice::sample::{SampleLine, lines};
+    let brokers = shared_broker();
+    let topic = "workflow-io";
+    let dir = TempDir::new(topic);
+    let sample = dir.path().join("sample.jsonl");
+    let text = [
+        r#"{"value": "hello", "key": "k1", "partition": 1, "timestamp": 1700000000000, "headers": {"h": "v", "n": null}}"#,
+        r#"{"value_hex": "00ff", "partition": 0, "timestamp": 1700000000001}"#,
+        r#"{"value": {"json": [1, 2]}, "key_hex": "ff00", "partition": 1, "timestamp": 1700000000002, "offset": 99}"#,
+        r#"{"value": null, "partition": 0, "timestamp": 1700000000003}"#,
+    ]
+    .join("\n");
+    std::fs::write(&sample, &text).unwrap();
+    let sample_arg = sample.to_str().unwrap();
+    let said = sluice_ok(&[
+        "produce",
+        topic,
+        sample_arg,
+        "--brokers",
+        brokers,
+        "--partitions",
+        "2",
+    ]);
+    assert!(
+        said.contains("created workflow-io with 2 partitions")
+            && said.contains("produced 4 records to workflow-io (by partition: 0: 2, 1: 2)"),
+        "{said}"
+    );
+
+    // What a record is, apart from where the log put it.
+    let record = |l: &SampleLine| {
+        (
+            l.partition,
+            l.timestamp,
+            l.key.clone(),
+            l.value.clone(),
+            l.headers.clone(),
+        )
+    };
+    let mut sent: Vec<_> = lines(&text)
+        .unwrap()
+        .iter()
+        .map(|(_, l)| record(l))
+        .collect();
+    let consumed = sluice_ok(&["consume", topic, "--brokers", brokers]);
+    let mut back: Vec<_> = lines(&consumed)
+        .unwrap()
+        .iter()
+        .map(|(_, l)| record(l))
+        .collect();
+    sent.sort();
+    back.sort();
+    assert_eq!(back, sent, "{consumed}");
+    assert!(consumed.contains(r#""value_hex":"00ff""#), "{consumed}");
+    let one = sluice_ok(&[
+        "consume",
+        topic,
+        "--brokers",
+        brokers,
+        "--partition",
+        "1",
+        "--max-records",
+        "1",
+    ]);
+    assert_eq!(one.lines().count(), 1, "{one}");
+
+    let db = dir.path().join("out.db");
+    let config = identity_config(topic, brokers, topic, &db, 100).write(dir.path());
+    run_ok(&config);
+    let pool = sqlite(&db).await;
+    assert_eq!(
+        identity_rows(&pool).await,
+        read_committed(brokers, topic, 2)
+    );
+    let verified = sluice_ok(&["verify", config.to_str().unwrap()]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+
+    let refused = |args: &[&str], expected: &str| {
+        let out = std::process::Command::new(sluice_bin())
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(expected),
+            "{args:?}: {err}"
+        );
+    };
+    refused(
+        &[
+            "produce",
+            "workflow-io-none",
+            sample_arg,
+            "--brokers",
+            brokers,
+        ],
+        "topic `workflow-io-none` does not exist",
+    );
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"value\": \"ok\"}\n{\"valeu\": \"typo\"}\n").unwrap();
+    refused(
+        &[
+            "produce",
+            topic,
+            bad.to_str().unwrap(),
+            "--brokers",
+            brokers,
+        ],
+        "line 2: unknown field `valeu`",
+    );
+    let wide = dir.path().join("wide.jsonl");
+    std::fs::write(
+        &wide,
+        "{\"value\": \"ok\"}\n{\"value\": \"x\", \"partition\": 7}\n",
+    )
+    .unwrap();
+    refused(
+        &[
+            "produce",
+            topic,
+            wide.to_str().unwrap(),
+            "--brokers",
+            brokers,
+        ],
+        "line 2: `workflow-io` has no partition 7 (it has 2)",
+    );
+    assert_eq!(
+        read_committed(brokers, topic, 2).len(),
+        4,
+        "nothing more was sent"
+    );
 }

@@ -19,7 +19,7 @@ pub mod section;
 mod sink;
 
 pub use at_least_once::{KafkaAtLeastOnce, KafkaProducer};
-pub use client::brokers_of;
+pub use client::{EndIsNotAnError, brokers_of};
 pub use lineage::KafkaLineage;
 pub use section::KafkaSection;
 pub use sink::KafkaSink;

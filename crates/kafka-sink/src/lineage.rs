@@ -7,7 +7,7 @@
 //!
 //! It must not write: entries are written only by the sink's commit.
 
-use crate::client::brokers_of;
+use crate::client::{EndIsNotAnError, brokers_of};
 use crate::section::KafkaSection;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -64,14 +64,14 @@ impl LineageStore for KafkaLineage {
 fn read_entries(brokers: &str, topic: &str, pipeline: &str) -> Result<Vec<Vec<u8>>, SinkError> {
     let unavailable =
         |e: KafkaError| SinkError::unavailable(format!("reading lineage topic `{topic}`"), e);
-    let consumer: BaseConsumer = ClientConfig::new()
+    let consumer: BaseConsumer<EndIsNotAnError> = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("sluice-lineage-reader-{pipeline}"))
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
         .set("fetch.wait.max.ms", "50")
-        .create()
+        .create_with_context(EndIsNotAnError)
         .map_err(unavailable)?;
     let metadata = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(15))

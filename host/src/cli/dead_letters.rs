@@ -8,7 +8,7 @@
 use super::progress::Progress;
 use anyhow::Context;
 use sluice::batch::now_ms;
-use sluice::state_view::put_bytes;
+use sluice::sample::SampleLine;
 use sluice_core::dead_letters::{DeadLetterFilter, RecordKey, StoredDeadLetter};
 use sluice_core::sink::DeadLetterKind;
 use std::path::PathBuf;
@@ -299,16 +299,18 @@ fn one_line(text: &str, max: usize) -> String {
     }
 }
 
-/// The record as a `sluice test --input` line.
+/// The record as a `sluice test --input` (or `sluice produce`) line.
 fn sample_line(d: &StoredDeadLetter) -> serde_json::Value {
-    let mut o = serde_json::Map::new();
-    o.insert("topic".into(), d.topic.clone().into());
-    o.insert("partition".into(), d.partition.into());
-    o.insert("offset".into(), d.offset.into());
-    o.insert("timestamp".into(), d.timestamp.into());
-    put_bytes(&mut o, "key", d.key.as_deref());
-    put_bytes(&mut o, "value", d.value.as_deref());
-    o.into()
+    SampleLine {
+        topic: Some(d.topic.clone()),
+        partition: Some(d.partition),
+        offset: Some(d.offset),
+        timestamp: Some(d.timestamp),
+        key: d.key.clone(),
+        value: d.value.clone(),
+        headers: Vec::new(),
+    }
+    .to_json()
 }
 
 fn full_json(d: &StoredDeadLetter) -> serde_json::Value {

@@ -11,6 +11,7 @@ pub mod replay;
 pub mod reset;
 pub mod run;
 pub mod state;
+pub mod topic;
 
 use tokio_util::sync::CancellationToken;
 
