@@ -24,3 +24,4 @@ for word, n in db.execute("SELECT word, n FROM word_counts ORDER BY n DESC, word
     print(f"  {word:10} {n}")
 print("batches committed:", db.execute("SELECT count(*) FROM sluice_batches").fetchone()[0])
 PY
+echo "the sluice binary is $target/sluice; to have it on PATH: cargo install --path host (into ~/.cargo/bin)"

@@ -128,7 +128,8 @@ pub async fn create_if_missing(
 
 /// Produces every record of the sample `text` to `topic`, in order, each to
 /// its line's `partition` (or where the producer's partitioner puts its
-/// key), with its `timestamp` (or now), key, value and headers. A line's
+/// key), with its `timestamp` (or now, if absent or negative), key, value
+/// and headers. A line's
 /// `topic` and `offset` are not used: the topic is `topic`, the broker
 /// gives offsets. Every line is read, and every partition checked, before
 /// anything is sent; returns once the broker acknowledged every record.
@@ -186,7 +187,9 @@ fn record<'a>(topic: &'a str, l: &'a SampleLine) -> FutureRecord<'a, [u8], [u8]>
     if let Some(p) = l.partition {
         record = record.partition(p);
     }
-    if let Some(ts) = l.timestamp {
+    // A negative time (a dead letter stored before sluice kept times says
+    // -1) is no time: the producer's.
+    if let Some(ts) = l.timestamp.filter(|ts| *ts >= 0) {
         record = record.timestamp(ts);
     }
     if let Some(key) = &l.key {

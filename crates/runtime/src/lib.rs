@@ -11,6 +11,7 @@
 //! `ModuleStore` trait, whatever backend keeps it).
 
 mod bindings;
+mod cache;
 mod compile;
 mod follow;
 mod logs;

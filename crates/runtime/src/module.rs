@@ -3,13 +3,11 @@
 //! refuse), compile under a budget or reuse the cached artifact, check the
 //! world's types, pre-instantiate.
 //!
-//! Owns the compiled-artifact cache, keyed by (sha256 of the .wasm, engine
-//! compatibility hash). It must only ever deserialize artifacts this host
-//! compiled and wrote itself: deserializing is unsafe for foreign bytes.
+//! The compiled-artifact cache is `cache`'s.
 
 use super::RunError;
 use super::bindings::{BatchState, Transform, TransformPre};
-use super::compile;
+use super::cache;
 use crate::batch::sha256_hex;
 use sluice_core::limits::Limits;
 use std::hash::{Hash, Hasher};
@@ -139,7 +137,7 @@ pub fn load(
     }
     check_before_compiling(bytes)?;
     let digest = sha256_hex(bytes);
-    let component = compile_cached(engine, limits, bytes, &digest, cache_dir)?;
+    let component = cache::compile_cached(engine, limits, bytes, &digest, cache_dir)?;
     check_imports(engine, &component)?;
     let pre = linker
         .instantiate_pre(&component)
@@ -205,57 +203,6 @@ fn check_before_compiling(bytes: &[u8]) -> Result<(), ModuleError> {
             missing.join("`, `")
         ))),
     }
-}
-
-fn compile_cached(
-    engine: &Engine,
-    limits: &Limits,
-    bytes: &[u8],
-    digest: &str,
-    cache_dir: Option<&Path>,
-) -> Result<Component, ModuleError> {
-    let Some(dir) = cache_dir else {
-        return compile::compile(engine, limits, bytes);
-    };
-    let path = dir.join(format!("{digest}-{}.cwasm", engine_hash(engine)));
-    // Read into memory rather than mmap the file: a cache file truncated
-    // under a running host would otherwise crash it (SIGBUS).
-    if let Ok(artifact) = std::fs::read(&path) {
-        // SAFETY: files in the cache directory are written only by
-        // `compile_cached` below, from `Component::serialize` of this same
-        // engine configuration (the file name carries its compatibility
-        // hash); wasmtime also checks the artifact's header on load.
-        match unsafe { Component::deserialize(engine, &artifact) } {
-            Ok(c) => return Ok(c),
-            Err(e) => {
-                tracing::warn!(path = %path.display(), "ignoring unusable cached module: {e:#}")
-            }
-        }
-    }
-    let component = compile::compile(engine, limits, bytes)?;
-    let artifact = component
-        .serialize()
-        .map_err(|e| ModuleError::Engine(format!("{e:#}")))?;
-    // The module is compiled: a cache that cannot be written only costs
-    // the next start a compile.
-    if let Err(e) = write_atomically(dir, &path, &artifact) {
-        tracing::warn!(path = %path.display(), "cannot cache the compiled module: {e}");
-    }
-    Ok(component)
-}
-
-/// Writes `bytes` to `path` through a temporary file of its own (unique
-/// per process and call, so concurrent loads of one module never share
-/// one), renamed into place: readers see the whole file or none.
-fn write_atomically(dir: &Path, path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
-    std::fs::write(&tmp, bytes)?;
-    std::fs::rename(&tmp, path).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
 }
 
 fn check_imports(engine: &Engine, component: &Component) -> Result<(), ModuleError> {

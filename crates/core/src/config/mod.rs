@@ -234,7 +234,8 @@ pub struct ModuleConfig {
     #[serde(default)]
     pub params: toml::Table,
     /// Directory for compiled modules. Default: `.sluice-cache` next to the
-    /// config file.
+    /// config file. It keeps at most 2 GiB (the least recently used go
+    /// first); removing it is safe at any time (a module is compiled again).
     #[serde(default)]
     pub cache_dir: Option<PathBuf>,
 }
