@@ -519,62 +519,38 @@ fn sluice_test_runs_batches_with_state_limits_and_an_expected_output() {
     );
     assert_eq!(limited.summary["limits"]["fuel_per_batch"], 90_000_000);
     assert_eq!(limited.summary["limits"]["max_memory_mib"], 32);
-    let (ok, _, err) = sluice(&[
-        "test",
-        tally.to_str().unwrap(),
-        "--input",
-        sample.to_str().unwrap(),
-        "--max-memory-mib",
-        "0",
-    ]);
+    // `sluice test` of the tally plugin on the sample, with `extra` flags.
+    let tally_test = |extra: &[&str]| {
+        let mut args = vec![
+            "test",
+            tally.to_str().unwrap(),
+            "--input",
+            sample.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        sluice(&args)
+    };
+    let (ok, _, err) = tally_test(&["--max-memory-mib", "0"]);
     assert!(!ok && err.contains("limits.max_memory_mib"), "{err}");
-    let table = sluice_ok(&[
-        "test",
-        tally.to_str().unwrap(),
-        "--input",
-        sample.to_str().unwrap(),
-    ]);
+    let (ok, table, _) = tally_test(&[]);
     assert!(
-        table.contains("used: fuel ") && table.contains("peak memory "),
+        ok && table.contains("used: fuel ") && table.contains("peak memory "),
         "{table}"
     );
 
     // A golden file: the same run matches it; a changed count does not.
-    let args = |expect: &Path| {
-        vec![
-            "test".to_string(),
-            tally.display().to_string(),
-            "--input".into(),
-            sample.display().to_string(),
-            "--batch-size".into(),
-            "2".into(),
-            "--expect".into(),
-            expect.display().to_string(),
-        ]
-    };
+    let (_, json, _) = tally_test(&["--batch-size", "2", "--json"]);
     let golden = dir.path().join("expected.jsonl");
-    let json = sluice_ok(&[
-        "test",
-        tally.to_str().unwrap(),
-        "--input",
-        sample.to_str().unwrap(),
-        "--batch-size",
-        "2",
-        "--json",
-    ]);
     std::fs::write(&golden, &json).unwrap();
-    let args_ok = args(&golden);
-    let (ok, _, err) = sluice(&args_ok.iter().map(String::as_str).collect::<Vec<_>>());
+    let expect =
+        |file: &Path| tally_test(&["--batch-size", "2", "--expect", file.to_str().unwrap()]);
+    let (ok, _, err) = expect(&golden);
     assert!(ok && err.contains("as expected"), "{err}");
     let changed = dir.path().join("changed.jsonl");
     let first_row = json.lines().find(|l| l.contains("\"n\":2")).unwrap();
-    std::fs::write(
-        &changed,
-        json.replacen(first_row, &first_row.replace("\"n\":2", "\"n\":7"), 1),
-    )
-    .unwrap();
-    let args_bad = args(&changed);
-    let (ok, _, err) = sluice(&args_bad.iter().map(String::as_str).collect::<Vec<_>>());
+    let wrong = first_row.replace("\"n\":2", "\"n\":7");
+    std::fs::write(&changed, json.replacen(first_row, &wrong, 1)).unwrap();
+    let (ok, _, err) = expect(&changed);
     assert!(!ok, "a changed count must fail --expect");
     assert!(
         err.contains("- ")
