@@ -526,6 +526,11 @@ pub struct SampledRun {
 /// sample in that window reads the test process's high-water mark (seen:
 /// 788 MiB for a `sluice check` that peaks at 33).
 pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
+    sluice_sampled_logging(args, "warn")
+}
+
+/// [`sluice_sampled`] with `SLUICE_LOG=log`.
+pub fn sluice_sampled_logging(args: &[&std::ffi::OsStr], log: &str) -> SampledRun {
     let bin = sluice_bin();
     let name: String = bin
         .file_name()
@@ -533,7 +538,7 @@ pub fn sluice_sampled(args: &[&std::ffi::OsStr]) -> SampledRun {
         .unwrap_or_default();
     let mut child = Command::new(&bin)
         .args(args)
-        .env("SLUICE_LOG", "warn")
+        .env("SLUICE_LOG", log)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()

@@ -514,34 +514,30 @@ pub struct MeasuredRun {
     pub success: bool,
     /// Its log (stderr), at the level asked for.
     pub log: String,
-    /// The process's peak resident memory, in MiB (its own `ru_maxrss`).
+    /// The most memory the process, or a compile worker it started, held
+    /// resident (`VmHWM`), in MiB.
     pub peak_rss_mib: u64,
 }
 
 /// Runs `sluice run CONFIG --until-caught-up` with `SLUICE_LOG=log` to
-/// completion and measures the process's peak memory (wait4's rusage).
+/// completion and measures its peak memory by sampling
+/// ([`control::sluice_sampled`]). Not wait4's rusage: a process inherits
+/// the high-water mark of the test process that forked it, and a test
+/// process that has read a large table measured its child at ~500 MiB for
+/// a run peaking at ~100.
 pub fn run_measured(config: &Path, log: &str) -> MeasuredRun {
-    let log_path = config.with_extension("measured.log");
-    let child = Command::new(sluice_bin())
-        .args(["run", "--until-caught-up"])
-        .arg(config)
-        .env("SLUICE_LOG", log)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log_path).expect("log file"))
-        .spawn()
-        .expect("spawn sluice");
-    let pid = child.id() as i32;
-    let mut status = 0;
-    // SAFETY: rusage is plain data the call fills in; `pid` is our own
-    // child, not waited for elsewhere (the `Child` is dropped unwaited).
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    assert_eq!(waited, pid, "wait4");
-    drop(child);
+    let run = control::sluice_sampled_logging(
+        &[
+            "run".as_ref(),
+            "--until-caught-up".as_ref(),
+            config.as_os_str(),
+        ],
+        log,
+    );
     MeasuredRun {
-        success: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        log: std::fs::read_to_string(&log_path).unwrap_or_default(),
-        peak_rss_mib: usage.ru_maxrss as u64 / 1024,
+        success: run.success,
+        log: run.stderr,
+        peak_rss_mib: run.peak_rss_mib.max(run.children_peak_rss_mib),
     }
 }
 
