@@ -202,11 +202,7 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
         );
         let base = Arc::new(Carried(state.clone()));
         let batch = preparer.transform_planned(plan, records.clone(), 0, base)?;
-        for (tp, keys) in &batch.output.state.0 {
-            for (key, value) in keys {
-                state.insert(tp, key.clone(), value.clone());
-            }
-        }
+        state.overlay(batch.output.state.clone());
         batches.push(BatchRun { records, batch });
     }
     let contract_errors = match &setup.targets {

@@ -6,19 +6,18 @@
 //! and out around a pipeline.
 
 use crate::sample::{self, SampleLine};
-use crate::sink::kafka::EndIsNotAnError;
+use crate::sink::kafka::to_end::{EndReadError, EndReader, partitions_of};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// How long the broker has to answer a metadata request.
+/// How long the broker has to create a topic.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Where the topic is: brokers, and librdkafka properties (TLS, SASL) as a
@@ -57,6 +56,12 @@ pub enum TopicError {
         partition: i32,
         count: usize,
     },
+    #[error("reading `{topic}`")]
+    Read {
+        topic: String,
+        #[source]
+        source: EndReadError,
+    },
     #[error("kafka: {context}")]
     Kafka {
         context: String,
@@ -83,16 +88,20 @@ impl Produced {
 }
 
 /// The number of partitions of `topic`.
-fn partitions<C: rdkafka::consumer::ConsumerContext>(
-    client: &BaseConsumer<C>,
-    topic: &str,
-) -> Result<usize, TopicError> {
-    let metadata = client
-        .fetch_metadata(Some(topic), BROKER_TIMEOUT)
-        .map_err(kafka(format!("metadata of `{topic}`")))?;
-    match metadata.topics().iter().find(|t| t.name() == topic) {
-        Some(t) if t.error().is_none() && !t.partitions().is_empty() => Ok(t.partitions().len()),
-        _ => Err(TopicError::NoTopic(topic.to_string())),
+fn partition_count(at: &Brokers, topic: &str) -> Result<usize, TopicError> {
+    let probe: BaseConsumer = at.client().create().map_err(kafka("client"))?;
+    let partitions = tokio::task::block_in_place(|| partitions_of(&probe, topic));
+    Ok(partitions.map_err(|e| read_error(topic, e))?.len())
+}
+
+/// A read's failure: a missing topic is said as produce says it.
+fn read_error(topic: &str, e: EndReadError) -> TopicError {
+    match e {
+        EndReadError::NoTopic(t) => TopicError::NoTopic(t),
+        e => TopicError::Read {
+            topic: topic.to_string(),
+            source: e,
+        },
     }
 }
 
@@ -104,8 +113,7 @@ pub async fn create_if_missing(
     topic: &str,
     partitions: i32,
 ) -> Result<bool, TopicError> {
-    let probe: BaseConsumer = at.client().create().map_err(kafka("client"))?;
-    match tokio::task::block_in_place(|| self::partitions(&probe, topic)) {
+    match partition_count(at, topic) {
         Ok(_) => return Ok(false),
         Err(TopicError::NoTopic(_)) => {}
         Err(e) => return Err(e),
@@ -136,8 +144,7 @@ pub async fn create_if_missing(
 pub async fn produce(to: &Brokers, topic: &str, text: &str) -> Result<Produced, TopicError> {
     let lines =
         sample::lines(text).map_err(|(line, message)| TopicError::Sample { line, message })?;
-    let probe: BaseConsumer = to.client().create().map_err(kafka("client"))?;
-    let count = tokio::task::block_in_place(|| partitions(&probe, topic))?;
+    let count = partition_count(to, topic)?;
     if let Some((line, l)) = lines
         .iter()
         .find(|(_, l)| l.partition.is_some_and(|p| p as usize >= count))
@@ -233,16 +240,9 @@ pub fn consume(
     topic: &str,
     which: &Consume,
 ) -> Result<Vec<SampleLine>, TopicError> {
-    let consumer: BaseConsumer<EndIsNotAnError> = from
-        .client()
-        .set("group.id", format!("sluice-consume-{topic}"))
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .set("fetch.wait.max.ms", "50")
-        .create_with_context(EndIsNotAnError)
-        .map_err(kafka("consumer"))?;
-    let count = partitions(&consumer, topic)?;
+    let group = format!("sluice-consume-{topic}");
+    let reader = EndReader::open(from.client(), &group, topic).map_err(|e| read_error(topic, e))?;
+    let count = reader.partitions().len();
     let wanted: Vec<i32> = match which.partition {
         Some(p) if p >= 0 && (p as usize) < count => vec![p],
         Some(p) => {
@@ -253,33 +253,17 @@ pub fn consume(
                 count,
             });
         }
-        None => (0..count as i32).collect(),
+        None => reader.partitions().to_vec(),
     };
-    let mut list = TopicPartitionList::new();
-    for &p in &wanted {
-        list.add_partition_offset(topic, p, Offset::Beginning)
-            .map_err(kafka("assign"))?;
-    }
-    consumer.assign(&list).map_err(kafka("assign"))?;
     let max = which.max_records.unwrap_or(usize::MAX);
-    let mut at_end = std::collections::BTreeSet::new();
     let mut lines = Vec::new();
-    let started = std::time::Instant::now();
-    while at_end.len() < wanted.len() && lines.len() < max {
-        if started.elapsed() > READ_FOR {
-            return Err(TopicError::Kafka {
-                context: format!("reading `{topic}` took over {READ_FOR:?}"),
-                source: KafkaError::Canceled,
-            });
-        }
-        match consumer.poll(Duration::from_millis(200)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-            }
-            Some(Err(e)) => return Err(kafka(format!("reading `{topic}`"))(e)),
-            Some(Ok(m)) => lines.push(line_of(&m)),
-        }
+    if max > 0 {
+        reader
+            .read(&wanted, READ_FOR, |m| {
+                lines.push(line_of(m));
+                lines.len() < max
+            })
+            .map_err(|e| read_error(topic, e))?;
     }
     lines.sort_by_key(|l| (l.partition, l.offset));
     Ok(lines)

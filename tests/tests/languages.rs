@@ -370,10 +370,7 @@ fn template_rows(sample: &Path) -> Vec<String> {
             let record: Json = serde_json::from_str(line).unwrap();
             let bytes = match (&record["value"], record["value_hex"].as_str()) {
                 (Json::String(s), _) => s.as_bytes().to_vec(),
-                (_, Some(hex)) => (0..hex.len())
-                    .step_by(2)
-                    .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-                    .collect(),
+                (_, Some(digits)) => hex::decode(digits).unwrap(),
                 _ => return None,
             };
             let text = String::from_utf8_lossy(&bytes).to_ascii_uppercase();

@@ -283,9 +283,7 @@ impl Output {
                 index: index_map[r.index as usize] as u32,
                 reason: r.reason,
             }));
-        for (tp, keys) in other.state.0 {
-            self.state.0.entry(tp).or_default().extend(keys);
-        }
+        self.state.overlay(other.state);
     }
 
     /// sha256 over the canonical form of a batch's result: its rows and

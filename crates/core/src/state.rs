@@ -76,6 +76,14 @@ impl StateMap {
         }
     }
 
+    /// Takes `later`'s value of every key it has: a later part's or a later
+    /// batch's writes over these.
+    pub fn overlay(&mut self, later: StateMap) {
+        for (tp, keys) in later.0 {
+            self.0.entry(tp).or_default().extend(keys);
+        }
+    }
+
     /// Canonical bytes: partitions and keys in order, each value with its
     /// expiry. What the output digest hashes and lineage stores.
     pub fn encode(&self) -> Vec<u8> {
@@ -192,6 +200,13 @@ pub enum StateError {
     /// Recorded state bytes do not decode.
     #[error("recorded state does not decode: {0}")]
     Corrupt(String),
+}
+
+impl StateError {
+    /// The store could not be read; `cause` says why.
+    pub fn unreadable(cause: impl std::fmt::Display) -> Self {
+        StateError::Unavailable(format!("reading keyed state: {cause}"))
+    }
 }
 
 /// Where a run reads the state its batch started from.

@@ -14,24 +14,6 @@ use rdkafka::{ClientConfig, ClientContext};
 use sluice_core::sink::SinkError;
 use std::time::{Duration, Instant};
 
-/// The context of a consumer that reads to the end of its partitions
-/// (`enable.partition.eof`): librdkafka also reports each end reached as a
-/// client error, which the default context logs at ERROR. An end is not an
-/// error; every other one is logged as before.
-pub struct EndIsNotAnError;
-
-impl ClientContext for EndIsNotAnError {
-    fn error(&self, error: KafkaError, reason: &str) {
-        if !matches!(error, KafkaError::PartitionEOF(_))
-            && error.rdkafka_error_code() != Some(RDKafkaErrorCode::PartitionEOF)
-        {
-            tracing::error!("librdkafka: {error}: {reason}");
-        }
-    }
-}
-
-impl rdkafka::consumer::ConsumerContext for EndIsNotAnError {}
-
 /// How long one broker call (metadata, init, offsets, commit) may take.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 

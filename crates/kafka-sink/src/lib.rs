@@ -17,9 +17,10 @@ mod lineage;
 mod records;
 pub mod section;
 mod sink;
+pub mod to_end;
 
 pub use at_least_once::{KafkaAtLeastOnce, KafkaProducer};
-pub use client::{EndIsNotAnError, brokers_of};
+pub use client::brokers_of;
 pub use lineage::KafkaLineage;
 pub use section::KafkaSection;
 pub use sink::KafkaSink;

@@ -106,10 +106,6 @@ pub struct RedisStateStore {
     prefix: String,
 }
 
-fn unavailable(e: redis::RedisError) -> StateError {
-    StateError::Unavailable(format!("reading keyed state: {e}"))
-}
-
 impl RedisStateStore {
     /// Opens a connection of its own to `store` (`sluice state`).
     pub async fn open(store: &StoreConnection) -> Result<RedisStateStore, SinkError> {
@@ -148,7 +144,7 @@ impl StateStore for RedisStateStore {
                 .arg(1000)
                 .query_async(&mut conn)
                 .await
-                .map_err(unavailable)?;
+                .map_err(StateError::unreadable)?;
             for (key, stored) in page {
                 let value = decode(&stored)?;
                 bytes += key.len() + value.size();
@@ -180,7 +176,7 @@ impl StateStore for RedisStateStore {
             .arg(key)
             .query_async(&mut conn)
             .await
-            .map_err(unavailable)?;
+            .map_err(StateError::unreadable)?;
         stored.map(|s| decode(&s)).transpose()
     }
 }

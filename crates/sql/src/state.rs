@@ -231,10 +231,6 @@ pub struct SqlStateStore {
     reads: String,
 }
 
-fn unavailable(e: sqlx::Error) -> StateError {
-    StateError::Unavailable(format!("reading keyed state: {e}"))
-}
-
 impl SqlStateStore {
     /// Opens a pool of its own on `store`'s database.
     pub async fn open(store: &StoreConnection) -> Result<SqlStateStore, SinkError> {
@@ -338,7 +334,7 @@ impl StateStore for SqlStateStore {
             .bind(tp.partition as i64)
             .fetch(&self.pool);
         let (mut entries, mut bytes) = (Vec::new(), 0usize);
-        while let Some(row) = rows.try_next().await.map_err(unavailable)? {
+        while let Some(row) = rows.try_next().await.map_err(StateError::unreadable)? {
             let (key, value) = state_row(&row)?;
             bytes += key.len() + value.size();
             if bytes > max_bytes {
@@ -362,7 +358,7 @@ impl StateStore for SqlStateStore {
             .bind(key.to_vec())
             .fetch_optional(&self.pool)
             .await
-            .map_err(unavailable)?;
+            .map_err(StateError::unreadable)?;
         row.map(|row| state_row(&row).map(|(_, v)| v)).transpose()
     }
 }
