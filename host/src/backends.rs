@@ -28,7 +28,7 @@ use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, redis, sqlite};
 use sluice_core::dead_letters::Redrive;
 use sluice_core::state::StateStore;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
-use sluice_kafka_sink::KafkaLineage;
+use sluice_kafka_sink::{KafkaLineage, KafkaStateStore};
 use sluice_redis::{RedisLineage, RedisModuleStore, RedisStateStore};
 use sluice_sql::{SqlDeadLetters, SqlLineage, SqlModuleStore, SqlStateStore};
 use std::collections::HashMap;
@@ -358,9 +358,7 @@ fn exactly_once_kafka(config: &PipelineConfig) -> Result<bool, SinkError> {
 /// (`sluice state`); the pipeline itself reads it through its sink.
 pub async fn state_store(config: &PipelineConfig) -> Result<Arc<dyn StateStore>, SinkError> {
     if exactly_once_kafka(config)? {
-        return Err(SinkError::Config(
-            "a Kafka sink with guarantee = \"exactly-once\" keeps no keyed state yet".into(),
-        ));
+        return Ok(Arc::new(KafkaStateStore::open(config)?));
     }
     // A sink without state of its own (stdout, at-least-once Kafka) keeps
     // it in `[state]`.

@@ -4,7 +4,8 @@
 //! each other, a poison record, an oversized value and one key too many in
 //! stateful batches, a frozen zombie with a warm cache, state kept in
 //! `[state]` by the sinks without state of their own, `sluice state`, and
-//! the exactly-once Kafka sink refusing a stateful module. Rows and the final state are checked
+//! the exactly-once Kafka sink's changelog (SIGKILLs, two owners fencing
+//! each other, a missing changelog topic). Rows and the final state are checked
 //! against a recomputation from an independent `read_committed` read;
 //! `verify` must replay every stateful batch alike.
 //!
@@ -65,7 +66,7 @@ fn assert_verified(config: &std::path::Path) -> usize {
 /// A stateful pipeline after the kill loop, and what an independent
 /// `read_committed` read of its input says it must have left.
 struct Killed {
-    _broker: Broker,
+    broker: Broker,
     _dir: TempDir,
     config: std::path::PathBuf,
     kills: usize,
@@ -97,7 +98,7 @@ async fn kill_stateful(
     let input = read_committed(brokers, name, PARTITIONS);
     Killed {
         expected: Expected::of(&input, &[]),
-        _broker: broker,
+        broker,
         _dir: dir,
         config,
         kills,
@@ -616,11 +617,163 @@ async fn sinks_without_state_of_their_own_keep_it_in_the_state_store() {
     }
 }
 
-/// A Kafka sink with `guarantee = "exactly-once"` keeps no state yet: it
-/// refuses a stateful module with the reason and the ways out, instead of
-/// dropping its state; `sluice state` says the same.
+/// `config` (a tally pipeline's) into an exactly-once Kafka sink on the
+/// brokers it reads: its rows to `{pipeline}-out`, its state to the
+/// changelog `{pipeline}.state`, topics created here.
+fn kafka_once(config: PipelineToml, pipeline: &str) -> PipelineToml {
+    let brokers = config
+        .get("source", "brokers")
+        .expect("brokers")
+        .to_string();
+    let out = format!("{pipeline}-out");
+    sluice_tests::kafka_out::create_sink_topics(&brokers, pipeline, &out);
+    create_topic(&brokers, &format!("{pipeline}.state"), PARTITIONS);
+    config
+        .sink_url(&format!("kafka://{brokers}"))
+        .targets(|t| t.kafka_topic(&out))
+}
+
+/// The rows and final state an exactly-once Kafka sink committed for the
+/// tally pipeline `pipeline`, read by the broker's transaction markers
+/// (this broker shows aborted records to `read_committed`: docs/kafka.md):
+/// each row's (partition, offset, n) from `{pipeline}-out`, and the last
+/// committed value of every key of `{pipeline}.state`.
+fn stored_kafka(brokers: &str, pipeline: &str) -> (Vec<(i64, i64, i64)>, Expected) {
+    use sluice_tests::markers::read_committed_by_markers;
+    let out = read_committed_by_markers(brokers, &format!("{pipeline}-out"), PARTITIONS);
+    let mut rows: Vec<(i64, i64, i64)> = out
+        .iter()
+        .map(|r| {
+            let row: serde_json::Value = serde_json::from_str(&r.value).expect("a JSON row");
+            let n = |c: &str| row[c].as_i64().expect("an integer column");
+            (n("partition"), n("offset"), n("n"))
+        })
+        .collect();
+    rows.sort();
+    let mut state = Expected::default();
+    let changelog = read_committed_by_markers(brokers, &format!("{pipeline}.state"), PARTITIONS);
+    for r in changelog {
+        // A state record's key is 0x00 and the state key; a seal's is 0x01.
+        let Some(key) = r.key.as_deref().and_then(|k| k.strip_prefix('\0')) else {
+            continue;
+        };
+        // Tag 1: no expiry; the count follows.
+        let n = r.value.strip_prefix('\u{1}').expect("a stored value's tag");
+        state.state.insert(
+            (r.partition as i64, key.as_bytes().to_vec()),
+            n.parse().expect("a count"),
+        );
+    }
+    (rows, state)
+}
+
+/// Asserts an exactly-once Kafka sink holds what `expected` says: every
+/// row exactly once with its count, and every key's final count.
+fn assert_stored_kafka(brokers: &str, pipeline: &str, expected: &Expected) {
+    let (rows, stored) = stored_kafka(brokers, pipeline);
+    let mut want: Vec<(i64, i64, i64)> = expected
+        .rows
+        .iter()
+        .map(|(p, o, _, n)| (*p, *o, *n))
+        .collect();
+    want.sort();
+    assert_eq!(rows.len(), want.len(), "{pipeline}: row count");
+    assert!(
+        rows == want,
+        "{pipeline}: the rows differ from the recomputation"
+    );
+    assert_eq!(
+        stored.state, expected.state,
+        "{pipeline}: the committed state"
+    );
+}
+
+/// The kill loop on the exactly-once Kafka sink: state goes to a changelog
+/// topic in each batch's transaction and is restored from it after every
+/// SIGKILL (the aborted transactions the kills leave included, which this
+/// broker shows to `read_committed`); every row once with its count, every
+/// key's final count right, `verify` replays every batch.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_sink_without_state_refuses_a_stateful_module() {
+async fn kafka_exactly_once_state_survives_sigkill_cycles_exactly_once() {
+    let name = "state_kafka_once_crash";
+    let offsets = std::sync::OnceLock::new();
+    let run = kill_stateful(
+        name,
+        0x4a1e0,
+        |c| {
+            let brokers = c.get("source", "brokers").expect("brokers").to_string();
+            let group = format!("sluice-{name}");
+            let _ = offsets.set(sluice_tests::kafka_out::GroupOffsets::new(
+                &brokers, &group, name, PARTITIONS,
+            ));
+            kafka_once(c, name)
+        },
+        async || offsets.get().map_or(0, |o| o.total()),
+    )
+    .await;
+    assert_stored_kafka(&run.broker.brokers, name, &run.expected);
+    let batches = assert_verified(&run.config);
+    println!(
+        "{name}: {} SIGKILLs; {} records counted exactly once into {} keys; {batches} batches verified",
+        run.kills,
+        run.expected.rows.len(),
+        run.expected.state.len()
+    );
+}
+
+/// Two processes statically assigned the same partitions into an
+/// exactly-once Kafka sink: each fences the other's transactional ids
+/// again and again, so each restores state from the changelog over and
+/// over, past the loser's aborted state records; none of them counts.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_exactly_once_fenced_owner_writes_no_state() {
+    let name = "state_kafka_once_fence";
+    let brokers = shared_broker();
+    create_topic(brokers, name, PARTITIONS);
+    produce(
+        brokers,
+        name,
+        &tally::keyed(numbered(name, 20_000, PARTITIONS)),
+    );
+    let dir = TempDir::new(name);
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let config = kafka_once(
+        tally::config(name, brokers, 100)
+            .batch_interval_ms(20)
+            .assign(name, &all),
+        name,
+    )
+    .write(dir.path());
+    let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let fenced: u64 = [&a, &b]
+        .iter()
+        .map(|run| {
+            RunSummary::find(&String::from_utf8_lossy(&run.stdout))
+                .expect("a run summary")
+                .fenced
+        })
+        .sum();
+    assert!(fenced > 0, "the two owners never collided");
+    let input = read_committed(brokers, name, PARTITIONS);
+    assert_stored_kafka(brokers, name, &Expected::of(&input, &[]));
+    let batches = assert_verified(&config);
+    println!("{name}: {fenced} fenced transactions; {batches} batches verified");
+}
+
+/// An exactly-once Kafka sink keeps state in a changelog topic it never
+/// creates: without it a stateful module stops with the reason and what to
+/// create, committing nothing; created, the same pipeline runs and
+/// `sluice state` reads the state back from it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_changelog_topic_stops_a_stateful_module_saying_what_to_create() {
     let name = "state_kafka_once";
     let brokers = shared_broker();
     create_topic(brokers, name, 1);
@@ -636,21 +789,28 @@ async fn a_sink_without_state_refuses_a_stateful_module() {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(!run.status.success(), "{stderr}");
     assert!(
-        stderr.contains("does not keep yet")
-            && stderr.contains("at-least-once")
-            && stderr.contains("or redis"),
+        stderr.contains(&format!("changelog topic `{name}.state`"))
+            && stderr.contains("does not exist: create it compacted"),
         "{stderr}"
     );
-    let looked = std::process::Command::new(sluice_bin())
-        .args(["state", "scan", config.to_str().unwrap(), "--partition"])
-        .arg(format!("{name}:0"))
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&looked.stderr);
     assert!(
-        !looked.status.success() && said.contains("keeps no keyed state yet"),
-        "{said}"
+        read_consumed(brokers, &out, PARTITIONS).is_empty(),
+        "nothing committed"
     );
+    create_topic(brokers, &format!("{name}.state"), 1);
+    run_ok(&config);
+    let looked = sluice_ok(&[
+        "state",
+        "get",
+        config.to_str().unwrap(),
+        "--partition",
+        &format!("{name}:0"),
+        "--key",
+        "k0",
+    ]);
+    let input = read_committed(brokers, name, 1);
+    let k0 = Expected::of(&input, &[]).state[&(0, b"k0".to_vec())];
+    assert_eq!(looked.trim(), format!("{name}:0 \"k0\" = \"{k0}\""));
 }
 
 /// `sluice state get|scan` show what the sink holds, on SQLite and Redis:

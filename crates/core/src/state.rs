@@ -38,6 +38,42 @@ impl StateValue {
     pub fn size(&self) -> usize {
         self.value.len() + 16
     }
+
+    /// The bytes a store keeps for it where a value is one blob (a Redis
+    /// hash field, a changelog record): tag byte `1` then the value, or
+    /// `2`, the expiry (i64, big-endian ms since the epoch) and the value.
+    pub fn to_stored(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.value.len() + 9);
+        match self.expires_at_ms {
+            None => out.push(1),
+            Some(at) => {
+                out.push(2);
+                out.extend_from_slice(&at.to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&self.value);
+        out
+    }
+
+    /// Reads back what [`StateValue::to_stored`] wrote.
+    pub fn from_stored(bytes: &[u8]) -> Result<StateValue, StateError> {
+        match bytes.split_first() {
+            Some((1, value)) => Ok(StateValue {
+                value: value.to_vec(),
+                expires_at_ms: None,
+            }),
+            Some((2, rest)) if rest.len() >= 8 => {
+                let (at, value) = rest.split_at(8);
+                Ok(StateValue {
+                    value: value.to_vec(),
+                    expires_at_ms: Some(i64::from_be_bytes(at.try_into().expect("8 bytes"))),
+                })
+            }
+            _ => Err(StateError::Corrupt(
+                "a stored state value without sluice's tag byte".into(),
+            )),
+        }
+    }
 }
 
 /// Keys of one partition and what is known of each: a value, or `None` for
@@ -534,6 +570,11 @@ mod tests {
         );
         assert_eq!(StateMap::decode(&m.encode()).unwrap(), m);
         assert!(StateMap::decode(&m.encode()[..7]).is_err());
+        for v in m.0.values().flat_map(|k| k.values().flatten()) {
+            assert_eq!(&StateValue::from_stored(&v.to_stored()).unwrap(), v);
+        }
+        assert!(StateValue::from_stored(b"").is_err());
+        assert!(StateValue::from_stored(b"\x02short").is_err());
     }
 
     #[test]

@@ -359,19 +359,20 @@ impl LineageEntry {
 }
 
 /// The state reads batch `batch_id`'s entry among `entries` (lineage
-/// entries' JSON) recorded; empty if it recorded none or is not there.
+/// entries' JSON) recorded (empty if it recorded none); `None` if it is not
+/// there.
 pub fn entry_state_reads<T: AsRef<[u8]>>(
     entries: impl IntoIterator<Item = T>,
     batch_id: &str,
-) -> Result<crate::state::StateMap, SinkError> {
+) -> Result<Option<crate::state::StateMap>, SinkError> {
     for entry in entries {
         let entry: LineageEntry = serde_json::from_slice(entry.as_ref())
             .map_err(|e| SinkError::database("a lineage entry is not sluice's JSON", e))?;
         if entry.batch_id == batch_id {
-            return entry.reads();
+            return entry.reads().map(Some);
         }
     }
-    Ok(crate::state::StateMap::default())
+    Ok(None)
 }
 
 /// The batches `selection` keeps of lineage entries in commit order (the

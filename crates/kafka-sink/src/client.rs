@@ -79,6 +79,9 @@ pub fn send<C: ProducerContext<DeliveryOpaque = ()>>(
         });
     }
     let mut record: BaseRecord<'_, [u8], [u8]> = BaseRecord::to(r.topic).headers(headers);
+    if let Some(partition) = r.partition {
+        record = record.partition(partition);
+    }
     if let Some(key) = &r.key {
         record = record.key(key);
     }

@@ -2,7 +2,9 @@
 //! their targets' topics), dead letters (to a dead-letter topic), lineage
 //! entry (to a lineage topic) and input offsets (in the pipeline's consumer
 //! group) are one producer transaction; see [`sink`] for the guarantee and
-//! how owners are fenced. Lineage is read back from its topic by
+//! how owners are fenced. A stateful module's keyed state goes in the same
+//! transaction to a changelog topic ([`changelog`]) and is restored from
+//! there ([`state`]). Lineage is read back from its topic by
 //! [`lineage`], for `verify` and `shadow`; modules and activations live in
 //! the pipeline's `[state]` store, like the stdout sink's. Under
 //! `guarantee = "at-least-once"`, [`at_least_once`] sends records without a
@@ -12,11 +14,13 @@
 //! never commits group offsets; this sink is the one place that does.
 
 mod at_least_once;
+mod changelog;
 mod client;
 mod lineage;
 mod records;
 pub mod section;
 mod sink;
+mod state;
 pub mod to_end;
 
 pub use at_least_once::{KafkaAtLeastOnce, KafkaProducer};
@@ -24,3 +28,4 @@ pub use client::brokers_of;
 pub use lineage::KafkaLineage;
 pub use section::KafkaSection;
 pub use sink::KafkaSink;
+pub use state::KafkaStateStore;

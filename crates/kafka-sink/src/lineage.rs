@@ -15,7 +15,10 @@ use rdkafka::message::Message;
 use sluice_core::config::KindSection;
 use sluice_core::config::PipelineConfig;
 use sluice_core::sink::SinkError;
-use sluice_core::store::{CommittedBatch, LineageStore, Selection, select_entries};
+use sluice_core::state::StateMap;
+use sluice_core::store::{
+    CommittedBatch, LineageStore, Selection, entry_state_reads, select_entries,
+};
 use std::time::Duration;
 
 /// How long reading the whole lineage topic may take.
@@ -25,6 +28,9 @@ const READ_FOR: Duration = Duration::from_secs(120);
 pub struct KafkaLineage {
     brokers: String,
     topic: String,
+    /// The entries last read: a replay asks for each batch's state reads
+    /// in turn, and each read of the topic reads it whole.
+    read: tokio::sync::Mutex<Vec<Vec<u8>>>,
 }
 
 impl KafkaLineage {
@@ -32,7 +38,20 @@ impl KafkaLineage {
         Ok(KafkaLineage {
             brokers: brokers_of(&config.sink.url)?,
             topic: KafkaSection::sink(&config.sink)?.lineage_topic(&config.pipeline),
+            read: tokio::sync::Mutex::default(),
         })
+    }
+
+    /// Every committed entry of `pipeline`, read now.
+    async fn entries(&self, pipeline: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+        let (brokers, topic, pipeline) = (
+            self.brokers.clone(),
+            self.topic.clone(),
+            pipeline.to_string(),
+        );
+        tokio::task::spawn_blocking(move || read_entries(&brokers, &topic, &pipeline))
+            .await
+            .map_err(|e| SinkError::database("reading lineage", e))?
     }
 }
 
@@ -43,16 +62,21 @@ impl LineageStore for KafkaLineage {
         pipeline: &str,
         selection: &Selection,
     ) -> Result<Vec<CommittedBatch>, SinkError> {
-        let (brokers, topic, pipeline) = (
-            self.brokers.clone(),
-            self.topic.clone(),
-            pipeline.to_string(),
-        );
-        let entries =
-            tokio::task::spawn_blocking(move || read_entries(&brokers, &topic, &pipeline))
-                .await
-                .map_err(|e| SinkError::database("reading lineage", e))??;
-        select_entries(entries, selection)
+        let entries = self.entries(pipeline).await?;
+        let batches = select_entries(&entries, selection);
+        *self.read.lock().await = entries;
+        batches
+    }
+
+    /// From the entries last read if the batch is among them (read again
+    /// if not).
+    async fn state_reads(&self, pipeline: &str, batch_id: &str) -> Result<StateMap, SinkError> {
+        let mut read = self.read.lock().await;
+        if let Some(reads) = entry_state_reads(read.iter(), batch_id)? {
+            return Ok(reads);
+        }
+        *read = self.entries(pipeline).await?;
+        Ok(entry_state_reads(read.iter(), batch_id)?.unwrap_or_default())
     }
 }
 

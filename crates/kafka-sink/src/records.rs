@@ -22,6 +22,8 @@ use std::collections::HashMap;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutRecord<'a> {
     pub topic: &'a str,
+    /// The partition, if not the key's (the changelog's is the input's).
+    pub partition: Option<i32>,
     pub key: Option<Cow<'a, [u8]>>,
     pub value: Option<Cow<'a, [u8]>>,
     /// (name, value); a `None` value is a null header.
@@ -156,6 +158,7 @@ impl TargetRecords<'_> {
             row.extend(cells.iter_mut().map(|c| c.next().unwrap_or(Value::Null)));
             let record = OutRecord {
                 topic: self.topic,
+                partition: None,
                 key: cell_bytes(at(&row, self.key)),
                 value: match self.value {
                     ValueFrom::Json => Some(Cow::Owned(row_json(
@@ -273,6 +276,7 @@ fn dead_letter<'a>(
     ];
     OutRecord {
         topic,
+        partition: None,
         key: r.key.map(Cow::Borrowed),
         value: r.value.map(Cow::Borrowed),
         headers,
@@ -284,6 +288,7 @@ fn dead_letter<'a>(
 fn lineage<'a>(c: &'a Commit<'a>, topic: &'a str) -> OutRecord<'a> {
     OutRecord {
         topic,
+        partition: None,
         key: Some(Cow::Borrowed(c.plan.pipeline.as_bytes())),
         value: Some(Cow::Owned(LineageEntry::of(c).to_json().into_bytes())),
         headers: Vec::new(),

@@ -30,6 +30,15 @@ pub struct KafkaSinkFields {
     /// exist. An at-least-once Kafka sink keeps lineage in `[state]`.
     #[serde(default)]
     pub lineage_topic: Option<String>,
+    /// The changelog topic keyed state goes to, in the batch's
+    /// transaction (docs/state.md): partition `p` keeps input partition
+    /// `p`'s state, so it needs at least as many partitions as the input
+    /// topic; make it compacted (`cleanup.policy=compact`). A pipeline
+    /// reading several topics keeps topic `T`'s state in `<state_topic>.T`.
+    /// Default: `<pipeline>.state`. Needed only by a stateful module; an
+    /// at-least-once Kafka sink keeps state in `[state]`.
+    #[serde(default)]
+    pub state_topic: Option<String>,
 }
 
 /// A Kafka target's own fields.
@@ -92,17 +101,31 @@ impl KindSection for KafkaSection {
 
     fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
         let fields = Self::sink(&config.sink)?;
-        if config.sink.guarantee == Guarantee::AtLeastOnce && fields.lineage_topic.is_some() {
-            return Err(ConfigError::Invalid(
-                "`sink.lineage_topic` is for an exactly-once Kafka sink: at-least-once keeps \
-                 lineage in `[state]`, with the offsets"
-                    .into(),
-            ));
+        if config.sink.guarantee == Guarantee::AtLeastOnce {
+            for (field, given) in [
+                ("lineage_topic", fields.lineage_topic.is_some()),
+                ("state_topic", fields.state_topic.is_some()),
+            ] {
+                if given {
+                    return Err(ConfigError::Invalid(format!(
+                        "`sink.{field}` is for an exactly-once Kafka sink: at-least-once keeps \
+                         lineage and state in `[state]`, with the offsets"
+                    )));
+                }
+            }
         }
+        let changelogs = config
+            .source
+            .topics
+            .iter()
+            .map(|t| fields.changelog_topic(config, t));
         for topic in [
             fields.dead_letter_topic(&config.pipeline),
             fields.lineage_topic(&config.pipeline),
-        ] {
+        ]
+        .into_iter()
+        .chain(changelogs)
+        {
             check_topic_name(&topic).map_err(ConfigError::Invalid)?;
         }
         for target in &config.sink.targets {
@@ -125,6 +148,18 @@ impl KafkaSinkFields {
         self.lineage_topic
             .clone()
             .unwrap_or_else(|| format!("{pipeline}.lineage"))
+    }
+
+    /// The changelog topic keeping the state of input topic `input`.
+    pub fn changelog_topic(&self, config: &PipelineConfig, input: &str) -> String {
+        let base = self
+            .state_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.state", config.pipeline));
+        match config.source.topics.len() {
+            1 => base,
+            _ => format!("{base}.{input}"),
+        }
     }
 }
 
@@ -257,6 +292,16 @@ mod tests {
                 "guarantee = \"at-least-once\"\nlineage_topic = \"l\"".into(),
                 LAYOUT.into(),
                 Some("`sink.lineage_topic` is for an exactly-once Kafka sink"),
+            ),
+            (
+                "guarantee = \"at-least-once\"\nstate_topic = \"s\"".into(),
+                LAYOUT.into(),
+                Some("`sink.state_topic` is for an exactly-once Kafka sink"),
+            ),
+            (
+                "state_topic = \"a b\"".into(),
+                LAYOUT.into(),
+                Some("`a b` is not a Kafka topic name"),
             ),
             (
                 String::new(),

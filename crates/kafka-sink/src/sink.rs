@@ -12,6 +12,13 @@
 //! `require_stable` (librdkafka asks for it under `read_committed`), so a
 //! transaction still settling is never read as a checkpoint.
 //!
+//! Keyed state goes in the same transaction: the batch's changes to its
+//! partition of the changelog topic, sealed, and the group's offset of
+//! that changelog partition moved past the seal (see [`crate::changelog`]),
+//! so state lands with the records and offsets or not at all, and a
+//! fenced zombie's state never counts even where a broker shows aborted
+//! records.
+//!
 //! Fencing is by transactional id, one per input partition
 //! (`sluice-<pipeline>-<topic>-<partition>`), and so every batch holds one
 //! partition. Whoever starts a partition first calls `init_transactions`
@@ -26,25 +33,72 @@
 //! It must not read input or decide ranges: that is the source and the
 //! loop. It never imports another sink.
 
+use crate::changelog::{ChangelogBatch, SEAL_KEY, Seal, Tag};
 use crate::client::{
     BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
 };
 use crate::records::BatchLayout;
 use crate::section::KafkaSection;
+use crate::state::{KafkaStateStore, missing_changelog};
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DefaultProducerContext, Producer, ThreadedProducer};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::message::Message;
+use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::batch::{OffsetRange, TopicPartition};
 use sluice_core::config::KindSection;
 use sluice_core::config::PipelineConfig;
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError};
+use sluice_core::state::StateStore;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-type TxnProducer = ThreadedProducer<DefaultProducerContext>;
+type TxnProducer = ThreadedProducer<SealWatch>;
+
+/// A transactional producer's context: notes the changelog offset each
+/// seal was written at (from its delivery report), which the transaction
+/// then commits as the changelog's position.
+struct SealWatch {
+    changelog: String,
+    /// The tag and offset of the seal last delivered.
+    seal: Mutex<Option<(Tag, i64)>>,
+}
+
+impl ClientContext for SealWatch {}
+
+impl ProducerContext for SealWatch {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Ok(m) = result
+            && m.topic() == self.changelog
+            && m.key() == Some(SEAL_KEY)
+            && let Ok(seal) = Seal::decode(m.payload().unwrap_or_default())
+        {
+            *self.seal.lock().unwrap_or_else(|e| e.into_inner()) = Some((seal.tag, m.offset()));
+        }
+    }
+}
+
+impl SealWatch {
+    /// The offset the seal tagged `tag` was delivered at, if it was (a
+    /// report of an earlier, aborted attempt's seal is not it).
+    fn delivered(&self, tag: &Tag) -> Option<i64> {
+        match *self.seal.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some((delivered, offset)) if delivered == *tag => Some(offset),
+            _ => None,
+        }
+    }
+}
+
+/// Where the state of one input topic's partitions goes.
+struct Changelog {
+    topic: String,
+    /// How many partitions it has (`None`: it does not exist).
+    partitions: Option<usize>,
+}
 
 /// How long an abort may take: one that does not finish leaves the
 /// producer unusable, and it is replaced.
@@ -68,6 +122,13 @@ pub struct KafkaSink {
     offsets: BaseConsumer,
     group: ConsumerGroupMetadata,
     producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
+    /// Per input topic, its changelog.
+    changelogs: HashMap<String, Changelog>,
+    /// Per owned partition, the changelog offset of its newest committed
+    /// seal (`None`: no batch of it has changed state); read with the
+    /// checkpoints, moved by each commit that changes state.
+    seals: Mutex<HashMap<TopicPartition, Option<i64>>>,
+    state: Arc<KafkaStateStore>,
 }
 
 impl KafkaSink {
@@ -89,7 +150,7 @@ impl KafkaSink {
             .ok_or_else(|| SinkError::Config("Kafka sink: no consumer group metadata".into()))?;
         let fields = KafkaSection::sink(&config.sink)?;
         let dead_letter_topic = fields.dead_letter_topic(&config.pipeline);
-        let sink = KafkaSink {
+        let mut sink = KafkaSink {
             brokers,
             pipeline: config.pipeline.clone(),
             layout: BatchLayout::new(&config.sink.targets, dead_letter_topic)?,
@@ -97,9 +158,52 @@ impl KafkaSink {
             offsets,
             group,
             producers: Mutex::new(HashMap::new()),
+            changelogs: HashMap::new(),
+            seals: Mutex::new(HashMap::new()),
+            state: Arc::new(KafkaStateStore::for_pipeline(config)?),
         };
-        tokio::task::block_in_place(|| sink.check_topics())?;
+        tokio::task::block_in_place(|| {
+            sink.check_topics()?;
+            sink.changelogs = sink.find_changelogs(config)?;
+            Ok::<_, SinkError>(())
+        })?;
         Ok(sink)
+    }
+
+    /// Each input topic's changelog, and whether it exists (it need not,
+    /// unless the module keeps state).
+    fn find_changelogs(
+        &self,
+        config: &PipelineConfig,
+    ) -> Result<HashMap<String, Changelog>, SinkError> {
+        let fields = KafkaSection::sink(&config.sink)?;
+        let metadata = self
+            .offsets
+            .client()
+            .fetch_metadata(None, BROKER_TIMEOUT)
+            .map_err(|e| SinkError::unavailable(format!("Kafka brokers {}", self.brokers), e))?;
+        Ok(config
+            .source
+            .topics
+            .iter()
+            .map(|input| {
+                let topic = fields.changelog_topic(config, input);
+                let partitions = metadata
+                    .topics()
+                    .iter()
+                    .find(|t| t.name() == topic && t.error().is_none())
+                    .map(|t| t.partitions().len())
+                    .filter(|n| *n > 0);
+                (input.clone(), Changelog { topic, partitions })
+            })
+            .collect())
+    }
+
+    /// The changelog partition keeping `tp`'s state, if it exists.
+    fn changelog_of(&self, tp: &TopicPartition) -> Option<&str> {
+        let changelog = self.changelogs.get(&tp.topic)?;
+        let partitions = changelog.partitions?;
+        (usize::try_from(tp.partition).ok()? < partitions).then_some(changelog.topic.as_str())
     }
 
     /// Every topic this sink writes exists.
@@ -121,9 +225,13 @@ impl KafkaSink {
     /// producer under its id (a previous owner, or this one's own last)
     /// is fenced and its open transaction aborted.
     fn fence(&self, tp: &TopicPartition) -> Result<Arc<TxnProducer>, SinkError> {
+        let watch = SealWatch {
+            changelog: self.changelog_of(tp).unwrap_or_default().to_string(),
+            seal: Mutex::new(None),
+        };
         let producer: TxnProducer = producer_config(&self.brokers)
             .set("transactional.id", self.transactional_id(tp))
-            .create()
+            .create_with_context(watch)
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
         self.connect(&producer, tp)?;
         producer
@@ -172,20 +280,31 @@ impl KafkaSink {
         Ok(())
     }
 
-    /// The group's committed offsets of `partitions`, stable ones only.
+    /// The group's committed offsets of `partitions`, stable ones only;
+    /// notes the newest committed seal of each one's changelog partition.
     fn committed(
         &self,
         partitions: &[TopicPartition],
     ) -> Result<HashMap<TopicPartition, i64>, SinkError> {
+        let changelogs: Vec<(TopicPartition, TopicPartition)> = partitions
+            .iter()
+            .filter_map(|tp| {
+                let changelog = TopicPartition {
+                    topic: self.changelog_of(tp)?.to_string(),
+                    partition: tp.partition,
+                };
+                Some((tp.clone(), changelog))
+            })
+            .collect();
         let mut list = TopicPartitionList::new();
-        for tp in partitions {
+        for tp in partitions.iter().chain(changelogs.iter().map(|(_, c)| c)) {
             list.add_partition(&tp.topic, tp.partition);
         }
         let committed = self
             .offsets
             .committed_offsets(list, BROKER_TIMEOUT)
             .map_err(|e| SinkError::unavailable("reading the group's committed offsets", e))?;
-        Ok(committed
+        let mut offsets: HashMap<TopicPartition, i64> = committed
             .elements()
             .iter()
             .filter_map(|e| match e.offset() {
@@ -198,7 +317,39 @@ impl KafkaSink {
                 )),
                 _ => None,
             })
-            .collect())
+            .collect();
+        let mut seals = self.seals.lock().expect("seals lock");
+        for tp in partitions {
+            seals.insert(tp.clone(), None);
+        }
+        for (tp, changelog) in changelogs {
+            let end = offsets.remove(&changelog).filter(|end| *end > 0);
+            seals.insert(tp, end.map(|end| end - 1));
+        }
+        Ok(offsets)
+    }
+
+    /// The changelog records of `c`'s state changes to `tp`, if any.
+    fn changelog_batch<'a>(
+        &'a self,
+        c: &'a Commit<'_>,
+        range: &OffsetRange,
+    ) -> Result<Option<ChangelogBatch<'a>>, SinkError> {
+        let tp = range.topic_partition();
+        let Some(changes) = c.output.state.0.get(&tp).filter(|k| !k.is_empty()) else {
+            return Ok(None);
+        };
+        let Some(topic) = self.changelog_of(&tp) else {
+            let topic = &self.changelogs[&tp.topic].topic;
+            return Err(SinkError::Config(missing_changelog(topic, &tp)));
+        };
+        let previous = *self
+            .seals
+            .lock()
+            .expect("seals lock")
+            .get(&tp)
+            .ok_or_else(|| SinkError::Config(format!("no checkpoint was read for {tp}")))?;
+        Ok(Some(ChangelogBatch::new(topic, range, changes, previous)))
     }
 
     /// One transaction: begin, send, offsets, commit.
@@ -223,18 +374,29 @@ impl KafkaSink {
             return Ok(fenced());
         };
         let records = self.layout.records(c, Some(&self.lineage_topic))?;
+        let changelog = self.changelog_batch(c, range)?;
         let step = |what: &str, result: Result<(), KafkaError>| {
             result.map_err(|e| (format!("{what} ({tp})"), e))
         };
+        let mut sealed_at = None;
         let sent = (|| {
             step("begin_transaction", producer.begin_transaction())?;
-            records.send_each(|r| {
+            let produce = |r: &crate::records::OutRecord<'_>| {
                 send(&producer, r).map_err(|e| (format!("producing to {}", r.topic), e))
-            })?;
+            };
+            records.send_each(produce)?;
             let mut offsets = TopicPartitionList::new();
             offsets
                 .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(range.until))
                 .map_err(|e| ("offsets".to_string(), e))?;
+            if let Some(changelog) = &changelog {
+                changelog.send_each(produce)?;
+                let seal = self.seal_offset(&producer, &tp, &changelog.tag)?;
+                offsets
+                    .add_partition_offset(changelog.topic, tp.partition, Offset::Offset(seal + 1))
+                    .map_err(|e| ("offsets".to_string(), e))?;
+                sealed_at = Some(seal);
+            }
             step(
                 "send_offsets_to_transaction",
                 producer.send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT),
@@ -253,10 +415,36 @@ impl KafkaSink {
             };
         }
         match commit_with_retry(&producer, &tp) {
-            Ok(()) => Ok(CommitOutcome::Committed),
+            Ok(()) => {
+                if let Some(seal) = sealed_at {
+                    let mut seals = self.seals.lock().expect("seals lock");
+                    seals.insert(tp, Some(seal));
+                }
+                Ok(CommitOutcome::Committed)
+            }
             Err(Step::Replace) => Ok(fenced()),
             Err(Step::Failed(e)) => Err(e),
         }
+    }
+}
+
+impl KafkaSink {
+    /// Waits for every record sent so far, the seal last, and returns the
+    /// seal's offset.
+    fn seal_offset(
+        &self,
+        producer: &TxnProducer,
+        tp: &TopicPartition,
+        tag: &Tag,
+    ) -> Result<i64, (String, KafkaError)> {
+        wait_delivered(producer, BROKER_TIMEOUT)
+            .map_err(|e| (format!("waiting for the batch's state records ({tp})"), e))?;
+        producer.context().delivered(tag).ok_or_else(|| {
+            (
+                format!("the changelog seal of {tp} was not acknowledged"),
+                KafkaError::MessageProduction(RDKafkaErrorCode::Fail),
+            )
+        })
     }
 }
 
@@ -287,6 +475,11 @@ impl Sink for KafkaSink {
 
     fn one_partition_per_batch(&self) -> bool {
         true
+    }
+
+    /// Keyed state lives in the changelog topics, restored from there.
+    fn state_store(&self) -> Option<Arc<dyn StateStore>> {
+        Some(self.state.clone())
     }
 
     /// Closes the producers of partitions this instance no longer owns (on

@@ -84,10 +84,9 @@ impl KeptState {
         Arc::new(KeptState {
             pipeline: pipeline.to_string(),
             store,
-            unsupported: "the module keeps keyed state, which a Kafka sink with guarantee = \
-                          \"exactly-once\" does not keep yet: use guarantee = \"at-least-once\" \
-                          (state then commits with the offsets in `[state]`), a SQL sink \
-                          (sqlite, postgres, mysql) or redis for a stateful module"
+            unsupported: "the module keeps keyed state, which this sink does not keep: use a \
+                          SQL sink (sqlite, postgres, mysql), redis or Kafka for a stateful \
+                          module"
                 .to_string(),
             budget,
             handle: tokio::runtime::Handle::current(),

@@ -58,6 +58,6 @@ impl LineageStore for RedisLineage {
         pipeline: &str,
         batch_id: &str,
     ) -> Result<sluice_core::state::StateMap, SinkError> {
-        entry_state_reads(self.entries(pipeline).await?, batch_id)
+        Ok(entry_state_reads(self.entries(pipeline).await?, batch_id)?.unwrap_or_default())
     }
 }

@@ -3,8 +3,7 @@
 //! make the commit script write a batch's changes, and [`RedisStateStore`],
 //! which reads the state back for the pipeline's cache.
 //!
-//! A stored value is one tag byte, `1` then the value, or `2`, the expiry
-//! (i64, big-endian ms since the epoch) and the value.
+//! A stored value is [`StateValue::to_stored`]'s bytes.
 //!
 //! It must not write: changes are written only by the commit script, in
 //! the same call as the batch's commands and offset moves (see `sink`).
@@ -15,40 +14,6 @@ use sluice_core::batch::TopicPartition;
 use sluice_core::config::StoreConnection;
 use sluice_core::sink::SinkError;
 use sluice_core::state::{StateError, StateMap, StateStore, StateValue};
-
-/// The bytes a hash field holds for `value`.
-pub(crate) fn encode(value: &StateValue) -> Vec<u8> {
-    let mut out = Vec::with_capacity(value.value.len() + 9);
-    match value.expires_at_ms {
-        None => out.push(1),
-        Some(at) => {
-            out.push(2);
-            out.extend_from_slice(&at.to_be_bytes());
-        }
-    }
-    out.extend_from_slice(&value.value);
-    out
-}
-
-/// Reads back what [`encode`] wrote.
-pub(crate) fn decode(bytes: &[u8]) -> Result<StateValue, StateError> {
-    match bytes.split_first() {
-        Some((1, value)) => Ok(StateValue {
-            value: value.to_vec(),
-            expires_at_ms: None,
-        }),
-        Some((2, rest)) if rest.len() >= 8 => {
-            let (at, value) = rest.split_at(8);
-            Ok(StateValue {
-                value: value.to_vec(),
-                expires_at_ms: Some(i64::from_be_bytes(at.try_into().expect("8 bytes"))),
-            })
-        }
-        _ => Err(StateError::Corrupt(
-            "a Redis state value without sluice's tag".into(),
-        )),
-    }
-}
 
 /// A batch's state changes as commit-script operations: the hash keys
 /// (for `KEYS`) and per change the key's index among them, `s`et or
@@ -70,7 +35,7 @@ impl StateOps {
             for (key, value) in changed {
                 ops.args.push(index.clone());
                 let (op, stored) = match value {
-                    Some(v) => (b"s".to_vec(), encode(v)),
+                    Some(v) => (b"s".to_vec(), v.to_stored()),
                     None => (b"d".to_vec(), Vec::new()),
                 };
                 ops.args.extend([op, key.clone(), stored]);
@@ -146,7 +111,7 @@ impl StateStore for RedisStateStore {
                 .await
                 .map_err(StateError::unreadable)?;
             for (key, stored) in page {
-                let value = decode(&stored)?;
+                let value = StateValue::from_stored(&stored)?;
                 bytes += key.len() + value.size();
                 if bytes > max_bytes {
                     return Ok(None);
@@ -177,29 +142,6 @@ impl StateStore for RedisStateStore {
             .query_async(&mut conn)
             .await
             .map_err(StateError::unreadable)?;
-        stored.map(|s| decode(&s)).transpose()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stored_values_round_trip() {
-        for v in [
-            StateValue {
-                value: b"12".to_vec(),
-                expires_at_ms: None,
-            },
-            StateValue {
-                value: Vec::new(),
-                expires_at_ms: Some(-3),
-            },
-        ] {
-            assert_eq!(decode(&encode(&v)).unwrap(), v);
-        }
-        assert!(decode(b"").is_err());
-        assert!(decode(b"\x02short").is_err());
+        stored.map(|s| StateValue::from_stored(&s)).transpose()
     }
 }
