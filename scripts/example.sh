@@ -7,7 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|dedupe-postgres|inspect-stdout|enrich-kafka}"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|dedupe-postgres|inspect-stdout|enrich-kafka|balance-kafka}"
 case "$name" in
   word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
@@ -19,6 +19,8 @@ case "$name" in
   inspect-stdout)      topic=events;           partitions=2; data=examples/json-filter/events.jsonl ;;
   enrich-kafka)        topic=order-events;     partitions=2; data=examples/enrich-kafka/orders.jsonl
                        sink_topics="orders-enriched:2 enrich.dead-letters:1 enrich.lineage:1" ;;
+  balance-kafka)       topic=movements;        partitions=1; data=examples/balance-kafka/movements.jsonl
+                       sink_topics="balances:1 balance.dead-letters:1 balance.lineage:1 balance.state:1" ;;
   *) echo "unknown example $name" >&2; exit 2 ;;
 esac
 config="examples/$name/pipeline.toml"
@@ -44,7 +46,7 @@ for t in ${sink_topics:-}; do
 done
 "$target/sluice" run --until-caught-up "$config"
 for t in ${sink_topics:-}; do
-  case "$t" in *.lineage:*) continue ;; esac
+  case "$t" in *.lineage:*|*.state:*) continue ;; esac
   echo "── ${t%:*}"; "$target/kafka-tool" consume "127.0.0.1:$port" "${t%:*}"
 done
 echo "done: see $config for the tables (schema ${schema:-none}); expected: examples/$name/expected.txt"

@@ -553,6 +553,72 @@ fn enrich_kafka_example_enriches_valid_orders_and_dead_letters_the_rest() {
     assert_eq!(actual, expected("enrich-kafka"));
 }
 
+/// Kafka to Kafka with keyed state: every movement once in `balances` with
+/// the balance after it (each the one before plus the movement), the
+/// withdrawals past zero dead letters, and the final balances what
+/// `expected.py` recomputes; the second half of the input runs in a second
+/// process, which restores the balances from the changelog topic.
+#[test]
+fn balance_kafka_example_keeps_running_balances_across_batches_and_restarts() {
+    let brokers = shared_broker();
+    let example = repo_root().join("examples/balance-kafka");
+    for topic in [
+        "movements",
+        "balances",
+        "balance.dead-letters",
+        "balance.lineage",
+        "balance.state",
+    ] {
+        create_topic(brokers, topic, 1);
+    }
+    let text = std::fs::read_to_string(example.join("movements.jsonl")).unwrap();
+    let records: Vec<Produce> = text
+        .lines()
+        .enumerate()
+        .map(|(i, l)| Produce {
+            partition: 0,
+            key: Some(i.to_string()),
+            value: l.into(),
+        })
+        .collect();
+    let dir = TempDir::new("balance-kafka");
+    let config = adapt_config(&example, brokers, dir.path()).write(dir.path());
+    let (first, second) = records.split_at(records.len() / 2);
+    for half in [first, second] {
+        produce(brokers, "movements", half);
+        run_ok(&config);
+    }
+    let mut balances: std::collections::BTreeMap<String, (usize, i64)> = Default::default();
+    for r in read_consumed(brokers, "balances", 1) {
+        let row: serde_json::Value = serde_json::from_str(&r.value).unwrap();
+        let account = row["account"].as_str().unwrap().to_string();
+        assert_eq!(r.key.as_deref(), Some(account.as_str()), "keyed by account");
+        let (cents, after) = (
+            row["cents"].as_i64().unwrap(),
+            row["balance"].as_i64().unwrap(),
+        );
+        let (n, before) = balances.entry(account).or_default();
+        assert_eq!(
+            after,
+            *before + cents,
+            "{row}: the balance before was {before}"
+        );
+        (*n, *before) = (*n + 1, after);
+    }
+    let mut actual = String::new();
+    for (account, (n, balance)) in &balances {
+        actual.push_str(&format!("{account} movements={n} balance={balance}\n"));
+    }
+    let dead = read_consumed(brokers, "balance.dead-letters", 1);
+    assert!(
+        dead.iter()
+            .any(|d| d.headers["sluice.reason"].contains("insufficient funds")),
+        "a withdrawal past zero is a dead letter"
+    );
+    actual.push_str(&format!("dead letters={}\n", dead.len()));
+    assert_eq!(actual, expected("balance-kafka"));
+}
+
 /// The local workflow's way in and out: a sample produced with `sluice
 /// produce` (which creates the topic), run by a pipeline and verified, and
 /// read back by `sluice consume` as the same records (partition, time, key,
