@@ -7,7 +7,7 @@
 //! not time anything the pipeline does from outside the pipeline.
 
 use crate::sinks::SinkDb;
-use crate::{Produce, committed_reader};
+use crate::{Produce, committed_reader, read_consumed};
 use rdkafka::error::KafkaError;
 use std::time::{Duration, Instant};
 
@@ -85,4 +85,23 @@ pub fn commit_offsets(
     }
     consumer.commit(&tpl, CommitMode::Sync)?;
     Ok(())
+}
+
+/// Records per second from the first to the last batch commit in an
+/// exactly-once run's lineage topic (the first batch's records left out).
+pub fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
+    let mut commits: Vec<(i64, i64)> = read_consumed(brokers, &format!("{name}.lineage"), 1)
+        .iter()
+        .map(|e| {
+            let entry: serde_json::Value = serde_json::from_str(&e.value).expect("lineage");
+            (
+                entry["committed_at_ms"].as_i64().expect("committed_at_ms"),
+                entry["records"].as_i64().expect("records"),
+            )
+        })
+        .collect();
+    commits.sort();
+    let (first, last) = (commits[0], commits[commits.len() - 1]);
+    let after_first: i64 = commits[1..].iter().map(|(_, n)| n).sum();
+    after_first as f64 / ((last.0 - first.0).max(1) as f64 / 1000.0)
 }

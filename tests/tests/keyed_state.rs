@@ -989,6 +989,53 @@ async fn a_module_built_against_0_1_0_runs_unchanged() {
     assert_verified(&config);
 }
 
+/// `sluice_state_partition_keys` and `sluice_state_partition_bytes` give,
+/// per owned partition, the keys its state keeps and their keys' and
+/// values' bytes, as the recomputation says.
+#[tokio::test(flavor = "multi_thread")]
+async fn state_metrics_give_each_partitions_keys_and_bytes() {
+    use sluice_tests::control::{Host, control_port};
+    let name = "state_partition_metrics";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    let records = tally::keyed(numbered(name, 3_000, 2));
+    produce(brokers, name, &records);
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("metrics.db"));
+    let (port, _) = control_port();
+    let config = db
+        .configure(tally::config(name, brokers, 500).control(port, 1 << 20))
+        .write(dir.path());
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    let limit = std::time::Duration::from_secs(120);
+    host.wait_for_metric("sluice_records_in_total", records.len() as f64, limit);
+    let scrape = sluice_tests::control::scrape_metrics(port);
+    host.stop();
+    let expected = Expected::of(&read_committed(brokers, name, 2), &[]);
+    for p in 0..2i64 {
+        let labels = [format!("topic=\"{name}\""), format!("partition=\"{p}\"")];
+        let labels: Vec<&str> = labels.iter().map(String::as_str).collect();
+        let metric = |metric: &str| sluice_tests::control::metric_sample(&scrape, metric, &labels);
+        let kept: Vec<(&Vec<u8>, &i64)> = expected
+            .state
+            .iter()
+            .filter(|((partition, _), _)| *partition == p)
+            .map(|((_, key), n)| (key, n))
+            .collect();
+        let bytes: usize = kept
+            .iter()
+            .map(|(k, n)| k.len() + n.to_string().len())
+            .sum();
+        assert_eq!(
+            metric("sluice_state_partition_keys"),
+            kept.len() as f64,
+            "{p}"
+        );
+        assert_eq!(metric("sluice_state_partition_bytes"), bytes as f64, "{p}");
+    }
+}
+
 /// A partition whose state outgrows `limits.state_cache_mib` is read key by
 /// key from the sink (the cache empties it, `sluice_state_sink_reads_total
 /// {kind="key"}` counts the misses), with the same counts, and the host's

@@ -49,6 +49,8 @@ pub struct Metrics {
     state_sink_reads: IntCounterVec,
     state_sink_read_seconds: HistogramVec,
     state_cache_bytes: IntGauge,
+    state_partition_keys: IntGaugeVec,
+    state_partition_bytes: IntGaugeVec,
 }
 
 impl Default for Metrics {
@@ -190,6 +192,14 @@ impl Metrics {
                 &["kind"],
             )
             .expect("valid histogram"),
+            state_partition_keys: partition_gauge(
+                "sluice_state_partition_keys",
+                "Keys with a value in a partition's keyed state, per owned partition whose state the cache holds whole.",
+            ),
+            state_partition_bytes: partition_gauge(
+                "sluice_state_partition_bytes",
+                "Bytes of the keys and values of a partition's keyed state, per owned partition whose state the cache holds whole.",
+            ),
             state_cache_bytes: IntGauge::new(
                 "sluice_state_cache_bytes",
                 "Bytes the keyed-state cache holds (bounded by limits.state_cache_mib).",
@@ -202,7 +212,7 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 23] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 25] = [
             Box::new(self.records_in.clone()),
             Box::new(self.rows_out.clone()),
             Box::new(self.dead_letters.clone()),
@@ -226,6 +236,8 @@ impl Metrics {
             Box::new(self.state_sink_reads.clone()),
             Box::new(self.state_sink_read_seconds.clone()),
             Box::new(self.state_cache_bytes.clone()),
+            Box::new(self.state_partition_keys.clone()),
+            Box::new(self.state_partition_bytes.clone()),
         ];
         for collector in collectors {
             self.registry
@@ -304,6 +316,29 @@ impl Metrics {
         self.module
             .with_label_values(&[module_digest, params_digest])
             .set(1);
+    }
+
+    /// The stored size of each partition whose state the cache holds
+    /// whole; the others have no series.
+    pub(crate) fn state_partitions(
+        &self,
+        partitions: &[(
+            &sluice_core::batch::TopicPartition,
+            crate::state::StoredSize,
+        )],
+    ) {
+        self.state_partition_keys.reset();
+        self.state_partition_bytes.reset();
+        for (tp, size) in partitions {
+            let partition = tp.partition.to_string();
+            let labels = [tp.topic.as_str(), partition.as_str()];
+            self.state_partition_keys
+                .with_label_values(&labels)
+                .set(size.keys as i64);
+            self.state_partition_bytes
+                .with_label_values(&labels)
+                .set(size.bytes as i64);
+        }
     }
 
     /// Where each owned partition stands (its lag as the status board

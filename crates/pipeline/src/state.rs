@@ -53,6 +53,27 @@ struct Cached {
     /// Every key of the partition is here: a key not here is absent.
     complete: bool,
     bytes: usize,
+    /// Keys with a value (not known absent), and their keys' and values'
+    /// bytes: the partition's stored state, when `complete`.
+    stored: StoredSize,
+}
+
+/// How much state a partition keeps: keys with a value, and the bytes of
+/// those keys and values.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoredSize {
+    pub keys: usize,
+    pub bytes: usize,
+}
+
+impl StoredSize {
+    fn count(&mut self, key: &[u8], value: &Option<StateValue>, sign: isize) {
+        if let Some(v) = value {
+            self.keys = (self.keys as isize + sign) as usize;
+            self.bytes =
+                (self.bytes as isize + sign * (key.len() + v.value.len()) as isize) as usize;
+        }
+    }
 }
 
 fn entry_size(key: &[u8], value: &Option<StateValue>) -> usize {
@@ -62,8 +83,12 @@ fn entry_size(key: &[u8], value: &Option<StateValue>) -> usize {
 impl Cached {
     fn put(&mut self, key: Vec<u8>, value: Option<StateValue>) -> isize {
         let added = entry_size(&key, &value) as isize;
+        self.stored.count(&key, &value, 1);
         let removed = match self.keys.insert(key.clone(), value) {
-            Some(old) => entry_size(&key, &old) as isize,
+            Some(old) => {
+                self.stored.count(&key, &old, -1);
+                entry_size(&key, &old) as isize
+            }
             None => 0,
         };
         self.bytes = (self.bytes as isize + added - removed) as usize;
@@ -99,9 +124,17 @@ impl KeptState {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Publishes what the cache holds.
+    /// Publishes what the cache holds, and the stored size of each
+    /// partition it holds whole.
     fn measured(&self, kept: &Kept) {
         self.metrics.state_cache_bytes(kept.bytes);
+        let whole: Vec<(&TopicPartition, StoredSize)> = kept
+            .partitions
+            .iter()
+            .filter(|(_, c)| c.complete)
+            .map(|(tp, c)| (tp, c.stored))
+            .collect();
+        self.metrics.state_partitions(&whole);
     }
 
     /// What the next batch's runs read its start state from.

@@ -106,25 +106,6 @@ fn records_in(brokers: &str, topic: &str) -> usize {
     read_committed(brokers, topic, PARTITIONS).len()
 }
 
-/// Records per second from the first to the last batch commit in an
-/// exactly-once run's lineage topic (the first batch's records left out).
-fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
-    let mut commits: Vec<(i64, i64)> = read_consumed(brokers, &format!("{name}.lineage"), 1)
-        .iter()
-        .map(|e| {
-            let entry: serde_json::Value = serde_json::from_str(&e.value).expect("lineage");
-            (
-                entry["committed_at_ms"].as_i64().expect("committed_at_ms"),
-                entry["records"].as_i64().expect("records"),
-            )
-        })
-        .collect();
-    commits.sort();
-    let (first, last) = (commits[0], commits[commits.len() - 1]);
-    let after_first: i64 = commits[1..].iter().map(|(_, n)| n).sum();
-    after_first as f64 / ((last.0 - first.0).max(1) as f64 / 1000.0)
-}
-
 /// Runs sluice over `input` (of `expected` records) once, checks its
 /// output holds them all; returns its whole-process time and its steady
 /// rate from its lineage.
@@ -155,7 +136,7 @@ async fn run_sluice(
     run_ok(&config);
     let took = started.elapsed();
     let steady = if guarantee == "exactly-once" {
-        lineage_topic_rate(brokers, name)
+        bench::lineage_topic_rate(brokers, name)
     } else {
         bench::lineage_rate(&sinks::SinkDb::Sqlite(run_dir.join(".sluice-state.db")))
             .await

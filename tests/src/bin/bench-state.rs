@@ -7,9 +7,10 @@
 //!   every record, the first sighting of an id passes with a state write
 //!   that expires in 24 h, repeats are dropped),
 //!
-//! both exactly-once into SQLite and into Postgres, in interleaved rounds.
-//! Rates are the pipelines' steady state (first to last commit, from the
-//! lineage). Every dedupe's output is checked: one row per distinct id.
+//! both exactly-once into SQLite, Postgres and Kafka (state in a changelog
+//! topic), in interleaved rounds. Rates are the pipelines' steady state
+//! (first to last commit, from the lineage). Every dedupe's output is
+//! checked: one row per distinct id.
 //!
 //! Each round also runs, into Postgres with all partitions assigned, the
 //! same dedupe as a user would write it by hand (`handwritten-dedupe`:
@@ -64,6 +65,34 @@ impl Arm {
                 .module_param("dedupe_ttl_ms", TTL_MS),
         }
     }
+}
+
+/// Runs `arm` into an exactly-once Kafka sink to the end (rows to
+/// `{name}-out`, state to `{name}.state`); its steady rate. A dedupe's
+/// output is checked: one record per distinct id.
+fn run_kafka(arm: Arm, name: &str, brokers: &str, dir: &TempDir, ids: usize) -> f64 {
+    let out = format!("{name}-out");
+    create_topic(brokers, &out, PARTITIONS);
+    create_topic(brokers, &format!("{name}.state"), PARTITIONS);
+    create_topic(brokers, &format!("{name}.dead-letters"), 1);
+    create_topic(brokers, &format!("{name}.lineage"), 1);
+    let config = arm
+        .config(name, brokers)
+        .batch_interval_ms(100)
+        .sink_url(&format!("kafka://{brokers}"))
+        .targets(|t| t.kafka_topic(&out))
+        .write(&dir.path().join(name));
+    let run = run_until_caught_up(&config, Duration::from_secs(1800));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    if let Arm::Dedupe = arm {
+        let rows = read_committed(brokers, &out, PARTITIONS).len();
+        assert_eq!(rows, ids, "{name}: one record per distinct id");
+    }
+    bench::lineage_topic_rate(brokers, name)
 }
 
 /// Runs `arm` into `db` to the end; its steady rate.
@@ -178,11 +207,15 @@ async fn main() {
     );
     let dir = TempDir::new("bench-state");
     for round in 0..rounds {
-        for sink in ["sqlite", "postgres"] {
+        for sink in ["sqlite", "postgres", "kafka"] {
             let mut rates = Vec::new();
             for (arm, label) in [(Arm::Stateless, "stateless"), (Arm::Dedupe, "dedupe")] {
                 let name = format!("bench_{sink}_{label}_{round}");
                 std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+                if sink == "kafka" {
+                    rates.push(run_kafka(arm, &name, &broker.brokers, &dir, ids));
+                    continue;
+                }
                 let db = match sink {
                     "sqlite" => SinkDb::Sqlite(dir.path().join(&name).join("s.db")),
                     _ => SinkDb::fresh_postgres(&name).await,
