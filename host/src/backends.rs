@@ -186,7 +186,7 @@ pub(crate) async fn with_sink<W: WithSink>(
             let printing = Printing(StdoutSection::sink(&config.sink)?.format);
             with_state_under(config, printing, work).await
         }
-        SinkKind::Kafka if config.sink.guarantee == Guarantee::AtLeastOnce => {
+        SinkKind::Kafka if config.sink.guarantee() == Guarantee::AtLeastOnce => {
             let producer = tokio::task::block_in_place(|| KafkaProducer::open(config))?;
             with_state_under(config, producer, work).await
         }
@@ -351,7 +351,7 @@ pub fn state_sink(config: &PipelineConfig) -> Result<StoreConnection, SinkError>
 /// one sink that keeps its checkpoints and lineage in Kafka itself (the
 /// group's offsets, the lineage topic), not in a store of sluice's.
 fn exactly_once_kafka(config: &PipelineConfig) -> Result<bool, SinkError> {
-    Ok(config.sink.kind()? == SinkKind::Kafka && config.sink.guarantee == Guarantee::ExactlyOnce)
+    Ok(config.sink.kind()? == SinkKind::Kafka && config.sink.guarantee() == Guarantee::ExactlyOnce)
 }
 
 /// Where `config`'s pipeline keeps its keyed state, to read it

@@ -216,3 +216,41 @@ async fn stdout_prints_tables_and_dead_letters_and_verifies() {
     let verified = sluice_ok(&["verify", config.to_str().unwrap()]);
     assert!(verified.contains(" 0 differ"), "{verified}");
 }
+
+/// A terminal takes no part in a commit: `guarantee = "exactly-once"` on
+/// the stdout sink is refused by `check` and by `run`, with the reason and
+/// what to use, before anything is read; without it the sink runs
+/// at-least-once, as the start-up line says.
+#[test]
+fn stdout_refuses_exactly_once_and_says_what_to_use() {
+    let brokers = shared_broker();
+    let topic = "stdout-exactly-once";
+    create_topic(brokers, topic, 1);
+    let dir = TempDir::new(topic);
+    let config = write_config(
+        dir.path(),
+        stdout_config(topic, brokers, topic, "identity").sink("guarantee", "exactly-once"),
+    );
+    for verb in ["check", "run"] {
+        let out = Command::new(sluice_bin())
+            .arg(verb)
+            .args((verb == "run").then_some("--until-caught-up"))
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && out.stdout.is_empty(),
+            "{verb}: {stderr}"
+        );
+        assert!(
+            stderr.contains("the stdout sink cannot be exactly-once")
+                && stderr.contains("\"at-least-once\""),
+            "{verb}: {stderr}"
+        );
+    }
+    assert!(
+        !dir.path().join(".sluice-state.db").exists(),
+        "refused before the state store was opened"
+    );
+}

@@ -101,7 +101,7 @@ impl KindSection for KafkaSection {
 
     fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
         let fields = Self::sink(&config.sink)?;
-        if config.sink.guarantee == Guarantee::AtLeastOnce {
+        if config.sink.guarantee() == Guarantee::AtLeastOnce {
             for (field, given) in [
                 ("lineage_topic", fields.lineage_topic.is_some()),
                 ("state_topic", fields.state_topic.is_some()),

@@ -585,7 +585,7 @@ mod tests {
         let config = PipelineConfig::parse(&text).unwrap();
         let target = &config.sink.targets[0];
         let fields = RedisSection::target(target).unwrap();
-        CompiledTarget::new(target, &fields, config.sink.guarantee).unwrap()
+        CompiledTarget::new(target, &fields, config.sink.guarantee()).unwrap()
     }
 
     fn calls(commands: &str, words: &[(&str, i64)]) -> Vec<String> {

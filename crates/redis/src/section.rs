@@ -47,7 +47,7 @@ impl KindSection for RedisSection {
     fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
         RedisSinkFields::of(&config.sink.store())?;
         for target in &config.sink.targets {
-            CompiledTarget::new(target, &Self::target(target)?, config.sink.guarantee)?;
+            CompiledTarget::new(target, &Self::target(target)?, config.sink.guarantee())?;
         }
         Ok(())
     }

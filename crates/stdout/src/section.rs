@@ -4,7 +4,7 @@
 //! It must not print.
 
 use serde::Deserialize;
-use sluice_core::config::{ConfigError, KindSection, PipelineConfig};
+use sluice_core::config::{ConfigError, Guarantee, KindSection, PipelineConfig};
 
 /// The stdout sink (`stdout://`).
 pub struct StdoutSection;
@@ -41,6 +41,15 @@ impl KindSection for StdoutSection {
     type Target = StdoutTargetFields;
 
     fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
+        if config.sink.given_guarantee == Some(Guarantee::ExactlyOnce) {
+            return Err(ConfigError::Invalid(
+                "the stdout sink cannot be exactly-once: a terminal or a pipe takes no part in a \
+                 commit, so a batch printed when the process dies is printed again after the \
+                 restart (at-least-once, its default); drop `sink.guarantee` or set it to \
+                 \"at-least-once\", or use a SQL, Redis or Kafka sink for exactly-once output"
+                    .into(),
+            ));
+        }
         Self::sink(&config.sink)?;
         for target in &config.sink.targets {
             Self::target(target)?;
@@ -75,5 +84,26 @@ mod tests {
             said.contains("unknown field `table` in target `out`: not a field of the stdout sink"),
             "{said}"
         );
+    }
+
+    #[test]
+    fn exactly_once_is_refused_and_at_least_once_is_the_default() {
+        let said = check("guarantee = \"exactly-once\"", "").unwrap_err();
+        assert!(
+            said.contains("the stdout sink cannot be exactly-once") && said.contains("Kafka sink"),
+            "{said}"
+        );
+        assert_eq!(
+            check("guarantee = \"at-least-once\"", ""),
+            Ok(StdoutFormat::Json)
+        );
+        let config = sluice_core::testing::sink_config(
+            "url = \"stdout://\"",
+            "out",
+            "{ n = \"integer\" }",
+            "",
+        )
+        .unwrap();
+        assert_eq!(config.sink.guarantee(), Guarantee::AtLeastOnce);
     }
 }

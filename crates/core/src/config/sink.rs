@@ -41,8 +41,10 @@ pub struct SinkConfig {
     /// comparison, on Redis (alias `idempotent`) for idempotent commands
     /// only, whose replay writes the same values; on Kafka an idempotent
     /// producer without transactions, offsets and lineage in `[state]`.
-    #[serde(default)]
-    pub guarantee: Guarantee,
+    /// The stdout sink is at-least-once, its default and only guarantee.
+    /// Read it with [`SinkConfig::guarantee`].
+    #[serde(default, rename = "guarantee")]
+    pub given_guarantee: Option<Guarantee>,
     /// How long, in milliseconds, one of this pipeline's transactions may
     /// wait for a lock, or sit open while its process is silent (frozen,
     /// paused, cut off), before the database ends it (100 to 3600000).
@@ -210,10 +212,20 @@ impl SinkConfig {
         }
     }
 
+    /// The guarantee: as given, else the kind's default (at-least-once for
+    /// the stdout sink, which can give no other; exactly-once for the rest).
+    pub fn guarantee(&self) -> Guarantee {
+        match (self.given_guarantee, self.kind()) {
+            (Some(given), _) => given,
+            (None, Ok(SinkKind::Stdout)) => Guarantee::AtLeastOnce,
+            (None, _) => Guarantee::ExactlyOnce,
+        }
+    }
+
     /// What the sink writes: its targets, under its guarantee.
     pub fn writes(&self) -> Writes<'_> {
         Writes {
-            guarantee: self.guarantee,
+            guarantee: self.guarantee(),
             targets: &self.targets,
         }
     }
