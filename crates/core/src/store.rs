@@ -376,20 +376,75 @@ pub fn entry_state_reads<T: AsRef<[u8]>>(
 }
 
 /// The batches `selection` keeps of lineage entries in commit order (the
-/// JSON of [`LineageEntry`], as Redis and Kafka store them).
+/// JSON of [`LineageEntry`], as Redis and Kafka store them). A batch id
+/// seen again is left out: a broker that shows aborted transactions to
+/// `read_committed` readers shows an attempt of a batch that was retried
+/// beside the attempt that committed (the same batch: same plan, same
+/// result).
 pub fn select_entries<T: AsRef<[u8]>>(
     entries: impl IntoIterator<Item = T>,
     selection: &Selection,
 ) -> Result<Vec<CommittedBatch>, SinkError> {
     let mut batches = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for entry in entries {
         let entry: LineageEntry = serde_json::from_slice(entry.as_ref())
             .map_err(|e| SinkError::database("a lineage entry is not sluice's JSON", e))?;
         let batch = entry.into_batch();
+        if !seen.insert(batch.batch_id.clone()) {
+            continue;
+        }
         if selection.keeps(&batch) {
             batches.push(batch);
         }
     }
     selection.keep_last(&mut batches);
     Ok(batches)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(batch_id: &str, from: i64) -> Vec<u8> {
+        serde_json::to_vec(&LineageEntry {
+            batch_id: batch_id.into(),
+            module_digest: "m".into(),
+            params_digest: "p".into(),
+            batch_time_ms: 0,
+            records: 1,
+            rows: 1,
+            dead_letters: 0,
+            output_digest: "d".into(),
+            committed_at_ms: from,
+            settings: String::new(),
+            ranges: vec![OffsetRange {
+                topic: "t".into(),
+                partition: 0,
+                from,
+                until: from + 1,
+            }],
+            state_reads: String::new(),
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_batch_id_seen_again_is_one_batch() {
+        // An aborted attempt a broker showed, then the attempt that committed.
+        let entries = [entry("a", 0), entry("b", 1), entry("b", 1), entry("c", 2)];
+        let all = select_entries(&entries, &Selection::default()).unwrap();
+        let ids: Vec<&str> = all.iter().map(|b| b.batch_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        let last = Selection {
+            last: Some(2),
+            ..Selection::default()
+        };
+        let ids: Vec<String> = select_entries(&entries, &last)
+            .unwrap()
+            .into_iter()
+            .map(|b| b.batch_id)
+            .collect();
+        assert_eq!(ids, ["b", "c"]);
+    }
 }
