@@ -2,7 +2,8 @@
 //! control API of a real `sluice run`: Prometheus metrics that agree with
 //! what the sink committed, module log lines kept with their level and
 //! batch (read, filtered and followed with `sluice logs`), and JSON log
-//! output for log shippers.
+//! output for log shippers, and secrets from the environment or files kept
+//! out of all of it.
 //!
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
@@ -659,4 +660,118 @@ async fn a_bisected_batch_logs_each_records_lines_once() {
     }
     assert_eq!(with("offset 100 says panic"), 1, "{lines:#?}");
     host.stop();
+}
+
+/// Secrets kept out of the config file: the Postgres password comes from
+/// the environment (`${NAME}`) and the control token from a file
+/// (`${file:PATH}`, as a mounted Kubernetes Secret). The pipeline runs with
+/// them, and neither appears in anything sluice says: its logs at debug,
+/// the run summary, the status API and page, the metrics, `verify`, and the
+/// lineage and module tables. `check` names a variable that is not set,
+/// never a value.
+#[tokio::test(flavor = "multi_thread")]
+async fn secrets_from_the_environment_and_files_never_appear_in_any_output() {
+    use sluice_tests::sinks::SinkDb;
+    let name = "secrets_leak";
+    let (password, token) = ("pw-7f3a9c0d-not-for-logs", "tok-5e1b22aa-not-for-logs");
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    produce(brokers, name, &sluice_tests::numbered(name, 500, 2));
+    let db = SinkDb::fresh_postgres(name).await;
+    let dir = TempDir::new(name);
+    std::fs::write(dir.path().join("token"), format!("{token}\n")).unwrap();
+    let (port, _) = control_port();
+    let url = "postgres://postgres:${SLUICE_TEST_PG_PASSWORD}@127.0.0.1:5432/test";
+    let config = PipelineToml::identity(name, brokers, name, 100)
+        .sink_url(url)
+        .sink("schema", name)
+        .control(port, 4 * 1024 * 1024)
+        .field("control", "token", "${file:token}")
+        .write(dir.path());
+    let sluice = |args: &[&str]| {
+        let mut command = Command::new(sluice_bin());
+        command
+            .args(args)
+            .env("SLUICE_LOG", "debug")
+            .env("SLUICE_TEST_PG_PASSWORD", password)
+            .env_remove("SLUICE_CONTROL_TOKEN");
+        command
+    };
+    let config_arg = config.to_str().unwrap();
+    let mut said = String::new();
+    let (out_log, err_log) = (dir.path().join("run.out"), dir.path().join("run.err"));
+    let host = sluice(&["run", config_arg])
+        .stdout(std::fs::File::create(&out_log).unwrap())
+        .stderr(std::fs::File::create(&err_log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "no control API: {}",
+            std::fs::read_to_string(&err_log).unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let caught_up = scrape_when_caught_up(port, 500);
+    said.push_str(&caught_up);
+    for path in ["/v1/status", "/", "/v1/versions", "/metrics"] {
+        let answer = raw_request(port, &format!("GET {path} HTTP/1.1"), b"");
+        assert_eq!(answer.status, 200, "{path}: {answer:?}");
+        said.push_str(&answer.body);
+    }
+    // The token from the file is the one writes need.
+    let refused = raw_request(port, "POST /v1/rollback HTTP/1.1\r\nContent-Length: 0", b"");
+    assert_eq!(refused.status, 401, "{refused:?}");
+    unsafe { libc::kill(host.id() as i32, libc::SIGTERM) };
+    let run = host.wait_with_output().unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        std::fs::read_to_string(&err_log).unwrap()
+    );
+    for log in [&out_log, &err_log] {
+        said.push_str(&std::fs::read_to_string(log).unwrap());
+    }
+    assert!(said.contains("DEBUG"), "the run logged at debug");
+    for out in [
+        sluice(&["verify", config_arg]).output().unwrap(),
+        sluice(&["check", config_arg]).output().unwrap(),
+    ] {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        said.push_str(&String::from_utf8_lossy(&out.stdout));
+        said.push_str(&String::from_utf8_lossy(&out.stderr));
+    }
+    assert!(said.contains("verified "), "verify ran");
+    let pool = db.pool().await;
+    for table in ["sluice_batches", "sluice_versions", "sluice_checkpoints"] {
+        let rows: Vec<(String,)> =
+            sqlx::query_as(&format!("SELECT t::text FROM {} t", db.table(table)))
+                .fetch_all(&pool)
+                .await
+                .unwrap_or_else(|e| panic!("{table}: {e}"));
+        assert!(!rows.is_empty(), "{table} has rows");
+        said.extend(rows.into_iter().map(|(r,)| r));
+    }
+    for secret in [password, token] {
+        assert!(!said.contains(secret), "a secret leaked:\n{said}");
+    }
+    // Unset: `check` names the variable and the field, and says no value.
+    let out = Command::new(sluice_bin())
+        .args(["check", config_arg])
+        .env_remove("SLUICE_TEST_PG_PASSWORD")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && stderr.contains("`sink.url`")
+            && stderr.contains("environment variable `SLUICE_TEST_PG_PASSWORD` is not set"),
+        "{stderr}"
+    );
 }

@@ -10,6 +10,7 @@
 //! must not know any sink kind's own fields.
 
 mod bounded;
+mod interpolate;
 mod limits;
 pub mod section;
 mod sink;
@@ -248,24 +249,41 @@ impl PipelineConfig {
             path: path.to_owned(),
             source,
         })?;
-        let mut config = Self::parse(&text).map_err(|e| match e {
+        let base = path.parent().unwrap_or(Path::new("."));
+        let mut config = Self::parse_in(&text, base).map_err(|e| match e {
             ConfigError::Parse { message, .. } => ConfigError::Parse {
                 path: path.to_owned(),
                 message,
             },
             other => other,
         })?;
-        let base = path.parent().unwrap_or(Path::new("."));
         config.resolve_paths(base);
         Ok(config)
     }
 
-    /// Parses and validates config text.
+    /// Parses and validates config text (`${file:...}` secrets relative to
+    /// the working directory).
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let config: PipelineConfig = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        Self::parse_in(text, Path::new("."))
+    }
+
+    /// Parses config text, replacing `${NAME}` and `${file:PATH}` (read
+    /// from `base`) in its values ([`interpolate`]), and validates it.
+    fn parse_in(text: &str, base: &Path) -> Result<Self, ConfigError> {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: PathBuf::from("<text>"),
             message: e.to_string(),
-        })?;
+        };
+        // Without references the text is read as it is, so errors keep
+        // their line and column.
+        let config: PipelineConfig = match text.contains("${") {
+            false => toml::from_str(text).map_err(parse_error)?,
+            true => {
+                let mut table: toml::Table = toml::from_str(text).map_err(parse_error)?;
+                interpolate::interpolate(&mut table, base)?;
+                table.try_into().map_err(parse_error)?
+            }
+        };
         config.validate()?;
         Ok(config)
     }
