@@ -182,6 +182,8 @@ async fn run_with<S: Sink>(
                 max_module_bytes: c.max_module_bytes,
                 status: status.clone(),
                 validations: tokio::sync::Semaphore::new(control::server::MAX_PARALLEL_VALIDATIONS),
+                liveness_ms: liveness_ms(config),
+                started_ms: sluice_core::batch::now_ms(),
             };
             let limits = ServeLimits {
                 request_timeout: Duration::from_millis(c.request_timeout_ms.get()),
@@ -224,6 +226,16 @@ async fn run_with<S: Sink>(
 /// The targets every run's output must fit before its batch commits (so a
 /// record whose rows break them is isolated as a `contract` poison): the
 /// sink's, except on stdout, which prints any rows.
+/// How long the batch loop may go without coming round before `/healthz`
+/// calls it wedged: a minute, or longer where one step may legitimately
+/// take longer (three batch timeouts: a run, its retry and a bisection's
+/// share; two lock timeouts: one sink call that waits on a lock).
+fn liveness_ms(config: &PipelineConfig) -> i64 {
+    let batch = 3 * config.limits.batch_timeout_ms;
+    let lock = 2 * config.sink.lock_timeout_ms.get();
+    60_000.max(batch).max(lock) as i64
+}
+
 pub fn output_contract(config: &PipelineConfig) -> OutputContract {
     match config.sink.kind() {
         Ok(SinkKind::Stdout) => OutputContract::any(),

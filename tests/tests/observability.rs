@@ -775,3 +775,59 @@ async fn secrets_from_the_environment_and_files_never_appear_in_any_output() {
         "{stderr}"
     );
 }
+
+/// `GET /healthz` and `GET /readyz` (no token) through a sink outage: ready
+/// once the module is loaded, partitions assigned and the sink answers;
+/// while Redis is down the loop retries, so the host stays alive but not
+/// ready, saying why; ready again once Redis is back and the input done.
+#[test]
+fn health_probes_answer_through_a_sink_outage() {
+    use sluice_tests::redis_server::{RedisServer, identity_redis_config};
+    let name = "health_probes";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    produce(brokers, name, &sluice_tests::numbered(name, 200, 2));
+    let mut redis = RedisServer::start(name);
+    let dir = TempDir::new(name);
+    let (port, _) = control_port();
+    let config = identity_redis_config(name, brokers, name, &redis.url(), 100)
+        .batch_interval_ms(50)
+        .control(port, 1 << 20)
+        .write(dir.path());
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    let get = |path: &str| raw_request(port, &format!("GET {path} HTTP/1.1"), b"");
+    let wait_for = |path: &str, status: u16, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let answer = get(path);
+            if answer.status == status {
+                return answer.json();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: {answer:?}\n{}",
+                host.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let ready = wait_for("/readyz", 200, "never ready");
+    assert_eq!(ready["status"], "ready");
+    assert_eq!(get("/healthz").json()["status"], "alive");
+    host.wait_for_metric("sluice_records_in_total", 200.0, Duration::from_secs(60));
+    redis.kill();
+    produce(brokers, name, &sluice_tests::numbered("after", 100, 2));
+    let down = wait_for("/readyz", 503, "ready while the sink is down");
+    let reasons = down["reasons"].to_string();
+    assert!(reasons.contains("the sink's last try failed"), "{down}");
+    let alive = get("/healthz");
+    assert_eq!(
+        (alive.status, &alive.json()["status"]),
+        (200, &Json::from("alive"))
+    );
+    redis.restart();
+    wait_for("/readyz", 200, "not ready after the sink came back");
+    host.wait_for_metric("sluice_records_in_total", 300.0, Duration::from_secs(60));
+    host.stop();
+}

@@ -1,6 +1,7 @@
 //! The control plane's HTTP API (axum), served by `sluice run`: deploy
 //! (upload + validate + optionally activate), versions, activate, rollback,
-//! status, module logs, Prometheus metrics, its OpenAPI description, and
+//! status, health probes (`/healthz`, `/readyz`), module logs, Prometheus
+//! metrics, its OpenAPI description, and
 //! the status page (`/`, `page/`: a static page that reads the API).
 //!
 //! Every write needs `Authorization: Bearer <token>`; with no token
@@ -55,6 +56,12 @@ pub struct ControlState {
     /// Deploys and activations validated at once (see
     /// [`MAX_PARALLEL_VALIDATIONS`]); the others wait their turn.
     pub validations: tokio::sync::Semaphore,
+    /// How long the batch loop may go without coming round before
+    /// `/healthz` calls it wedged, in ms.
+    pub liveness_ms: i64,
+    /// When the host started (ms since the epoch): `/healthz` counts from
+    /// here until the loop's first round.
+    pub started_ms: i64,
 }
 
 /// Validations (compile + `init` in an instance) that run at once. Each
@@ -105,6 +112,8 @@ pub fn router(state: Arc<ControlState>, request_timeout: Duration) -> Router {
         .route("/ui/page.js", get(page_script))
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/status", get(status))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .route("/v1/versions", get(versions))
         .route("/metrics", get(metrics))
         .route("/v1/logs", get(logs))
@@ -275,6 +284,71 @@ async fn status(
     let running = state.status.snapshot();
     let answer = serde_json::json!({ "active": active, "running": running });
     Ok(Json(readable(&state, &headers, answer)).into_response())
+}
+
+/// Liveness: the batch loop came round (or tried the sink) within
+/// `liveness_ms`. A loop retrying a sink that is down is alive; one stuck
+/// in a call that never returns is not.
+async fn healthz(State(state): State<Arc<ControlState>>) -> Response {
+    let beat = state.status.health().beat_ms;
+    let since = if beat > 0 { beat } else { state.started_ms };
+    let ago = sluice_core::batch::now_ms() - since;
+    let bound = state.liveness_ms;
+    match ago <= bound {
+        true => probe(
+            StatusCode::OK,
+            serde_json::json!({
+                "status": "alive", "loop_ms_ago": ago, "bound_ms": bound
+            }),
+        ),
+        false => probe(
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({
+                "status": "wedged", "loop_ms_ago": ago, "bound_ms": bound,
+                "reason": format!("the batch loop has not come round for {ago} ms (bound {bound} ms)")
+            }),
+        ),
+    }
+}
+
+/// Readiness: a module version loaded, ownership settled (partitions
+/// assigned, or none to have), the sink answering, the pipeline not
+/// stalled. Every reason it is not is listed.
+async fn readyz(State(state): State<Arc<ControlState>>) -> Response {
+    let health = state.status.health();
+    let running = state.status.snapshot();
+    let mut reasons = Vec::new();
+    if running.module_digest.is_empty() {
+        reasons.push("no module version loaded yet".to_string());
+    }
+    if !health.settled {
+        reasons.push("the consumer group has not assigned partitions yet".to_string());
+    }
+    if let Some(problem) = health.sink_problem {
+        reasons.push(format!("the sink's last try failed: {problem}"));
+    }
+    if let Some(stall) = running.stalled {
+        reasons.push(format!("stalled: {}", stall.reason));
+    }
+    match reasons.is_empty() {
+        true => probe(
+            StatusCode::OK,
+            serde_json::json!({
+                "status": "ready", "partitions": running.partitions.len()
+            }),
+        ),
+        false => probe(
+            StatusCode::SERVICE_UNAVAILABLE,
+            serde_json::json!({
+                "status": "not ready", "reasons": reasons
+            }),
+        ),
+    }
+}
+
+/// A probe's answer: never cached.
+fn probe(code: StatusCode, body: Value) -> Response {
+    (code, [(header::CACHE_CONTROL, "no-store")], Json(body)).into_response()
 }
 
 async fn versions(

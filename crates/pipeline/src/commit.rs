@@ -57,7 +57,9 @@ impl<S: Sink, V: Versions> Parts<S, V> {
     pub(crate) async fn commit(&self, commit: &Commit<'_>) -> Result<Landing, PipelineError> {
         let mut backoff = SINK_RETRY.start();
         loop {
-            let error = match self.sink.commit(commit).await {
+            let tried = self.sink.commit(commit).await;
+            self.answered(tried.as_ref().err());
+            let error = match tried {
                 Ok(CommitOutcome::Committed) => return Ok(Landing::Landed),
                 Ok(CommitOutcome::Fenced {
                     partition,
@@ -93,6 +95,13 @@ impl<S: Sink, V: Versions> Parts<S, V> {
         }
     }
 
+    /// The sink answered a try (`failed`: with that error): the probes
+    /// see it, and the loop counts as alive while it retries.
+    fn answered(&self, failed: Option<&SinkError>) {
+        self.status.beat(false);
+        self.status.sink_tried(failed.map(|e| Chain(e).to_string()));
+    }
+
     /// After a commit with unknown outcome: what the checkpoints of the
     /// plan's partitions say.
     async fn resolve_unknown(&self, plan: &Plan) -> Result<Resolved, PipelineError> {
@@ -120,11 +129,12 @@ impl<S: Sink, V: Versions> Parts<S, V> {
     ) -> Result<HashMap<TopicPartition, i64>, PipelineError> {
         let mut backoff = SINK_RETRY.start();
         loop {
-            let error = match self
+            let tried = self
                 .sink
                 .checkpoints(&self.options.pipeline, partitions)
-                .await
-            {
+                .await;
+            self.answered(tried.as_ref().err());
+            let error = match tried {
                 Ok(c) => return Ok(c),
                 Err(e) => e,
             };

@@ -266,6 +266,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let mut warned_unassigned = false;
         let mut after = AfterCommit::default();
         loop {
+            self.parts.status.beat(self.source.assigned_once());
             if !warned_unassigned {
                 warned_unassigned = self.warn_if_unassigned(started);
             }

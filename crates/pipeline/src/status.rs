@@ -10,6 +10,7 @@
 use crate::Metrics;
 use crate::batch::OffsetRange;
 use serde::Serialize;
+use sluice_core::batch::now_ms;
 use sluice_core::source::PartitionProgress;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -169,6 +170,31 @@ impl PartitionStatus {
 pub struct StatusBoard {
     status: Arc<Mutex<Status>>,
     metrics: Metrics,
+    health: Arc<Health>,
+}
+
+/// What `/healthz` and `/readyz` read, kept apart from [`Status`] so the
+/// loop's beat costs an atomic store, not the status lock.
+#[derive(Debug, Default)]
+struct Health {
+    /// When the batch loop last came round (or a sink retry last tried),
+    /// ms since the epoch; 0: not yet.
+    beat_ms: std::sync::atomic::AtomicI64,
+    /// Ownership was settled at least once (possibly to no partitions).
+    settled: std::sync::atomic::AtomicBool,
+    /// Why the sink's last try failed, while it keeps failing.
+    sink_problem: Mutex<Option<String>>,
+}
+
+/// What the probes see.
+#[derive(Debug, Clone)]
+pub struct HealthView {
+    /// When the batch loop last came round, ms since the epoch (0: never).
+    pub beat_ms: i64,
+    /// The consumer group (or static assignment) has settled ownership.
+    pub settled: bool,
+    /// Why the sink's last try failed, while it keeps failing.
+    pub sink_problem: Option<String>,
 }
 
 impl StatusBoard {
@@ -177,6 +203,36 @@ impl StatusBoard {
         StatusBoard {
             status: Arc::default(),
             metrics: Metrics::new(pipeline),
+            health: Arc::default(),
+        }
+    }
+
+    /// The batch loop came round (or waits on the sink, retrying):
+    /// `settled` if ownership has been settled.
+    pub fn beat(&self, settled: bool) {
+        use std::sync::atomic::Ordering;
+        self.health.beat_ms.store(now_ms(), Ordering::Relaxed);
+        if settled {
+            self.health.settled.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// The sink's last try failed (`Some(why)`), or answered (`None`).
+    pub fn sink_tried(&self, problem: Option<String>) {
+        *self.health.sink_problem.lock().expect("health lock") = problem;
+    }
+
+    pub fn health(&self) -> HealthView {
+        use std::sync::atomic::Ordering;
+        HealthView {
+            beat_ms: self.health.beat_ms.load(Ordering::Relaxed),
+            settled: self.health.settled.load(Ordering::Relaxed),
+            sink_problem: self
+                .health
+                .sink_problem
+                .lock()
+                .expect("health lock")
+                .clone(),
         }
     }
 
