@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh machine: installs the wasm target, wasm-tools,
-# the Tansu broker, schemathesis (the API fuzzer, from PyPI), redis-server
+# the Tansu broker, schemathesis (the API fuzzer) and kubernetes-validate
+# (from PyPI), kubectl, redis-server
 # and chromium (Debian) and the guest toolchains (componentize-py, componentize-js) when
 # missing, builds the Rust plugins from source (the tests build the Python
 # and JavaScript ones with `sluice build`), builds the `sluice` binary and
@@ -15,6 +16,9 @@ scripts/toolchains.sh >/dev/null
 command -v st >/dev/null || python3 -m pip install --quiet "schemathesis==4.32.5"
 # The Redis tests start their own redis-server (the machine's keeps nothing on disk).
 command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; }
+# The Kubernetes manifests are rendered and checked against the API schemas.
+command -v kubectl >/dev/null || { apt-get update -qq && apt-get install -y -qq kubectl >/dev/null; }
+command -v kubernetes-validate >/dev/null || python3 -m pip install --quiet "kubernetes-validate==1.37.0"
 # The status page is tested in a real browser.
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 cargo build --quiet -p sluice --bin sluice
