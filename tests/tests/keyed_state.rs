@@ -255,22 +255,38 @@ async fn kafka_at_least_once_state_survives_sigkill_cycles_exactly_once() {
 /// range: the loser of each race is a zombie whose state writes must not
 /// land, and whose cache must not feed its next batch stale counts.
 async fn fenced_owner_writes_no_state(db: SinkDb, name: &str) {
+    let dir = TempDir::new(name);
+    let (config, fenced) = two_owners(name, 30_000, &dir, |c| db.configure(c));
+    let input = read_committed(shared_broker(), name, PARTITIONS);
+    tally::assert_stored(&db, name, &Expected::of(&input, &[])).await;
+    let batches = assert_verified(&config);
+    println!("{name}: {fenced} fenced commits rolled back; {batches} batches verified");
+}
+
+/// Two processes of the tally pipeline `name` (as `configure` points it at
+/// its sink, in `dir`), statically assigned the same partitions, racing
+/// over `records` keyed records to the end; its config and how many of
+/// their commits were fenced (at least one: they collided).
+fn two_owners(
+    name: &str,
+    records: usize,
+    dir: &TempDir,
+    configure: impl FnOnce(PipelineToml) -> PipelineToml,
+) -> (std::path::PathBuf, u64) {
     let brokers = shared_broker();
     create_topic(brokers, name, PARTITIONS);
     produce(
         brokers,
         name,
-        &tally::keyed(numbered(name, 30_000, PARTITIONS)),
+        &tally::keyed(numbered(name, records, PARTITIONS)),
     );
-    let dir = TempDir::new(name);
     let all: Vec<i32> = (0..PARTITIONS).collect();
-    let config = db
-        .configure(
-            tally::config(name, brokers, 100)
-                .batch_interval_ms(20)
-                .assign(name, &all),
-        )
-        .write(dir.path());
+    let config = configure(
+        tally::config(name, brokers, 100)
+            .batch_interval_ms(20)
+            .assign(name, &all),
+    )
+    .write(dir.path());
     let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
     let (a, b) = (spawn(), spawn());
     let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
@@ -289,10 +305,7 @@ async fn fenced_owner_writes_no_state(db: SinkDb, name: &str) {
         })
         .sum();
     assert!(fenced > 0, "the two owners never collided");
-    let input = read_committed(brokers, name, PARTITIONS);
-    tally::assert_stored(&db, name, &Expected::of(&input, &[])).await;
-    let batches = assert_verified(&config);
-    println!("{name}: {fenced} fenced commits rolled back; {batches} batches verified");
+    (config, fenced)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -728,40 +741,9 @@ async fn kafka_exactly_once_state_survives_sigkill_cycles_exactly_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_exactly_once_fenced_owner_writes_no_state() {
     let name = "state_kafka_once_fence";
-    let brokers = shared_broker();
-    create_topic(brokers, name, PARTITIONS);
-    produce(
-        brokers,
-        name,
-        &tally::keyed(numbered(name, 20_000, PARTITIONS)),
-    );
     let dir = TempDir::new(name);
-    let all: Vec<i32> = (0..PARTITIONS).collect();
-    let config = kafka_once(
-        tally::config(name, brokers, 100)
-            .batch_interval_ms(20)
-            .assign(name, &all),
-        name,
-    )
-    .write(dir.path());
-    let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
-    let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(
-        a.status.success() && b.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&a.stderr),
-        String::from_utf8_lossy(&b.stderr)
-    );
-    let fenced: u64 = [&a, &b]
-        .iter()
-        .map(|run| {
-            RunSummary::find(&String::from_utf8_lossy(&run.stdout))
-                .expect("a run summary")
-                .fenced
-        })
-        .sum();
-    assert!(fenced > 0, "the two owners never collided");
+    let (config, fenced) = two_owners(name, 20_000, &dir, |c| kafka_once(c, name));
+    let brokers = shared_broker();
     let input = read_committed(brokers, name, PARTITIONS);
     assert_stored_kafka(brokers, name, &Expected::of(&input, &[]));
     let batches = assert_verified(&config);
