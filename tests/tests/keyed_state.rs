@@ -73,6 +73,19 @@ struct Killed {
     expected: Expected,
 }
 
+impl Killed {
+    /// `verify` replays every batch alike; prints what the run proved.
+    fn verified(&self, name: &str) {
+        let batches = assert_verified(&self.config);
+        println!(
+            "{name}: {} SIGKILLs; {} records counted exactly once into {} keys; {batches} batches verified",
+            self.kills,
+            self.expected.rows.len(),
+            self.expected.state.len()
+        );
+    }
+}
+
 /// The kill loop with a stateful module (`tally` as `configure` points it
 /// at its sink): over at least 100k keyed records with aborted
 /// transactions, ≥ 20 SIGKILLs 0-60 ms after a batch lands (`committed`
@@ -117,13 +130,7 @@ async fn state_survives_sigkills(db: SinkDb, name: &str) {
     .await;
     tally::assert_stored(&db, name, &run.expected).await;
     db.assert_contiguous_lineage(name).await;
-    let batches = assert_verified(&run.config);
-    println!(
-        "{name}: {} SIGKILLs; {} records counted exactly once into {} keys; {batches} batches verified",
-        run.kills,
-        run.expected.rows.len(),
-        run.expected.state.len()
-    );
+    run.verified(name);
 }
 
 /// The kill loop on Redis: state hashes written by the commit script.
@@ -226,14 +233,7 @@ async fn kafka_at_least_once_state_survives_sigkill_cycles_exactly_once() {
     })
     .await;
     let sent = read_consumed(&brokers, &out, PARTITIONS);
-    let rows: std::collections::BTreeSet<(i64, i64, i64)> = sent
-        .iter()
-        .map(|r| {
-            let row: serde_json::Value = serde_json::from_str(&r.value).expect("a JSON row");
-            let n = |c: &str| row[c].as_i64().expect("an integer column");
-            (n("partition"), n("offset"), n("n"))
-        })
-        .collect();
+    let rows: std::collections::BTreeSet<(i64, i64, i64)> = sent.iter().map(tally_row).collect();
     let expected: std::collections::BTreeSet<(i64, i64, i64)> = run
         .expected
         .rows
@@ -646,6 +646,13 @@ fn kafka_once(config: PipelineToml, pipeline: &str) -> PipelineToml {
         .targets(|t| t.kafka_topic(&out))
 }
 
+/// A tally row a Kafka sink wrote (the row as JSON): (partition, offset, n).
+fn tally_row(record: &Consumed) -> (i64, i64, i64) {
+    let row: serde_json::Value = serde_json::from_str(&record.value).expect("a JSON row");
+    let n = |c: &str| row[c].as_i64().expect("an integer column");
+    (n("partition"), n("offset"), n("n"))
+}
+
 /// The rows and final state an exactly-once Kafka sink committed for the
 /// tally pipeline `pipeline`, read by the broker's transaction markers
 /// (this broker shows aborted records to `read_committed`: docs/kafka.md):
@@ -654,14 +661,7 @@ fn kafka_once(config: PipelineToml, pipeline: &str) -> PipelineToml {
 fn stored_kafka(brokers: &str, pipeline: &str) -> (Vec<(i64, i64, i64)>, Expected) {
     use sluice_tests::markers::read_committed_by_markers;
     let out = read_committed_by_markers(brokers, &format!("{pipeline}-out"), PARTITIONS);
-    let mut rows: Vec<(i64, i64, i64)> = out
-        .iter()
-        .map(|r| {
-            let row: serde_json::Value = serde_json::from_str(&r.value).expect("a JSON row");
-            let n = |c: &str| row[c].as_i64().expect("an integer column");
-            (n("partition"), n("offset"), n("n"))
-        })
-        .collect();
+    let mut rows: Vec<(i64, i64, i64)> = out.iter().map(tally_row).collect();
     rows.sort();
     let mut state = Expected::default();
     let changelog = read_committed_by_markers(brokers, &format!("{pipeline}.state"), PARTITIONS);
@@ -725,13 +725,7 @@ async fn kafka_exactly_once_state_survives_sigkill_cycles_exactly_once() {
     )
     .await;
     assert_stored_kafka(&run.broker.brokers, name, &run.expected);
-    let batches = assert_verified(&run.config);
-    println!(
-        "{name}: {} SIGKILLs; {} records counted exactly once into {} keys; {batches} batches verified",
-        run.kills,
-        run.expected.rows.len(),
-        run.expected.state.len()
-    );
+    run.verified(name);
 }
 
 /// Two processes statically assigned the same partitions into an
