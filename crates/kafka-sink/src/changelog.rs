@@ -227,7 +227,10 @@ impl Chain {
 
     /// Whether the state record at `offset` with `tag` was committed.
     pub fn keeps(&self, offset: i64, tag: Option<&[u8]>) -> bool {
-        offset < self.floor || tag.is_some_and(|t| self.tags.iter().any(|c| c[..] == *t))
+        offset < self.floor
+            || tag
+                .and_then(|t| Tag::try_from(t).ok())
+                .is_some_and(|t| self.tags.contains(&t))
     }
 }
 

@@ -72,9 +72,10 @@ impl ProducerContext for SealWatch {
     type DeliveryOpaque = ();
 
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        // The key first: it is one byte to compare, for every record.
         if let Ok(m) = result
-            && m.topic() == self.changelog
             && m.key() == Some(SEAL_KEY)
+            && m.topic() == self.changelog
             && let Ok(seal) = Seal::decode(m.payload().unwrap_or_default())
         {
             *self.seal.lock().unwrap_or_else(|e| e.into_inner()) = Some((seal.tag, m.offset()));
@@ -426,9 +427,7 @@ impl KafkaSink {
             Err(Step::Failed(e)) => Err(e),
         }
     }
-}
 
-impl KafkaSink {
     /// Waits for every record sent so far, the seal last, and returns the
     /// seal's offset.
     fn seal_offset(

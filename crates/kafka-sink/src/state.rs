@@ -14,9 +14,8 @@
 use crate::changelog::{Chain, Entry, Seal, TAG_HEADER};
 use crate::client::{BROKER_TIMEOUT, brokers_of};
 use crate::section::{KafkaSection, KafkaSinkFields};
-use crate::to_end::{EndIsNotAnError, EndReadError, partitions_of};
+use crate::to_end::{EndIsNotAnError, EndReadError, EndReader};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sluice_core::batch::TopicPartition;
@@ -25,7 +24,7 @@ use sluice_core::sink::SinkError;
 use sluice_core::state::{StateError, StateStore, StateValue};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long restoring one partition may take.
 const RESTORE_FOR: Duration = Duration::from_secs(300);
@@ -127,13 +126,12 @@ impl Changelogs {
         max_bytes: usize,
     ) -> Result<Option<BTreeMap<Vec<u8>, StateValue>>, StateError> {
         let topic = self.fields.changelog_topic(&self.config, &tp.topic);
-        let reader = self.reader()?;
-        self.check_partition(&reader, &topic, tp)?;
-        let Some(end) = committed_end(&reader, &topic, tp.partition)? else {
+        let reader = self.reader(&topic, tp)?;
+        let Some(end) = committed_end(reader.consumer(), &topic, tp.partition)? else {
             return Ok(Some(BTreeMap::new()));
         };
         let mut seals = HashMap::new();
-        read_to(&reader, &topic, tp.partition, end, |m| {
+        read_to(&reader, tp.partition, end, |m| {
             if let Entry::Seal = Entry::of(m.key()) {
                 seals.insert(m.offset(), Seal::decode(m.payload().unwrap_or_default())?);
             }
@@ -142,7 +140,7 @@ impl Changelogs {
         let chain = Chain::ending_at(end, &seals)?;
         let mut state = BTreeMap::new();
         let mut bytes = 0usize;
-        read_to(&reader, &topic, tp.partition, end, |m| {
+        read_to(&reader, tp.partition, end, |m| {
             let Entry::Change(key) = Entry::of(m.key()) else {
                 return Ok(true);
             };
@@ -163,42 +161,27 @@ impl Changelogs {
         Ok((bytes <= max_bytes).then_some(state))
     }
 
-    /// A consumer that reads every record, aborted or not (the chain
-    /// judges them; a reader of committed records only could wait on a
-    /// broker's stuck last stable offset), under the pipeline's group name
-    /// for its committed offsets (never joined, nothing committed).
-    fn reader(&self) -> Result<BaseConsumer<EndIsNotAnError>, StateError> {
-        ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .set("group.id", &self.group)
-            .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_uncommitted")
-            .set("enable.partition.eof", "true")
-            .set("fetch.wait.max.ms", "50")
-            .create_with_context(EndIsNotAnError)
-            .map_err(StateError::unreadable)
-    }
-
-    /// The changelog topic exists and has `tp`'s partition.
-    fn check_partition(
-        &self,
-        reader: &BaseConsumer<EndIsNotAnError>,
-        topic: &str,
-        tp: &TopicPartition,
-    ) -> Result<(), StateError> {
-        let partitions = match partitions_of(reader, topic) {
-            Ok(partitions) => partitions,
+    /// A reader of every record of changelog `topic`, aborted or not (the
+    /// chain judges them; a reader of committed records only could wait on
+    /// a broker's stuck last stable offset), under the pipeline's group
+    /// name for its committed offsets; the topic must have `tp`'s
+    /// partition.
+    fn reader(&self, topic: &str, tp: &TopicPartition) -> Result<EndReader, StateError> {
+        let mut client = ClientConfig::new();
+        client.set("bootstrap.servers", &self.brokers);
+        let reader = match EndReader::open_all(client, &self.group, topic) {
+            Ok(reader) => reader,
             Err(EndReadError::NoTopic(_)) => {
                 return Err(StateError::Unsupported(missing_changelog(topic, tp)));
             }
             Err(e) => return Err(StateError::unreadable(e)),
         };
-        match partitions.contains(&tp.partition) {
-            true => Ok(()),
+        match reader.partitions().contains(&tp.partition) {
+            true => Ok(reader),
             false => Err(StateError::Unsupported(format!(
                 "the changelog topic `{topic}` has {} partitions, too few for input partition \
                  {tp}: it needs as many as the input topic",
-                partitions.len()
+                reader.partitions().len()
             ))),
         }
     }
@@ -241,37 +224,39 @@ fn committed_end(
     }))
 }
 
-/// Reads `partition` of `topic` from its start through offset `end - 1`,
-/// handing each record to `take` until it says to stop.
+/// Reads `partition` from its start through offset `end - 1`, handing
+/// each record to `take` until it says to stop or fails.
 fn read_to(
-    reader: &BaseConsumer<EndIsNotAnError>,
-    topic: &str,
+    reader: &EndReader,
     partition: i32,
     end: i64,
     mut take: impl FnMut(&BorrowedMessage<'_>) -> Result<bool, StateError>,
 ) -> Result<(), StateError> {
-    let mut list = TopicPartitionList::new();
-    list.add_partition_offset(topic, partition, Offset::Beginning)
-        .map_err(StateError::unreadable)?;
-    reader.assign(&list).map_err(StateError::unreadable)?;
-    let started = Instant::now();
-    loop {
-        if started.elapsed() > RESTORE_FOR {
-            return Err(StateError::Unavailable(format!(
-                "restoring state from `{topic}` [{partition}] took over {RESTORE_FOR:?}"
-            )));
-        }
-        match reader.poll(Duration::from_millis(200)) {
-            None => {}
-            Some(Err(KafkaError::PartitionEOF(_))) => {
-                return Err(StateError::Corrupt(format!(
-                    "the changelog `{topic}` [{partition}] ends before its committed position {end}"
-                )));
+    // Why the read ended: the last record reached, `take` done or failed.
+    let mut ended: Option<Result<(), StateError>> = None;
+    reader
+        .read(&[partition], RESTORE_FOR, |m| {
+            let result = match m.offset() >= end {
+                true => Ok(false),
+                false => take(m).map(|more| more && m.offset() < end - 1),
+            };
+            match result {
+                Ok(true) => true,
+                Ok(false) => {
+                    ended = Some(Ok(()));
+                    false
+                }
+                Err(e) => {
+                    ended = Some(Err(e));
+                    false
+                }
             }
-            Some(Err(e)) => return Err(StateError::unreadable(e)),
-            Some(Ok(m)) if m.offset() >= end => return Ok(()),
-            Some(Ok(m)) if !take(&m)? || m.offset() == end - 1 => return Ok(()),
-            Some(Ok(_)) => {}
-        }
+        })
+        .map_err(StateError::unreadable)?;
+    match ended {
+        Some(result) => result,
+        None => Err(StateError::Corrupt(format!(
+            "the changelog [{partition}] ends before its committed position {end}"
+        ))),
     }
 }

@@ -1,6 +1,7 @@
 //! Reading a topic's committed records from the start of its partitions to
-//! their ends: what `verify` does to the lineage topic and `sluice
-//! consume` to any topic. One `read_committed` consumer, assigned (never
+//! their ends: what `verify` does to the lineage topic, `sluice consume` to
+//! any topic and a state restore to a changelog partition (every record
+//! there: it judges them itself). One consumer, assigned (never
 //! subscribed, nothing committed), ending each partition where a fetch
 //! reports its end (some brokers answer ListOffsets wrong, none a fetch).
 //!
@@ -63,7 +64,8 @@ pub fn partitions_of<C: ConsumerContext>(
     }
 }
 
-/// A `read_committed` consumer of one topic, read from the start.
+/// A consumer of one topic, read from the start: `read_committed`, or
+/// every record, aborted or not ([`EndReader::open_all`]).
 pub struct EndReader {
     consumer: BaseConsumer<EndIsNotAnError>,
     topic: String,
@@ -74,11 +76,27 @@ impl EndReader {
     /// A consumer on `client` (brokers and properties set) under the group
     /// name `group` (never joined: it only names the client), and the
     /// partitions of `topic`.
-    pub fn open(mut client: ClientConfig, group: &str, topic: &str) -> Result<Self, EndReadError> {
+    pub fn open(client: ClientConfig, group: &str, topic: &str) -> Result<Self, EndReadError> {
+        Self::open_as(client, group, topic, "read_committed")
+    }
+
+    /// As [`EndReader::open`], but reading every record, aborted or not
+    /// (for a caller that judges them itself, and must not wait on a
+    /// broker's stuck last stable offset).
+    pub fn open_all(client: ClientConfig, group: &str, topic: &str) -> Result<Self, EndReadError> {
+        Self::open_as(client, group, topic, "read_uncommitted")
+    }
+
+    fn open_as(
+        mut client: ClientConfig,
+        group: &str,
+        topic: &str,
+        isolation: &str,
+    ) -> Result<Self, EndReadError> {
         let consumer: BaseConsumer<EndIsNotAnError> = client
             .set("group.id", group)
             .set("enable.auto.commit", "false")
-            .set("isolation.level", "read_committed")
+            .set("isolation.level", isolation)
             .set("enable.partition.eof", "true")
             .set("fetch.wait.max.ms", "50")
             .create_with_context(EndIsNotAnError)?;
@@ -93,6 +111,12 @@ impl EndReader {
     /// Every partition of the topic.
     pub fn partitions(&self) -> &[i32] {
         &self.partitions
+    }
+
+    /// The consumer (to ask its group's committed offsets; it never joins
+    /// the group).
+    pub fn consumer(&self) -> &BaseConsumer<EndIsNotAnError> {
+        &self.consumer
     }
 
     /// Reads `partitions` from their start, handing each record to `take`,

@@ -73,7 +73,7 @@ fn expand(text: &str, at: &str, base: &Path) -> Result<String, ConfigError> {
 fn resolve(reference: &str, base: &Path) -> Result<String, String> {
     if let Some(path) = reference.strip_prefix("file:") {
         let file = base.join(path);
-        let text = std::fs::read_to_string(&file)
+        let text = read_secret(&file)
             .map_err(|e| format!("cannot read secret file {}: {e}", file.display()))?;
         let text = text.strip_suffix('\n').unwrap_or(&text);
         return Ok(text.strip_suffix('\r').unwrap_or(text).to_string());
@@ -96,6 +96,27 @@ fn resolve(reference: &str, base: &Path) -> Result<String, String> {
             format!("environment variable `{reference}` is not UTF-8")
         }
     })
+}
+
+/// Largest secret file read, in bytes: a secret is a password, a token or
+/// a certificate, and a path named by mistake (a log, `/dev/zero`) must
+/// not be read whole.
+const MAX_SECRET_BYTES: u64 = 64 * 1024;
+
+/// The text of secret file `file`, at most [`MAX_SECRET_BYTES`].
+fn read_secret(file: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(file)?
+        .take(MAX_SECRET_BYTES + 1)
+        .read_to_string(&mut text)?;
+    match text.len() as u64 > MAX_SECRET_BYTES {
+        true => Err(std::io::Error::other(format!(
+            "it is over {} KiB, too large for a secret",
+            MAX_SECRET_BYTES / 1024
+        ))),
+        false => Ok(text),
+    }
 }
 
 #[cfg(test)]
@@ -139,6 +160,11 @@ mod tests {
             expanded("${file:/no/such/secret}")
                 .unwrap_err()
                 .contains("/no/such/secret")
+        );
+        let said = expanded("${file:/dev/zero}").unwrap_err();
+        assert!(
+            said.contains("/dev/zero") && said.contains("too large"),
+            "{said}"
         );
         assert!(
             expanded("${SLUICE_TEST_SECRET")
