@@ -138,7 +138,8 @@ fn main() -> std::process::ExitCode {
     match executed {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            let error: &(dyn std::error::Error + 'static) = e.as_ref();
+            eprintln!("error: {}", sluice_core::error::Chain(error));
             std::process::ExitCode::FAILURE
         }
     }

@@ -17,6 +17,7 @@ pub mod redis_server;
 pub mod scenarios;
 pub mod sinks;
 pub mod tally;
+pub mod tls;
 
 pub use config::{PipelineToml, Target};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

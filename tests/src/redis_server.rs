@@ -9,6 +9,7 @@ use crate::scenarios::TestSink;
 use crate::{PipelineToml, Seen, TempDir, free_port};
 use redis::Commands;
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -19,6 +20,15 @@ pub struct RedisServer {
     child: Option<Child>,
     /// `appendfsync always` (else no persistence at all).
     durable: bool,
+    /// TLS only (no plain port), with this certificate.
+    tls: Option<ServerTls>,
+}
+
+/// A TLS-only server's certificate, key and the authority that signed it.
+struct ServerTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
 }
 
 impl RedisServer {
@@ -34,6 +44,26 @@ impl RedisServer {
             dir: TempDir::new(&format!("redis-{name}")),
             child: None,
             durable,
+            tls: None,
+        };
+        server.restart();
+        server
+    }
+
+    /// Starts a server that speaks only TLS, with `tls`'s server
+    /// certificate (persisting nothing); [`RedisServer::url`] is then a
+    /// `rediss://` URL, and the test's own connections trust `tls.ca`.
+    pub fn start_tls(name: &str, tls: &crate::tls::Authority) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: TempDir::new(&format!("redis-{name}")),
+            child: None,
+            durable: false,
+            tls: Some(ServerTls {
+                cert: tls.cert.clone(),
+                key: tls.key.clone(),
+                ca: tls.ca.clone(),
+            }),
         };
         server.restart();
         server
@@ -41,8 +71,27 @@ impl RedisServer {
 
     /// Starts (again) on the same port and directory: the AOF is replayed.
     pub fn restart(&mut self) {
+        let port = self.port.to_string();
+        let ports: Vec<&std::ffi::OsStr> = match &self.tls {
+            None => vec!["--port".as_ref(), port.as_ref()],
+            Some(tls) => vec![
+                "--port".as_ref(),
+                "0".as_ref(),
+                "--tls-port".as_ref(),
+                port.as_ref(),
+                "--tls-cert-file".as_ref(),
+                tls.cert.as_os_str(),
+                "--tls-key-file".as_ref(),
+                tls.key.as_os_str(),
+                "--tls-ca-cert-file".as_ref(),
+                tls.ca.as_os_str(),
+                "--tls-auth-clients".as_ref(),
+                "no".as_ref(),
+            ],
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(ports)
+            .args(["--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(self.dir.path())
             .args(match self.durable {
@@ -82,11 +131,22 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 
     fn try_conn(&self) -> Option<redis::Connection> {
-        let client = redis::Client::open(self.url()).ok()?;
+        let client = match &self.tls {
+            None => redis::Client::open(self.url()).ok()?,
+            Some(tls) => {
+                let root = std::fs::read(&tls.ca).expect("read the CA");
+                let certificates = redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root),
+                };
+                redis::Client::build_with_tls(self.url(), certificates).ok()?
+            }
+        };
         let mut conn = client
             .get_connection_with_timeout(Duration::from_secs(2))
             .ok()?;

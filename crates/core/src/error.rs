@@ -23,10 +23,16 @@ pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
+        let mut said = self.0.to_string();
+        write!(f, "{said}")?;
         let mut cause = self.0.source();
         while let Some(e) = cause {
-            write!(f, ": {e}")?;
+            // Some drivers' messages already end with their cause's.
+            let message = e.to_string();
+            if !said.ends_with(&message) {
+                write!(f, ": {message}")?;
+            }
+            said = message;
             cause = e.source();
         }
         Ok(())
@@ -49,5 +55,23 @@ mod tests {
         );
         let bare = SinkError::unavailable("", std::io::Error::other("reset by peer"));
         assert_eq!(Chain(&bare).to_string(), "sink unavailable: reset by peer");
+        let repeated = SinkError::unavailable("", Repeats(std::io::Error::other("bad cert")));
+        assert_eq!(Chain(&repeated).to_string(), "sink unavailable: io: bad cert");
+    }
+
+    /// An error that says its cause in its own message, as sqlx's do.
+    #[derive(Debug)]
+    struct Repeats(std::io::Error);
+
+    impl fmt::Display for Repeats {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write!(f, "io: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Repeats {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
     }
 }

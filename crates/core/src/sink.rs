@@ -107,6 +107,21 @@ impl SinkError {
         }
     }
 
+    /// Connecting to `server` (a redacted URL) failed for `cause`: a server
+    /// that could not be reached is an outage (retry), but one whose TLS
+    /// certificate does not verify is refused for good (retrying cannot
+    /// change it: fix the trusted roots or the URL).
+    pub fn connecting(server: &str, cause: impl Into<Cause>) -> Self {
+        let cause = cause.into();
+        if is_certificate_refusal(cause.as_ref()) {
+            return SinkError::database(
+                format!("TLS to {server}: the server's certificate does not verify against the trusted roots"),
+                cause,
+            );
+        }
+        SinkError::unavailable(format!("cannot connect to {server}"), cause)
+    }
+
     /// The database refused `what` (may be empty), for `cause`.
     pub fn database(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
         SinkError::Database {
@@ -114,6 +129,27 @@ impl SinkError {
             cause: Some(cause.into()),
         }
     }
+}
+
+/// True if `error`, or an error it was caused by, is rustls refusing the
+/// server's certificate (drivers wrap it in an `io::Error`, Redis's errors
+/// that in an `Arc`).
+pub fn is_certificate_refusal(error: &(dyn std::error::Error + 'static)) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut next = Some(error);
+    while let Some(mut e) = next {
+        next = e.source();
+        if let Some(shared) = e.downcast_ref::<Shared>() {
+            e = shared.as_ref();
+        }
+        if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+            e = inner;
+        }
+        if let Some(rustls::Error::InvalidCertificate(_)) = e.downcast_ref::<rustls::Error>() {
+            return true;
+        }
+    }
+    false
 }
 
 /// Why a record became a dead letter.

@@ -13,7 +13,7 @@ use std::time::Duration;
 /// Opens a connection that reconnects by itself after an outage. Replies
 /// slower than `timeout` count as lost.
 pub async fn connect(url: &str, timeout: Duration) -> Result<ConnectionManager, SinkError> {
-    let cannot = |e| SinkError::unavailable(format!("cannot connect to {}", redact_url(url)), e);
+    let cannot = |e| SinkError::connecting(&redact_url(url), e);
     let client = redis::Client::open(url)
         .map_err(|e| SinkError::Config(format!("`{}` is not a Redis URL: {e}", redact_url(url))))?;
     let config = ConnectionManagerConfig::new()

@@ -37,7 +37,7 @@ pub async fn connect_any(sink: &StoreConnection) -> Result<(AnyPool, &'static Di
         .acquire_timeout(Duration::from_secs(10))
         .connect(&any_url(&sink.url))
         .await
-        .map_err(|e| SinkError::unavailable(redact_url(&sink.url), e))?;
+        .map_err(|e| SinkError::connecting(&redact_url(&sink.url), e))?;
     Ok((pool, dialect))
 }
 

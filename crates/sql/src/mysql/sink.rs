@@ -36,9 +36,10 @@ pub async fn open_with(
     writes: Writes<'_>,
 ) -> Result<MysqlSink, SinkError> {
     let MysqlConfig { options, pool } = MysqlConfig::from_url(&store.url, store.lock_timeout_ms)?;
-    let pool = pool.connect_with(options).await.map_err(|e| {
-        SinkError::unavailable(format!("cannot connect to {}", redact_url(&store.url)), e)
-    })?;
+    let pool = pool
+        .connect_with(options)
+        .await
+        .map_err(|e| SinkError::connecting(&redact_url(&store.url), e))?;
     let packet: i64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS SIGNED)")
         .fetch_one(&pool)
         .await

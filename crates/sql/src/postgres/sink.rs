@@ -35,9 +35,10 @@ pub async fn open_with(
 ) -> Result<PostgresSink, SinkError> {
     let PostgresConfig { options, pool } =
         PostgresConfig::from_url(&store.url, store.lock_timeout_ms)?;
-    let pool = pool.connect_with(options).await.map_err(|e| {
-        SinkError::unavailable(format!("cannot connect to {}", redact_url(&store.url)), e)
-    })?;
+    let pool = pool
+        .connect_with(options)
+        .await
+        .map_err(|e| SinkError::connecting(&redact_url(&store.url), e))?;
     SqlSink::open(PostgresBackend { pool }, store, writes).await
 }
 

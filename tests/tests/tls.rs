@@ -1,0 +1,130 @@
+//! TLS to the sinks' servers, each a server of the test's own that speaks
+//! only TLS with a certificate the test generates (never the machine's
+//! shared servers): Postgres (`sslmode=verify-full&sslrootcert=`), MySQL
+//! (`ssl-mode=VERIFY_IDENTITY&ssl-ca=`) and Redis (`rediss://`, trusting
+//! the system roots or `SSL_CERT_FILE`). For each: trusting another
+//! authority, `sluice run` refuses the server, says why and writes nothing;
+//! trusting the right one, a keyed-state pipeline lands exactly what a
+//! recomputation of its input says.
+
+use sluice_tests::redis_server::RedisServer;
+use sluice_tests::sinks::SinkDb;
+use sluice_tests::tally::{self, Expected};
+use sluice_tests::tls::{Authority, TlsMariadb, TlsPostgres};
+use sluice_tests::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const PARTITIONS: i32 = 2;
+
+/// Topic `name` with keyed input, and what the tally pipeline must leave.
+fn keyed_input(name: &str) -> Expected {
+    let brokers = shared_broker();
+    create_topic(brokers, name, PARTITIONS);
+    produce(
+        brokers,
+        name,
+        &tally::keyed(numbered(name, 3000, PARTITIONS)),
+    );
+    Expected::of(&read_committed(brokers, name, PARTITIONS), &[])
+}
+
+/// Runs `config` expecting a refusal of the server's certificate: the run
+/// fails, and says so in words an operator can act on.
+fn assert_refused(config: &Path, what: &str) {
+    let out = run_until_caught_up(config, Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{what}: ran trusting another CA");
+    assert!(
+        stderr.to_lowercase().contains("certificate"),
+        "{what}: the error does not name the certificate: {stderr}"
+    );
+    println!("{what}: refused: {}", stderr.trim_end().lines().last().unwrap_or(""));
+}
+
+/// The tally pipeline of `name` into `db`, its config written under `dir`.
+fn tally_into(db: &SinkDb, name: &str, dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    db.configure(tally::config(name, shared_broker(), 200))
+        .write(dir)
+}
+
+/// A refusal trusting the rogue authority, then an exact run trusting the
+/// right one, into the SQL server `db_for(ca)` reaches.
+async fn refused_then_exact(name: &str, tls: &Authority, db_for: impl Fn(&Path) -> SinkDb) {
+    let expected = keyed_input(name);
+    let dir = TempDir::new(name);
+    let rogue = tally_into(&db_for(&tls.rogue_ca), name, &dir.path().join("rogue"));
+    assert_refused(&rogue, name);
+    let db = db_for(&tls.ca);
+    assert_eq!(
+        db.committed_batches().await,
+        0,
+        "{name}: nothing committed while refused"
+    );
+    run_ok(&tally_into(&db, name, &dir.path().join("trusted")));
+    tally::assert_stored(&db, name, &expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn postgres_over_tls_verifies_the_server() {
+    let name = "tls_pg";
+    let tls = Authority::generate(name);
+    let server = TlsPostgres::start(name, &tls);
+    refused_then_exact(name, &tls, |ca| SinkDb::Postgres {
+        url: server.url(ca),
+        schema: name.into(),
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mysql_over_tls_verifies_the_server() {
+    let name = "tls_my";
+    let tls = Authority::generate(name);
+    let server = TlsMariadb::start(name, &tls);
+    refused_then_exact(name, &tls, |ca| SinkDb::Mysql {
+        url: server.url(ca),
+        schema: name.into(),
+    })
+    .await;
+}
+
+/// `rediss://` trusts the system's roots; `SSL_CERT_FILE` names others
+/// (what a container sets for a private CA).
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_over_tls_verifies_the_server() {
+    let name = "tls_redis";
+    let expected = keyed_input(name);
+    let tls = Authority::generate(name);
+    let server = RedisServer::start_tls(name, &tls);
+    let dir = TempDir::new(name);
+    let config =
+        tally::redis_config(tally::config(name, shared_broker(), 200), &server.url()).write(dir.path());
+    let run = |ca: &Path| {
+        let log = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        std::process::Command::new(sluice_bin())
+            .args(["run", "--until-caught-up"])
+            .arg(&config)
+            .env("SLUICE_LOG", log)
+            .env("SSL_CERT_FILE", ca)
+            .output()
+            .expect("run sluice")
+    };
+    let refused = run(&tls.rogue_ca);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "ran trusting another CA");
+    assert!(
+        stderr.to_lowercase().contains("certificate"),
+        "the error does not name the certificate: {stderr}"
+    );
+    println!("{name}: refused: {}", stderr.trim_end().lines().last().unwrap_or(""));
+    assert_eq!(server.committed_batches(name), 0, "nothing committed");
+    let trusted = run(&tls.ca);
+    assert!(
+        trusted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&trusted.stderr)
+    );
+    tally::assert_same(name, &tally::stored_redis(&server, name, PARTITIONS), &expected);
+}
