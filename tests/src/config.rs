@@ -183,6 +183,12 @@ impl PipelineToml {
         self
     }
 
+    /// One librdkafka property of the Kafka sink's clients.
+    pub fn sink_property(mut self, key: &str, value: &str) -> PipelineToml {
+        table_at(self.section("sink"), "properties").insert(key.into(), value.into());
+        self
+    }
+
     /// Any field of `[source]`.
     pub fn source(self, key: &str, value: impl Into<Value>) -> PipelineToml {
         self.field("source", key, value)

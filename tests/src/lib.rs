@@ -103,10 +103,22 @@ impl Broker {
     }
 
     fn start_with(die_with_parent: bool) -> Broker {
+        let port = free_port();
+        Broker::launch(port, port, die_with_parent)
+    }
+
+    /// A broker listening in plain text on a port of its own that tells
+    /// clients to connect to `advertised` instead (where a TLS proxy
+    /// forwards to it): [`Broker::brokers`] is the plain listener.
+    pub fn start_behind(advertised: u16) -> Broker {
+        Broker::launch(free_port(), advertised, false)
+    }
+
+    fn launch(port: u16, advertised: u16, die_with_parent: bool) -> Broker {
         use std::os::unix::process::CommandExt;
         let bin = tansu_bin();
-        let port = free_port();
         let url = format!("tcp://127.0.0.1:{port}");
+        let advertised = format!("tcp://127.0.0.1:{advertised}");
         let log = std::env::temp_dir().join(format!("sluice-tansu-{port}.log"));
         let mut command = Command::new(bin);
         if die_with_parent {
@@ -124,7 +136,7 @@ impl Broker {
                 "--listener-url",
                 &url,
                 "--advertised-listener-url",
-                &url,
+                &advertised,
             ])
             .args(["--storage-engine", "memory://tansu/"])
             .stdout(Stdio::from(std::fs::File::create(&log).expect("log file")))
@@ -189,10 +201,17 @@ fn tansu_bin() -> PathBuf {
 
 /// Creates `topic` with `partitions` partitions.
 pub fn create_topic(brokers: &str, topic: &str, partitions: i32) {
-    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .create()
-        .expect("admin");
+    create_topic_with(brokers, topic, partitions, &[]);
+}
+
+/// [`create_topic`] by a client with `extra` librdkafka properties (TLS).
+pub fn create_topic_with(brokers: &str, topic: &str, partitions: i32, extra: &[(&str, &str)]) {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    for (key, value) in extra {
+        config.set(*key, *value);
+    }
+    let admin: AdminClient<DefaultClientContext> = config.create().expect("admin");
     // A thread of its own: callers may be inside a tokio runtime already.
     let result = std::thread::scope(|s| {
         s.spawn(|| {
@@ -370,7 +389,18 @@ pub fn committed_reader_with(
 /// from the start until each partition reports its end): the broker's own
 /// view of what is committed, used to compute expected results.
 pub fn read_committed(brokers: &str, topic: &str, partitions: i32) -> Vec<Seen> {
-    let mut seen = read_to_end(brokers, topic, partitions, |m| Seen {
+    read_committed_with(brokers, topic, partitions, &[])
+}
+
+/// [`read_committed`] by a client with `extra` librdkafka properties
+/// (TLS).
+pub fn read_committed_with(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    extra: &[(&str, &str)],
+) -> Vec<Seen> {
+    let mut seen = read_to_end(brokers, topic, partitions, extra, |m| Seen {
         partition: m.partition(),
         offset: m.offset(),
         key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
@@ -386,9 +416,10 @@ fn read_to_end<T>(
     brokers: &str,
     topic: &str,
     partitions: i32,
+    extra: &[(&str, &str)],
     mut take: impl FnMut(&rdkafka::message::BorrowedMessage<'_>) -> T,
 ) -> Vec<T> {
-    let c = committed_reader(brokers, topic, partitions);
+    let c = committed_reader_with(brokers, topic, partitions, extra);
     let mut done = std::collections::BTreeSet::new();
     let mut seen = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -425,7 +456,7 @@ pub struct Consumed {
 /// headers (what a Kafka sink wrote).
 pub fn read_consumed(brokers: &str, topic: &str, partitions: i32) -> Vec<Consumed> {
     let text = |b: Option<&[u8]>| b.map(|b| String::from_utf8_lossy(b).into_owned());
-    read_to_end(brokers, topic, partitions, |m| Consumed {
+    read_to_end(brokers, topic, partitions, &[], |m| Consumed {
         partition: m.partition(),
         key: text(m.key()),
         value: text(m.payload()).unwrap_or_default(),

@@ -283,3 +283,59 @@ impl Drop for TlsMariadb {
         let _ = self.child.wait();
     }
 }
+
+/// A Kafka broker reached only through TLS: the broker listens in plain
+/// text on a port of its own and advertises the port of a TLS proxy
+/// (`socat OPENSSL-LISTEN`, with `tls`'s server certificate) that
+/// forwards to it, so every client following the broker's metadata speaks
+/// TLS. (The local broker takes `--cert`/`--key` but its build does not
+/// serve TLS.) Both are killed when dropped.
+pub struct TlsBroker {
+    /// Where clients connect: the TLS port.
+    pub brokers: String,
+    /// The plain listener, for raw protocol reads that follow no metadata
+    /// (`markers::read_committed_by_markers`).
+    pub plain: String,
+    _broker: crate::Broker,
+    proxy: Child,
+}
+
+impl TlsBroker {
+    pub fn start(tls: &Authority) -> TlsBroker {
+        let port = free_port();
+        let broker = crate::Broker::start_behind(port);
+        let proxy = Command::new("socat")
+            .arg(format!(
+                "OPENSSL-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork,verify=0,cert={},key={}",
+                tls.cert.display(),
+                tls.key.display()
+            ))
+            .arg(format!("TCP:{}", broker.brokers))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start socat (Debian package socat)");
+        let brokers = format!("127.0.0.1:{port}");
+        let started = Instant::now();
+        while std::net::TcpStream::connect(&brokers).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "socat did not listen on {brokers}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        TlsBroker {
+            plain: broker.brokers.clone(),
+            brokers,
+            _broker: broker,
+            proxy,
+        }
+    }
+}
+
+impl Drop for TlsBroker {
+    fn drop(&mut self) {
+        let _ = self.proxy.kill();
+        let _ = self.proxy.wait();
+    }
+}

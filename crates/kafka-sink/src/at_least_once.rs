@@ -21,7 +21,7 @@
 //! sink: the state store comes in as a trait.
 
 use crate::client::{
-    BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
+    BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered,
 };
 use crate::records::BatchLayout;
 use crate::section::KafkaSection;
@@ -65,7 +65,7 @@ impl ProducerContext for Deliveries {
 /// The sending half of an at-least-once Kafka sink: an idempotent producer
 /// and the batch layout, checked against the brokers.
 pub struct KafkaProducer {
-    brokers: String,
+    cluster: Cluster,
     layout: BatchLayout,
     producer: ThreadedProducer<Deliveries>,
     /// One batch at a time owns the producer's delivery report.
@@ -76,13 +76,14 @@ impl KafkaProducer {
     /// Connects to the brokers of `config.sink.url` and checks every topic
     /// it writes (targets and dead letters) exists.
     pub fn open(config: &PipelineConfig) -> Result<KafkaProducer, SinkError> {
-        let brokers = brokers_of(&config.sink.url)?;
-        let producer: ThreadedProducer<Deliveries> = producer_config(&brokers)
+        let cluster = Cluster::of(config)?;
+        let producer: ThreadedProducer<Deliveries> = cluster
+            .producer()
             .set("enable.idempotence", "true")
             .create_with_context(Deliveries::default())
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
         let sink = KafkaProducer {
-            brokers,
+            cluster,
             layout: BatchLayout::new(
                 &config.sink.targets,
                 KafkaSection::sink(&config.sink)?.dead_letter_topic(&config.pipeline),
@@ -92,7 +93,7 @@ impl KafkaProducer {
         };
         check_topics(
             sink.producer.client(),
-            &sink.brokers,
+            &sink.cluster.brokers,
             &sink.layout.topics(),
             None,
         )?;

@@ -1,6 +1,7 @@
-//! The librdkafka plumbing both Kafka sinks share: the broker list of a
-//! `kafka://` URL, the check that every topic written exists, queueing
-//! one record on a producer and waiting for every record's acknowledgement.
+//! The librdkafka plumbing both Kafka sinks share: the brokers a
+//! `kafka://` URL names and the properties every client of the sink gets
+//! ([`Cluster`]), the check that every topic written exists, queueing one
+//! record on a producer and waiting for every record's acknowledgement.
 //!
 //! It must not decide what a batch sends (that is `records`) or when it
 //! counts as committed (that is each sink).
@@ -11,25 +12,62 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext};
+use crate::section::KafkaSection;
+use sluice_core::config::{KindSection, PipelineConfig};
 use sluice_core::sink::SinkError;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 /// How long one broker call (metadata, init, offsets, commit) may take.
 pub const BROKER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The settings every producer of the sink shares: partitioning by key
-/// as the Java client does, a short linger, and a bounded queue, so a
-/// module that floods its output is held back (`send` waits while the
-/// queue is full) instead of queueing it all in the host's memory.
-pub fn producer_config(brokers: &str) -> ClientConfig {
-    let mut config = ClientConfig::new();
-    config
-        .set("bootstrap.servers", brokers)
-        .set("partitioner", "murmur2_random")
-        .set("linger.ms", "5")
-        .set("queue.buffering.max.messages", "100000")
-        .set("queue.buffering.max.kbytes", "65536");
-    config
+/// The brokers of a Kafka sink and what every client of it is configured
+/// with (`sink.properties`: TLS, SASL).
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    /// The bootstrap servers, as the URL names them.
+    pub brokers: String,
+    properties: BTreeMap<String, String>,
+}
+
+impl Cluster {
+    /// The cluster `config`'s sink writes to.
+    pub fn of(config: &PipelineConfig) -> Result<Cluster, SinkError> {
+        Ok(Cluster {
+            brokers: brokers_of(&config.sink.url)?,
+            properties: KafkaSection::sink(&config.sink)?.properties,
+        })
+    }
+
+    /// A client of the brokers with the sink's properties.
+    pub fn client(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.brokers);
+        for (key, value) in &self.properties {
+            config.set(key, value);
+        }
+        config
+    }
+
+    /// The settings every producer of the sink shares: partitioning by
+    /// key as the Java client does, a short linger, and a bounded queue,
+    /// so a module that floods its output is held back (`send` waits while
+    /// the queue is full) instead of queueing it all in the host's memory.
+    /// The sink's properties may change all but the partitioner.
+    pub fn producer(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "100000")
+            .set("queue.buffering.max.kbytes", "65536");
+        for (key, value) in &self.properties {
+            config.set(key, value);
+        }
+        config
+            .set("bootstrap.servers", &self.brokers)
+            .set("partitioner", "murmur2_random");
+        config
+    }
 }
 
 /// Every topic in `wanted`, and the `lineage` topic if given, exists on

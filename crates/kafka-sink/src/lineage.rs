@@ -7,10 +7,9 @@
 //!
 //! It must not write: entries are written only by the sink's commit.
 
-use crate::client::brokers_of;
+use crate::client::Cluster;
 use crate::section::KafkaSection;
 use crate::to_end::{EndReadError, EndReader};
-use rdkafka::ClientConfig;
 use rdkafka::message::Message;
 use sluice_core::config::KindSection;
 use sluice_core::config::PipelineConfig;
@@ -26,7 +25,7 @@ const READ_FOR: Duration = Duration::from_secs(120);
 
 /// Reads a pipeline's lineage from its Kafka lineage topic.
 pub struct KafkaLineage {
-    brokers: String,
+    cluster: Cluster,
     topic: String,
     /// The entries last read: a replay asks for each batch's state reads
     /// in turn, and each read of the topic reads it whole.
@@ -36,7 +35,7 @@ pub struct KafkaLineage {
 impl KafkaLineage {
     pub fn open(config: &PipelineConfig) -> Result<KafkaLineage, SinkError> {
         Ok(KafkaLineage {
-            brokers: brokers_of(&config.sink.url)?,
+            cluster: Cluster::of(config)?,
             topic: KafkaSection::sink(&config.sink)?.lineage_topic(&config.pipeline),
             read: tokio::sync::Mutex::default(),
         })
@@ -44,12 +43,12 @@ impl KafkaLineage {
 
     /// Every committed entry of `pipeline`, read now.
     async fn entries(&self, pipeline: &str) -> Result<Vec<Vec<u8>>, SinkError> {
-        let (brokers, topic, pipeline) = (
-            self.brokers.clone(),
+        let (cluster, topic, pipeline) = (
+            self.cluster.clone(),
             self.topic.clone(),
             pipeline.to_string(),
         );
-        tokio::task::spawn_blocking(move || read_entries(&brokers, &topic, &pipeline))
+        tokio::task::spawn_blocking(move || read_entries(&cluster, &topic, &pipeline))
             .await
             .map_err(|e| SinkError::database("reading lineage", e))?
     }
@@ -82,17 +81,15 @@ impl LineageStore for KafkaLineage {
 
 /// Every committed entry of `pipeline` in `topic`, in commit order: read
 /// from the start of each partition to its end.
-fn read_entries(brokers: &str, topic: &str, pipeline: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+fn read_entries(cluster: &Cluster, topic: &str, pipeline: &str) -> Result<Vec<Vec<u8>>, SinkError> {
     let failed = |e: EndReadError| match e {
         EndReadError::NoTopic(_) => {
             SinkError::Config(format!("lineage topic `{topic}` does not exist"))
         }
         e => SinkError::unavailable(format!("reading lineage topic `{topic}`"), e),
     };
-    let mut client = ClientConfig::new();
-    client.set("bootstrap.servers", brokers);
     let group = format!("sluice-lineage-reader-{pipeline}");
-    let reader = EndReader::open(client, &group, topic).map_err(failed)?;
+    let reader = EndReader::open(cluster.client(), &group, topic).map_err(failed)?;
     let mut entries = Vec::new();
     reader
         .read(reader.partitions(), READ_FOR, |m| {

@@ -39,7 +39,30 @@ pub struct KafkaSinkFields {
     /// at-least-once Kafka sink keeps state in `[state]`.
     #[serde(default)]
     pub state_topic: Option<String>,
+    /// librdkafka properties every client of the sink gets (its
+    /// producers, and the readers of its offsets, lineage and changelog),
+    /// passed through as given: TLS (`"security.protocol" = "ssl"`,
+    /// `"ssl.ca.location"`), SASL. `source.properties` does not carry over
+    /// (the sink may write to other brokers). Properties sluice sets for
+    /// exactly-once (`transactional.id`, `enable.idempotence`,
+    /// `isolation.level`, `group.id`, `bootstrap.servers`, ...) are refused.
+    #[serde(default)]
+    pub properties: std::collections::BTreeMap<String, String>,
 }
+
+/// librdkafka properties the Kafka sink sets itself on its clients.
+const RESERVED_PROPERTIES: &[&str] = &[
+    "bootstrap.servers",
+    "transactional.id",
+    "enable.idempotence",
+    "isolation.level",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.partition.eof",
+    "auto.offset.reset",
+    "partitioner",
+];
 
 /// A Kafka target's own fields.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -127,6 +150,15 @@ impl KindSection for KafkaSection {
         .chain(changelogs)
         {
             check_topic_name(&topic).map_err(ConfigError::Invalid)?;
+        }
+        if let Some(key) = fields
+            .properties
+            .keys()
+            .find(|k| RESERVED_PROPERTIES.contains(&k.as_str()))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "`sink.properties.\"{key}\"` is set by sluice's Kafka sink and cannot be overridden"
+            )));
         }
         for target in &config.sink.targets {
             KafkaTargetConfig::of(target)?;
@@ -297,6 +329,16 @@ mod tests {
                 "guarantee = \"at-least-once\"\nstate_topic = \"s\"".into(),
                 LAYOUT.into(),
                 Some("`sink.state_topic` is for an exactly-once Kafka sink"),
+            ),
+            (
+                "properties = { \"security.protocol\" = \"ssl\", \"linger.ms\" = \"20\" }".into(),
+                LAYOUT.into(),
+                None,
+            ),
+            (
+                "properties = { \"transactional.id\" = \"mine\" }".into(),
+                LAYOUT.into(),
+                Some("`sink.properties.\"transactional.id\"` is set by sluice's Kafka sink"),
             ),
             (
                 "state_topic = \"a b\"".into(),

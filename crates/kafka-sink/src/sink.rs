@@ -35,7 +35,7 @@
 
 use crate::changelog::{ChangelogBatch, SEAL_KEY, Seal, Tag};
 use crate::client::{
-    BROKER_TIMEOUT, brokers_of, check_topics, producer_config, send, wait_delivered,
+    BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered,
 };
 use crate::records::BatchLayout;
 use crate::section::KafkaSection;
@@ -44,7 +44,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerGroupMetadata};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
 use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::batch::{OffsetRange, TopicPartition};
 use sluice_core::config::KindSection;
@@ -114,7 +114,7 @@ const COMMIT_RETRY: RetryPolicy = RetryPolicy {
 
 /// Commits each batch in a transaction of its partition's producer.
 pub struct KafkaSink {
-    brokers: String,
+    cluster: Cluster,
     pipeline: String,
     layout: BatchLayout,
     lineage_topic: String,
@@ -137,10 +137,10 @@ impl KafkaSink {
     /// comma-separated for several) and checks every topic it writes
     /// exists.
     pub async fn open(config: &PipelineConfig) -> Result<KafkaSink, SinkError> {
-        let brokers = brokers_of(&config.sink.url)?;
+        let cluster = Cluster::of(config)?;
         let group_id = config.group_id();
-        let offsets: BaseConsumer = ClientConfig::new()
-            .set("bootstrap.servers", &brokers)
+        let offsets: BaseConsumer = cluster
+            .client()
             .set("group.id", &group_id)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
@@ -152,7 +152,7 @@ impl KafkaSink {
         let fields = KafkaSection::sink(&config.sink)?;
         let dead_letter_topic = fields.dead_letter_topic(&config.pipeline);
         let mut sink = KafkaSink {
-            brokers,
+            cluster,
             pipeline: config.pipeline.clone(),
             layout: BatchLayout::new(&config.sink.targets, dead_letter_topic)?,
             lineage_topic: fields.lineage_topic(&config.pipeline),
@@ -182,7 +182,7 @@ impl KafkaSink {
             .offsets
             .client()
             .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| SinkError::unavailable(format!("Kafka brokers {}", self.brokers), e))?;
+            .map_err(|e| SinkError::unavailable(format!("Kafka brokers {}", self.cluster.brokers), e))?;
         Ok(config
             .source
             .topics
@@ -211,7 +211,7 @@ impl KafkaSink {
     fn check_topics(&self) -> Result<(), SinkError> {
         check_topics(
             self.offsets.client(),
-            &self.brokers,
+            &self.cluster.brokers,
             &self.layout.topics(),
             Some(&self.lineage_topic),
         )
@@ -230,7 +230,9 @@ impl KafkaSink {
             changelog: self.changelog_of(tp).unwrap_or_default().to_string(),
             seal: Mutex::new(None),
         };
-        let producer: TxnProducer = producer_config(&self.brokers)
+        let producer: TxnProducer = self
+            .cluster
+            .producer()
             .set("transactional.id", self.transactional_id(tp))
             .create_with_context(watch)
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;

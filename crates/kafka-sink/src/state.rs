@@ -12,12 +12,12 @@
 //! It must not write: changes are written only by the sink's transaction.
 
 use crate::changelog::{Chain, Entry, Seal, TAG_HEADER};
-use crate::client::{BROKER_TIMEOUT, brokers_of};
+use crate::client::{BROKER_TIMEOUT, Cluster};
 use crate::section::{KafkaSection, KafkaSinkFields};
 use crate::to_end::{EndIsNotAnError, EndReadError, EndReader};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::batch::TopicPartition;
 use sluice_core::config::{KindSection, PipelineConfig};
 use sluice_core::sink::SinkError;
@@ -40,7 +40,7 @@ pub struct KafkaStateStore {
 
 /// Where a pipeline's changelogs are.
 struct Changelogs {
-    brokers: String,
+    cluster: Cluster,
     group: String,
     config: PipelineConfig,
     fields: KafkaSinkFields,
@@ -52,7 +52,7 @@ impl KafkaStateStore {
     pub fn open(config: &PipelineConfig) -> Result<KafkaStateStore, SinkError> {
         Ok(KafkaStateStore {
             inner: Arc::new(Changelogs {
-                brokers: brokers_of(&config.sink.url)?,
+                cluster: Cluster::of(config)?,
                 group: config.group_id(),
                 config: config.clone(),
                 fields: KafkaSection::sink(&config.sink)?,
@@ -167,9 +167,7 @@ impl Changelogs {
     /// name for its committed offsets; the topic must have `tp`'s
     /// partition.
     fn reader(&self, topic: &str, tp: &TopicPartition) -> Result<EndReader, StateError> {
-        let mut client = ClientConfig::new();
-        client.set("bootstrap.servers", &self.brokers);
-        let reader = match EndReader::open_all(client, &self.group, topic) {
+        let reader = match EndReader::open_all(self.cluster.client(), &self.group, topic) {
             Ok(reader) => reader,
             Err(EndReadError::NoTopic(_)) => {
                 return Err(StateError::Unsupported(missing_changelog(topic, tp)));
