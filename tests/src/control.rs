@@ -128,6 +128,12 @@ impl Host {
         child.try_wait().expect("try_wait").is_none()
     }
 
+    /// How the process ended, once it has.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        let child = self.child.as_mut().expect("started");
+        child.try_wait().expect("try_wait")
+    }
+
     /// Waits until the log contains `needle` `times` times.
     pub fn wait_for_log(&self, needle: &str, times: usize, limit: Duration) {
         let deadline = Instant::now() + limit;

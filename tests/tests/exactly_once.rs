@@ -232,6 +232,52 @@ async fn sigterm_drains_the_batch_in_flight() {
     assert_contiguous_lineage(&pool, "drain").await;
 }
 
+/// SIGTERM while the sink is down (a pod stopped during a database
+/// outage): the commit's retries end at once, the batch in flight is
+/// abandoned rather than retried for minutes past the grace period, and
+/// the process exits cleanly within seconds. Nothing is lost: with the
+/// sink back, a restart lands every record exactly once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_during_a_sink_outage_exits_at_once_and_loses_nothing() {
+    use sluice_tests::redis_server::{RedisServer, identity_redis_config};
+    let name = "term_outage";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    produce(brokers, name, &numbered(name, 400, 2));
+    let mut redis = RedisServer::start(name);
+    let dir = TempDir::new(name);
+    let (port, _) = sluice_tests::control::control_port();
+    let config = identity_redis_config(name, brokers, name, &redis.url(), 100)
+        .batch_interval_ms(50)
+        .control(port, 1 << 20)
+        .write(dir.path());
+    let mut host = sluice_tests::control::Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    host.wait_for_metric("sluice_records_in_total", 400.0, Duration::from_secs(90));
+    redis.kill();
+    produce(brokers, name, &numbered("during", 400, 2));
+    host.wait_for_log("retrying in", 2, Duration::from_secs(60));
+    let asked = Instant::now();
+    host.signal(libc::SIGTERM);
+    while host.is_running() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "still running 10 s after SIGTERM with the sink down; log:\n{}",
+            host.log()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = host.log();
+    assert!(log.contains("the batch is abandoned"), "{log}");
+    assert!(host.exit_status().is_some_and(|s| s.success()), "{log}");
+    println!("{name}: exited {:?} after SIGTERM with the sink down", asked.elapsed());
+    redis.restart();
+    run_ok(&config);
+    let expected = read_committed(brokers, name, 2);
+    assert_eq!(expected.len(), 800);
+    redis.assert_identity_exactly_once(name, &expected);
+}
+
 /// A batch whose partitions are all read to their log end is cut at once,
 /// not after `batch_interval_ms`: with an interval of a minute, a one-shot
 /// `--until-caught-up` run ends within seconds, and a running pipeline

@@ -12,6 +12,11 @@
 //! the loop treats as fenced and re-reads from the checkpoint). It never
 //! writes again after an unknown outcome without reading first.
 //!
+//! Shutdown ends the retries of a sink that is down (a pod's grace period
+//! is shorter than an outage): the batch is abandoned, not lost. Its
+//! offsets moved with it or not at all, so the next run reads it again
+//! or goes on after it.
+//!
 //! It must not plan, read or transform: it gets a prepared batch.
 
 use crate::{Parts, PipelineError};
@@ -39,6 +44,11 @@ pub(crate) enum Landing {
     Landed,
     /// Another owner moved the offsets first; nothing of the batch landed.
     Fenced,
+    /// Shutdown came while the sink was unavailable: no more tries. The
+    /// batch landed or not as its checkpoint says (a try that may have
+    /// landed is exactly what the offset compare-and-set settles for the
+    /// next run).
+    Abandoned,
 }
 
 /// What the checkpoints say after a commit whose outcome was unknown.
@@ -77,7 +87,14 @@ impl<S: Sink, V: Versions> Parts<S, V> {
             };
             if let SinkError::CommitUnknown { .. } = error {
                 tracing::warn!(batch = %commit.plan.batch_id, "{}; reading the checkpoint back", Chain(&error));
-                match self.resolve_unknown(commit.plan).await? {
+                let resolved = match self.resolve_unknown(commit.plan).await {
+                    Err(e) if self.shutdown.is_cancelled() => {
+                        tracing::warn!(batch = %commit.plan.batch_id, "{}; shutting down, so the batch is abandoned (it landed or not as its checkpoint says)", Chain(&e));
+                        return Ok(Landing::Abandoned);
+                    }
+                    resolved => resolved?,
+                };
+                match resolved {
                     Resolved::Landed => return Ok(Landing::Landed),
                     Resolved::MovedByOther => return Ok(Landing::Fenced),
                     Resolved::NothingLanded => {
@@ -89,9 +106,16 @@ impl<S: Sink, V: Versions> Parts<S, V> {
             let Some(wait) = backoff.next_wait_if(error.is_retryable()) else {
                 return Err(error.into());
             };
+            if self.shutdown.is_cancelled() {
+                tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; shutting down, so the batch is abandoned (the next run goes on from its checkpoint)", Chain(&error));
+                return Ok(Landing::Abandoned);
+            }
             tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {wait:?}", Chain(&error));
             self.status.metrics().commit_retried();
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
         }
     }
 
@@ -141,11 +165,17 @@ impl<S: Sink, V: Versions> Parts<S, V> {
             let Some(wait) = backoff.next_wait_if(error.is_retryable()) else {
                 return Err(error.into());
             };
+            if self.shutdown.is_cancelled() {
+                return Err(error.into());
+            }
             tracing::warn!(
                 "reading checkpoints: {}; retrying in {wait:?}",
                 Chain(&error)
             );
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.shutdown.cancelled() => {}
+            }
         }
     }
 }

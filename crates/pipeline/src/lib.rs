@@ -538,6 +538,12 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                     swap: beside.swap,
                 })
             }
+            Landing::Abandoned => {
+                self.parts
+                    .state
+                    .abandoned(&batch.plan.batch_id, &batch.plan.partitions());
+                Ok(AfterCommit::default())
+            }
         }
     }
 
