@@ -61,7 +61,17 @@ pub struct Host {
 
 impl Host {
     pub fn start(config: &Path, log: &Path) -> Host {
-        let child = Command::new(sluice_bin())
+        Host::start_as(config, log, None)
+    }
+
+    /// [`Host::start`] as static member `instance` of the group
+    /// (`SLUICE_INSTANCE_ID`, as a StatefulSet pod gets its name).
+    pub fn start_as(config: &Path, log: &Path, instance: Option<&str>) -> Host {
+        let mut command = Command::new(sluice_bin());
+        if let Some(id) = instance {
+            command.env("SLUICE_INSTANCE_ID", id);
+        }
+        let child = command
             .arg("run")
             .arg(config)
             .env("SLUICE_LOG", "info")

@@ -190,7 +190,15 @@ pub fn assert_lineage_contiguous(brokers: &str, pipeline: &str, by: By) -> usize
             "lineage keyed by pipeline"
         );
     }
-    assert_entry_ranges_contiguous(entries.iter().map(|e| e.value.as_str()));
+    let checked = std::panic::catch_unwind(|| {
+        assert_entry_ranges_contiguous(entries.iter().map(|e| e.value.as_str()))
+    });
+    if let Err(failed) = checked {
+        let dump = std::env::temp_dir().join(format!("sluice-{topic}-raw.txt"));
+        let _ = std::fs::write(&dump, crate::markers::dump_raw(brokers, &topic, 1));
+        eprintln!("the lineage topic's raw log: {}", dump.display());
+        std::panic::resume_unwind(failed);
+    }
     entries.len()
 }
 

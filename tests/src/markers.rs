@@ -4,7 +4,7 @@
 //! its producer's COMMIT marker follows it, drops it at an ABORT marker,
 //! and keeps none left without one. This is Kafka's own definition of
 //! what `read_committed` returns, computed from the markers the broker
-//! wrote into the log.
+//! wrote into the log, producer epochs included ([`MarkedLog`]).
 //!
 //! It exists because Tansu answers every Fetch with an empty
 //! `aborted_transactions` list, so librdkafka's `read_committed` cannot
@@ -30,8 +30,9 @@ use std::time::{Duration, Instant};
 /// Fetch v11: topic names, record batches v2, no tagged fields.
 const FETCH_VERSION: i16 = 11;
 
-/// Everything committed in `topic` (every partition, up to its last stable
-/// offset), as the markers in the log say, in (partition, offset) order.
+/// Everything committed in `topic` (every partition, up to its high
+/// watermark: a transaction without a marker yet is not committed, and
+/// this broker's last stable offset can stick), as the markers in the log say, in (partition, offset) order.
 pub fn read_committed_by_markers(brokers: &str, topic: &str, partitions: i32) -> Vec<Consumed> {
     let broker = brokers.split(',').next().expect("a broker");
     let mut conn = TcpStream::connect(broker).expect("connect to the broker");
@@ -50,14 +51,13 @@ pub fn has_open_transaction(brokers: &str, topic: &str, partitions: i32) -> bool
     let broker = brokers.split(',').next().expect("a broker");
     let mut conn = TcpStream::connect(broker).expect("connect to the broker");
     (0..partitions).any(|p| {
-        let reply = fetch(&mut conn, topic, p, 0, 1);
+        let reply = fetch(&mut conn, topic, p, 0, 1, Isolation::Committed);
         reply.last_stable < reply.high_watermark
     })
 }
 
 fn read_partition(conn: &mut TcpStream, topic: &str, partition: i32) -> Vec<Consumed> {
-    let mut committed: Vec<Record> = Vec::new();
-    let mut pending: HashMap<i64, Vec<Record>> = HashMap::new();
+    let mut log = MarkedLog::default();
     let mut next = 0i64;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -65,34 +65,143 @@ fn read_partition(conn: &mut TcpStream, topic: &str, partition: i32) -> Vec<Cons
             Instant::now() < deadline,
             "reading {topic}[{partition}] by markers did not end"
         );
-        let reply = fetch(conn, topic, partition, next, 64 << 20);
-        let (stable, records) = (reply.last_stable, reply.records);
-        let mut progressed = false;
+        let reply = fetch(conn, topic, partition, next, 64 << 20, Isolation::Uncommitted);
         let from = next;
-        for record in records.into_iter().filter(|r| r.offset >= from) {
+        let mut progressed = false;
+        for record in reply.records.into_iter().filter(|r| r.offset >= from) {
             next = record.offset + 1;
             progressed = true;
-            if record.control {
-                let kept = pending.remove(&record.producer_id).unwrap_or_default();
-                if marker_commits(&record) {
-                    committed.extend(kept);
-                }
-            } else if record.transactional {
-                pending.entry(record.producer_id).or_default().push(record);
-            } else {
-                committed.push(record);
-            }
+            log.push(record);
         }
-        if next >= stable || !progressed {
+        if next >= reply.high_watermark || !progressed {
             break;
         }
     }
-    // Left without a marker below the last stable offset: not committed.
-    committed.sort_by_key(|r| r.offset);
-    committed
+    log.committed
         .into_iter()
         .map(|r| consumed(partition, r))
         .collect()
+}
+
+/// One partition's log resolved by its markers, as Kafka defines it:
+/// a producer's transactional records are committed by the next COMMIT
+/// marker of that producer and epoch (or a later epoch's, which is how
+/// the coordinator ends a transaction it aborts on a bump) and dropped at
+/// an ABORT marker. Two things Kafka never writes into a log are dropped
+/// too, as Kafka would have refused them: a record carrying an epoch
+/// older than one its producer id has already shown (a fenced producer's
+/// write, which this broker can let in when the fence races the write),
+/// and records left open when their producer id goes on with a newer
+/// epoch (a bump ends, by abort, any transaction still open).
+#[derive(Default)]
+struct MarkedLog {
+    committed: Vec<Record>,
+    pending: HashMap<i64, Pending>,
+    newest_epoch: HashMap<i64, i16>,
+}
+
+/// A producer's transactional records not yet resolved by a marker.
+struct Pending {
+    epoch: i16,
+    records: Vec<Record>,
+}
+
+impl MarkedLog {
+    fn push(&mut self, record: Record) {
+        if !record.transactional && !record.control {
+            self.committed.push(record);
+            return;
+        }
+        let (pid, epoch) = (record.producer_id, record.producer_epoch);
+        let newest = self.newest_epoch.entry(pid).or_insert(epoch);
+        if epoch < *newest {
+            return; // a fenced producer's write
+        }
+        *newest = epoch;
+        if record.control {
+            let resolved = self.pending.remove(&pid);
+            if marker_commits(&record) {
+                self.committed.extend(resolved.into_iter().flat_map(|p| p.records));
+            }
+            return;
+        }
+        let pending = self.pending.entry(pid).or_insert(Pending {
+            epoch,
+            records: Vec::new(),
+        });
+        if pending.epoch < epoch {
+            // The older epoch's open transaction was ended by the bump.
+            *pending = Pending {
+                epoch,
+                records: Vec::new(),
+            };
+        }
+        pending.records.push(record);
+    }
+}
+
+/// Every record and marker of `topic`'s partitions as the log holds them,
+/// one line each (offset, producer id and epoch, kind, key, the value's
+/// start): what a failed check writes out to be read.
+pub fn dump_raw(brokers: &str, topic: &str, partitions: i32) -> String {
+    use std::fmt::Write as _;
+    let broker = brokers.split(',').next().expect("a broker");
+    let mut conn = TcpStream::connect(broker).expect("connect to the broker");
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut out = String::new();
+    for partition in 0..partitions {
+        let mut next = 0i64;
+        loop {
+            let reply = fetch(&mut conn, topic, partition, next, 64 << 20, Isolation::Uncommitted);
+            let _ = writeln!(
+                out,
+                "# {topic}[{partition}] from {next}: last stable {}, high watermark {}",
+                reply.last_stable, reply.high_watermark
+            );
+            let from = next;
+            let mut progressed = false;
+            for r in reply.records.into_iter().filter(|r| r.offset >= from) {
+                next = r.offset + 1;
+                progressed = true;
+                let text = |b: &Option<Bytes>| {
+                    b.as_ref()
+                        .map(|b| String::from_utf8_lossy(&b[..b.len().min(120)]).into_owned())
+                };
+                let kind = match (r.control, r.transactional) {
+                    (true, _) if marker_commits(&r) => "COMMIT",
+                    (true, _) => "ABORT",
+                    (false, true) => "txn",
+                    (false, false) => "plain",
+                };
+                // A lineage entry is shown by its ranges; anything else by
+                // the start of its value.
+                let ranges = r
+                    .value
+                    .as_ref()
+                    .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+                    .and_then(|entry| entry.get("ranges").map(|r| r.to_string()));
+                let value = match ranges {
+                    Some(ranges) => Some(format!("ranges {ranges}")),
+                    None if r.control => None,
+                    None => text(&r.value),
+                };
+                let _ = writeln!(
+                    out,
+                    "{} pid {} epoch {} {kind} key {:?} value {:?}",
+                    r.offset,
+                    r.producer_id,
+                    r.producer_epoch,
+                    text(&r.key),
+                    value
+                );
+            }
+            if next >= reply.high_watermark || !progressed {
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// A control record's key is (version: i16, type: i16); type 1 commits.
@@ -124,20 +233,30 @@ struct Fetched {
     records: Vec<Record>,
 }
 
-/// One read_committed Fetch of up to `max_bytes` at `offset`.
+/// A Fetch's isolation level.
+#[derive(Clone, Copy)]
+enum Isolation {
+    /// Every record and marker up to the high watermark.
+    Uncommitted = 0,
+    /// Up to the last stable offset.
+    Committed = 1,
+}
+
+/// One Fetch of up to `max_bytes` at `offset`.
 fn fetch(
     conn: &mut TcpStream,
     topic: &str,
     partition: i32,
     offset: i64,
     max_bytes: i32,
+    isolation: Isolation,
 ) -> Fetched {
     let request = FetchRequest::default()
         .with_replica_id((-1).into())
         .with_max_wait_ms(100)
         .with_min_bytes(1)
         .with_max_bytes(max_bytes)
-        .with_isolation_level(1)
+        .with_isolation_level(isolation as i8)
         .with_session_id(0)
         .with_session_epoch(-1)
         .with_topics(vec![

@@ -4,9 +4,14 @@
 //! partition returning to an instance that owned it before, with its
 //! checkpoint beyond the log end this instance last saw.
 //!
-//! Each test has its own topic, pipeline and SQLite file.
+//! And six instances over 24 partitions through a scale-up, a rolling
+//! restart, a SIGKILL and a SIGSTOP, exactly once.
+//!
+//! Each test has its own topic, pipeline and sink (SQLite file, or Postgres
+//! schema).
 
 use sluice_tests::control::{Host, Producer, sluice_ok};
+use sluice_tests::sinks::SinkDb;
 use sluice_tests::{
     PipelineToml, TempDir, create_topic, identity_config, shared_broker, sqlite_count,
 };
@@ -250,5 +255,286 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     assert_eq!(
         sqlite_count(&pool, "SELECT count(*) FROM records").await,
         460
+    );
+}
+
+/// How many partitions and instances the scale-out test runs.
+const SCALE_PARTITIONS: i32 = 24;
+const SCALE_INSTANCES: usize = 6;
+
+/// The instances of one pipeline, each a static member named `sluice-N`
+/// (as a StatefulSet names its pods), each incarnation logging to a file
+/// of its own.
+struct Fleet<'a> {
+    config: &'a Path,
+    dir: &'a TempDir,
+    hosts: Vec<Option<Host>>,
+    incarnations: usize,
+}
+
+impl Fleet<'_> {
+    /// Starts instance `i` (again).
+    fn start(&mut self, i: usize) {
+        self.incarnations += 1;
+        let log = self
+            .dir
+            .path()
+            .join(format!("sluice-{i}.{}.log", self.incarnations));
+        let id = format!("sluice-{i}");
+        self.hosts[i] = Some(Host::start_as(self.config, &log, Some(&id)));
+    }
+
+    fn host(&self, i: usize) -> &Host {
+        self.hosts[i].as_ref().expect("instance running")
+    }
+
+    /// Waits until instance `i`'s current incarnation has committed.
+    fn wait_committing(&self, i: usize) {
+        self.host(i)
+            .wait_for_log("batch committed", 1, Duration::from_secs(120));
+    }
+
+    /// SIGTERM to instance `i`; it must exit cleanly.
+    fn terminate(&mut self, i: usize) {
+        self.hosts[i].take().expect("instance running").stop();
+    }
+}
+
+/// The group's commits as seen from the sink: when its count of committed
+/// batches was seen to grow (polled every 50 ms).
+struct CommitWatch {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Instant>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CommitWatch {
+    fn start(db: &SinkDb) -> CommitWatch {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (db, log) = (db.clone(), seen.clone());
+        let task = tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                let now = db.committed_batches().await;
+                if now > last {
+                    last = now;
+                    log.lock().unwrap().push(Instant::now());
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        CommitWatch { seen, task }
+    }
+
+    /// The longest time without a commit between `from` and `to`.
+    fn pause(&self, from: Instant, to: Instant) -> Duration {
+        let seen = self.seen.lock().unwrap();
+        let mut marks: Vec<Instant> = vec![from];
+        marks.extend(seen.iter().copied().filter(|t| *t > from && *t < to));
+        marks.push(to);
+        marks
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for CommitWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The broker's own rebalance time for a group like the pipeline's:
+/// `members - 1` raw librdkafka consumers (static members, the same
+/// session) own `topic`'s partitions; a last one joins. How long from its
+/// subscribe until the group covers every partition again with it in.
+fn raw_group_join(brokers: &str, topic: &str, members: usize) -> Duration {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let consumer = |i: usize| -> BaseConsumer {
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", format!("raw-{topic}"))
+            .set("group.instance.id", format!("raw-{i}"))
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a raw consumer");
+        c.subscribe(&[topic]).expect("subscribe");
+        c
+    };
+    let covered = |group: &[BaseConsumer]| {
+        for c in group {
+            let _ = c.poll(Duration::from_millis(10));
+        }
+        let owned: Vec<usize> = group
+            .iter()
+            .map(|c| c.assignment().map(|a| a.count()).unwrap_or(0))
+            .collect();
+        owned.iter().all(|n| *n > 0) && owned.iter().sum::<usize>() == SCALE_PARTITIONS as usize
+    };
+    let mut group: Vec<BaseConsumer> = (0..members - 1).map(consumer).collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !covered(&group) {
+        assert!(Instant::now() < deadline, "the raw group never settled");
+    }
+    let joining = Instant::now();
+    group.push(consumer(members - 1));
+    while !covered(&group) {
+        assert!(Instant::now() < deadline, "the raw group never took its last member in");
+    }
+    joining.elapsed()
+}
+
+/// Six instances of one pipeline over 24 partitions into Postgres, under
+/// steady input, taken through what a StatefulSet does to them: a start
+/// at 2, a scale-up to 6, a rolling restart (SIGTERM each in turn, the
+/// same member name back), one SIGKILL, one SIGSTOP past the session
+/// timeout (a zombie, thawed). Every record lands once (against an
+/// independent `read_committed` read), the lineage stays contiguous, and
+/// the longest pause in the group's commits at each step is printed
+/// beside the broker's own rebalance time for a raw consumer group of the
+/// same size (BENCHMARKS.md).
+///
+/// Not here: the scale-down to 2. On this broker the group stops handing
+/// out partitions after four members leave in a row (static ones are never
+/// expired at all: `broker_defect_a_departed_static_member_is_never_expired`;
+/// dynamic ones leave, and the two left were revoked and never assigned
+/// again within 120 s, in 3 runs of 3); cause not found yet.
+#[tokio::test(flavor = "multi_thread")]
+async fn six_instances_through_rolling_restart_scale_up_and_faults_land_every_record_once() {
+    let name = "scale_out";
+    let brokers = shared_broker();
+    create_topic(brokers, name, SCALE_PARTITIONS);
+    let raw_join = raw_group_join(brokers, name, SCALE_INSTANCES);
+    let db = SinkDb::fresh_postgres(name).await;
+    let dir = TempDir::new(name);
+    let config = db
+        .configure(
+            PipelineToml::identity(name, brokers, name, 500)
+                .short_session()
+                // The broker waits this long at most for a member to
+                // rejoin a rebalance (a departed one included).
+                .source_property("max.poll.interval.ms", "15000"),
+        )
+        .write(dir.path());
+    let producing = Producer::start(brokers, name, SCALE_PARTITIONS);
+    let commits = CommitWatch::start(&db);
+    let mut fleet = Fleet {
+        config: &config,
+        dir: &dir,
+        hosts: (0..SCALE_INSTANCES).map(|_| None).collect(),
+        incarnations: 0,
+    };
+    let step = |what: &str, started: Instant| {
+        let pause = commits.pause(started, Instant::now());
+        println!("{name}: {what}: longest pause in commits {pause:?}");
+    };
+
+    let started = Instant::now();
+    for i in 0..2 {
+        fleet.start(i);
+    }
+    for i in 0..2 {
+        fleet.wait_committing(i);
+    }
+    step("start 2", started);
+
+    let started = Instant::now();
+    for i in 2..SCALE_INSTANCES {
+        fleet.start(i);
+    }
+    for i in 2..SCALE_INSTANCES {
+        fleet.wait_committing(i);
+    }
+    step("scale up 2 -> 6", started);
+
+    let started = Instant::now();
+    for i in 0..SCALE_INSTANCES {
+        let one = Instant::now();
+        fleet.terminate(i);
+        fleet.start(i);
+        fleet.wait_committing(i);
+        step(&format!("rolling restart of sluice-{i}"), one);
+    }
+    step("rolling restart, all 6", started);
+
+    let started = Instant::now();
+    fleet.host(2).signal(libc::SIGKILL);
+    fleet.hosts[2] = None;
+    fleet.start(2);
+    fleet.wait_committing(2);
+    step("SIGKILL of sluice-2, restarted", started);
+
+    let started = Instant::now();
+    fleet.host(3).signal(libc::SIGSTOP);
+    std::thread::sleep(Duration::from_secs(10));
+    fleet.host(3).signal(libc::SIGCONT);
+    let commits_of_3 = fleet.host(3).log().matches("batch committed").count();
+    fleet
+        .host(3)
+        .wait_for_log("batch committed", commits_of_3 + 1, Duration::from_secs(120));
+    step("SIGSTOP of sluice-3 for 10 s, thawed", started);
+
+    let produced = producing.stop();
+    sluice_tests::control::wait_for_rows(&db, produced, Duration::from_secs(180)).await;
+    for i in 0..SCALE_INSTANCES {
+        fleet.terminate(i);
+    }
+    drop(commits);
+    let checked = db
+        .assert_exactly_once(brokers, name, SCALE_PARTITIONS, name)
+        .await;
+    assert_eq!(checked, produced);
+    println!(
+        "{name}: {checked} records exactly once over {} incarnations; a raw group of {SCALE_INSTANCES} takes a joining member in {raw_join:?}",
+        fleet.incarnations
+    );
+}
+
+
+/// Tansu keeps a static member that closed (no LeaveGroup, as KIP-345
+/// has it) in the group for good: Kafka removes it after its session
+/// timeout and hands its partitions over; here, 20 s past a 6 s timeout,
+/// the one member left still owns only its own share. When this fails
+/// the broker is fixed: make every instance of the scale-out test static
+/// and give the scale-out test its scale-down; update docs/operations.md.
+#[test]
+fn broker_defect_a_departed_static_member_is_never_expired() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let brokers = shared_broker();
+    let topic = "static_leave";
+    create_topic(brokers, topic, 6);
+    let consumer = |i: usize| -> BaseConsumer {
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", topic)
+            .set("group.instance.id", format!("member-{i}"))
+            .set("session.timeout.ms", "6000")
+            .set("heartbeat.interval.ms", "500")
+            .create()
+            .expect("a consumer");
+        c.subscribe(&[topic]).expect("subscribe");
+        c
+    };
+    let owned = |c: &BaseConsumer| c.assignment().map(|a| a.count()).unwrap_or(0);
+    let mut group: Vec<BaseConsumer> = (0..3).map(consumer).collect();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !group.iter().all(|c| owned(c) == 2) {
+        assert!(Instant::now() < deadline, "the group never settled");
+        for c in &group {
+            let _ = c.poll(Duration::from_millis(10));
+        }
+    }
+    group.truncate(1);
+    let left = Instant::now();
+    while left.elapsed() < Duration::from_secs(20) {
+        let _ = group[0].poll(Duration::from_millis(10));
+    }
+    assert_eq!(
+        owned(&group[0]),
+        2,
+        "the departed static members' partitions were handed over: the broker defect is gone"
     );
 }
