@@ -8,7 +8,8 @@
 //! Redis's commit script) and a drop is due, the packet and whatever
 //! follows it for 300 ms are forwarded, the server's replies are
 //! swallowed, and then both connections are closed. It must not change any
-//! byte it forwards.
+//! byte it forwards. It sees markers in plain text only: URLs through it
+//! turn TLS off (`sslmode=disable`, `ssl-mode=DISABLED`).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -49,13 +49,21 @@ impl Db {
         }
     }
 
-    /// The test URL with its port replaced (to go through a proxy).
+    /// The test URL with its port replaced (to go through a proxy), in
+    /// plain text.
     fn url_via(self, port: u16) -> String {
         let url = match self {
             Db::Postgres => sinks::postgres_url(),
             Db::Mysql => sinks::mysql_url(),
         };
-        url.replace(&format!(":{}/", self.port()), &format!(":{port}/"))
+        let url = url.replace(&format!(":{}/", self.port()), &format!(":{port}/"));
+        // The proxy reads the protocol in plain text: no TLS through it
+        // (the machine's Postgres offers TLS, and sqlx takes it when offered).
+        let joint = if url.contains('?') { '&' } else { '?' };
+        match self {
+            Db::Postgres => format!("{url}{joint}sslmode=disable"),
+            Db::Mysql => format!("{url}{joint}ssl-mode=DISABLED"),
+        }
     }
 
     /// Stops the server, keeps it down for `down`, starts it again and
