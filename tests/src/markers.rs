@@ -65,7 +65,14 @@ fn read_partition(conn: &mut TcpStream, topic: &str, partition: i32) -> Vec<Cons
             Instant::now() < deadline,
             "reading {topic}[{partition}] by markers did not end"
         );
-        let reply = fetch(conn, topic, partition, next, 64 << 20, Isolation::Uncommitted);
+        let reply = fetch(
+            conn,
+            topic,
+            partition,
+            next,
+            64 << 20,
+            Isolation::Uncommitted,
+        );
         let from = next;
         let mut progressed = false;
         for record in reply.records.into_iter().filter(|r| r.offset >= from) {
@@ -121,7 +128,8 @@ impl MarkedLog {
         if record.control {
             let resolved = self.pending.remove(&pid);
             if marker_commits(&record) {
-                self.committed.extend(resolved.into_iter().flat_map(|p| p.records));
+                self.committed
+                    .extend(resolved.into_iter().flat_map(|p| p.records));
             }
             return;
         }
@@ -153,7 +161,14 @@ pub fn dump_raw(brokers: &str, topic: &str, partitions: i32) -> String {
     for partition in 0..partitions {
         let mut next = 0i64;
         loop {
-            let reply = fetch(&mut conn, topic, partition, next, 64 << 20, Isolation::Uncommitted);
+            let reply = fetch(
+                &mut conn,
+                topic,
+                partition,
+                next,
+                64 << 20,
+                Isolation::Uncommitted,
+            );
             let _ = writeln!(
                 out,
                 "# {topic}[{partition}] from {next}: last stable {}, high watermark {}",

@@ -131,7 +131,11 @@ impl RedisServer {
     }
 
     pub fn url(&self) -> String {
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://127.0.0.1:{}/0", self.port)
     }
 

@@ -94,10 +94,13 @@ impl TlsPostgres {
             .expect("chmod the key");
         as_postgres_owner(dir.path());
         run_as_postgres(
-            Command::new(bin.join("initdb"))
-                .arg("-D")
-                .arg(&data)
-                .args(["-A", "trust", "-U", "postgres", "--no-sync"]),
+            Command::new(bin.join("initdb")).arg("-D").arg(&data).args([
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+            ]),
             "initdb",
         );
         std::fs::write(

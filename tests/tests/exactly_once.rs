@@ -270,7 +270,10 @@ async fn sigterm_during_a_sink_outage_exits_at_once_and_loses_nothing() {
     let log = host.log();
     assert!(log.contains("the batch is abandoned"), "{log}");
     assert!(host.exit_status().is_some_and(|s| s.success()), "{log}");
-    println!("{name}: exited {:?} after SIGTERM with the sink down", asked.elapsed());
+    println!(
+        "{name}: exited {:?} after SIGTERM with the sink down",
+        asked.elapsed()
+    );
     redis.restart();
     run_ok(&config);
     let expected = read_committed(brokers, name, 2);

@@ -259,9 +259,7 @@ async fn two_owners_of_the_same_partitions_fence_each_other_on_kafka() {
         max_records: 100,
         batch_interval_ms: 20,
     };
-    two_owners
-        .run(&KafkaOut::create(brokers, name, name))
-        .await;
+    two_owners.run(&KafkaOut::create(brokers, name, name)).await;
 }
 
 /// A zombie: instance A is paused (SIGSTOP) inside a transaction (an

@@ -382,7 +382,10 @@ fn raw_group_join(brokers: &str, topic: &str, members: usize) -> Duration {
     let joining = Instant::now();
     group.push(consumer(members - 1));
     while !covered(&group) {
-        assert!(Instant::now() < deadline, "the raw group never took its last member in");
+        assert!(
+            Instant::now() < deadline,
+            "the raw group never took its last member in"
+        );
     }
     joining.elapsed()
 }
@@ -472,9 +475,11 @@ async fn six_instances_through_rolling_restart_scale_up_and_faults_land_every_re
     std::thread::sleep(Duration::from_secs(10));
     fleet.host(3).signal(libc::SIGCONT);
     let commits_of_3 = fleet.host(3).log().matches("batch committed").count();
-    fleet
-        .host(3)
-        .wait_for_log("batch committed", commits_of_3 + 1, Duration::from_secs(120));
+    fleet.host(3).wait_for_log(
+        "batch committed",
+        commits_of_3 + 1,
+        Duration::from_secs(120),
+    );
     step("SIGSTOP of sluice-3 for 10 s, thawed", started);
 
     let produced = producing.stop();
@@ -492,7 +497,6 @@ async fn six_instances_through_rolling_restart_scale_up_and_faults_land_every_re
         fleet.incarnations
     );
 }
-
 
 /// Tansu keeps a static member that closed (no LeaveGroup, as KIP-345
 /// has it) in the group for good: Kafka removes it after its session

@@ -45,7 +45,10 @@ fn assert_refused_run(out: &std::process::Output, what: &str) {
         stderr.to_lowercase().contains("certificate"),
         "{what}: the error does not name the certificate: {stderr}"
     );
-    println!("{what}: refused: {}", stderr.trim_end().lines().last().unwrap_or(""));
+    println!(
+        "{what}: refused: {}",
+        stderr.trim_end().lines().last().unwrap_or("")
+    );
 }
 
 /// The tally pipeline of `name` into `db`, its config written under `dir`.
@@ -105,8 +108,8 @@ async fn redis_over_tls_verifies_the_server() {
     let tls = Authority::generate(name);
     let server = RedisServer::start_tls(name, &tls);
     let dir = TempDir::new(name);
-    let config =
-        tally::redis_config(tally::config(name, shared_broker(), 200), &server.url()).write(dir.path());
+    let config = tally::redis_config(tally::config(name, shared_broker(), 200), &server.url())
+        .write(dir.path());
     let run = |ca: &Path| {
         let log = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
         std::process::Command::new(sluice_bin())
@@ -125,7 +128,11 @@ async fn redis_over_tls_verifies_the_server() {
         "{}",
         String::from_utf8_lossy(&trusted.stderr)
     );
-    tally::assert_same(name, &tally::stored_redis(&server, name, PARTITIONS), &expected);
+    tally::assert_same(
+        name,
+        &tally::stored_redis(&server, name, PARTITIONS),
+        &expected,
+    );
 }
 
 /// Kafka over TLS, both ways: trusting another authority, the run stops

@@ -56,7 +56,10 @@ mod tests {
         let bare = SinkError::unavailable("", std::io::Error::other("reset by peer"));
         assert_eq!(Chain(&bare).to_string(), "sink unavailable: reset by peer");
         let repeated = SinkError::unavailable("", Repeats(std::io::Error::other("bad cert")));
-        assert_eq!(Chain(&repeated).to_string(), "sink unavailable: io: bad cert");
+        assert_eq!(
+            Chain(&repeated).to_string(),
+            "sink unavailable: io: bad cert"
+        );
     }
 
     /// An error that says its cause in its own message, as sqlx's do.

@@ -115,7 +115,9 @@ impl SinkError {
         let cause = cause.into();
         if is_certificate_refusal(cause.as_ref()) {
             return SinkError::database(
-                format!("TLS to {server}: the server's certificate does not verify against the trusted roots"),
+                format!(
+                    "TLS to {server}: the server's certificate does not verify against the trusted roots"
+                ),
                 cause,
             );
         }
@@ -142,7 +144,10 @@ pub fn is_certificate_refusal(error: &(dyn std::error::Error + 'static)) -> bool
         if let Some(shared) = e.downcast_ref::<Shared>() {
             e = shared.as_ref();
         }
-        if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        if let Some(inner) = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
             e = inner;
         }
         if let Some(rustls::Error::InvalidCertificate(_)) = e.downcast_ref::<rustls::Error>() {

@@ -20,9 +20,7 @@
 //! It must not read input or decide ranges, and it never imports another
 //! sink: the state store comes in as a trait.
 
-use crate::client::{
-    BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered,
-};
+use crate::client::{BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered};
 use crate::records::BatchLayout;
 use crate::section::KafkaSection;
 use rdkafka::ClientContext;

@@ -7,12 +7,12 @@
 //! counts as committed (that is each sink).
 
 use crate::records::OutRecord;
+use crate::section::KafkaSection;
 use rdkafka::client::Client;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::{ClientConfig, ClientContext};
-use crate::section::KafkaSection;
 use sluice_core::config::{KindSection, PipelineConfig};
 use sluice_core::sink::SinkError;
 use std::collections::BTreeMap;

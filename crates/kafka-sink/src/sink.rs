@@ -34,9 +34,7 @@
 //! loop. It never imports another sink.
 
 use crate::changelog::{ChangelogBatch, SEAL_KEY, Seal, Tag};
-use crate::client::{
-    BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered,
-};
+use crate::client::{BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered};
 use crate::records::BatchLayout;
 use crate::section::KafkaSection;
 use crate::state::{KafkaStateStore, missing_changelog};
@@ -182,7 +180,9 @@ impl KafkaSink {
             .offsets
             .client()
             .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| SinkError::unavailable(format!("Kafka brokers {}", self.cluster.brokers), e))?;
+            .map_err(|e| {
+                SinkError::unavailable(format!("Kafka brokers {}", self.cluster.brokers), e)
+            })?;
         Ok(config
             .source
             .topics
