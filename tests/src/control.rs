@@ -138,6 +138,22 @@ impl Host {
         child.try_wait().expect("try_wait").is_none()
     }
 
+    /// Sends SIGTERM and waits up to `limit` for the process to exit
+    /// (`what` names the case if it does not); returns how long it took.
+    pub fn terminate_within(&mut self, limit: Duration, what: &str) -> Duration {
+        let asked = Instant::now();
+        self.signal(libc::SIGTERM);
+        while self.is_running() {
+            assert!(
+                asked.elapsed() < limit,
+                "{what}: still running {limit:?} after SIGTERM; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        asked.elapsed()
+    }
+
     /// How the process ended, once it has.
     pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
         let child = self.child.as_mut().expect("started");

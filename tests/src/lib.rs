@@ -144,15 +144,18 @@ impl Broker {
             .spawn()
             .expect("start tansu");
         let brokers = format!("127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&brokers).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "tansu did not start on {brokers}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_port(&brokers, "tansu");
         Broker { brokers, child }
+    }
+}
+
+/// Waits up to 20 s until `what` (a process just started) accepts
+/// connections on `addr`.
+pub fn wait_for_port(addr: &str, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(Instant::now() < deadline, "{what} did not listen on {addr}");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

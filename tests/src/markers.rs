@@ -34,30 +34,44 @@ const FETCH_VERSION: i16 = 11;
 /// watermark: a transaction without a marker yet is not committed, and
 /// this broker's last stable offset can stick), as the markers in the log say, in (partition, offset) order.
 pub fn read_committed_by_markers(brokers: &str, topic: &str, partitions: i32) -> Vec<Consumed> {
-    let broker = brokers.split(',').next().expect("a broker");
-    let mut conn = TcpStream::connect(broker).expect("connect to the broker");
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
+    let mut conn = connect(brokers);
     let mut out = Vec::new();
     for partition in 0..partitions {
-        out.extend(read_partition(&mut conn, topic, partition));
+        let mut log = MarkedLog::default();
+        read_log(&mut conn, topic, partition, |record| log.push(record));
+        out.extend(log.committed.into_iter().map(|r| consumed(partition, r)));
     }
     out
+}
+
+/// A connection to the first of `brokers`.
+fn connect(brokers: &str) -> TcpStream {
+    let broker = brokers.split(',').next().expect("a broker");
+    let conn = TcpStream::connect(broker).expect("connect to the broker");
+    conn.set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    conn
 }
 
 /// True if some partition of `topic` has a transaction still open: its
 /// last stable offset is below its high watermark.
 pub fn has_open_transaction(brokers: &str, topic: &str, partitions: i32) -> bool {
-    let broker = brokers.split(',').next().expect("a broker");
-    let mut conn = TcpStream::connect(broker).expect("connect to the broker");
+    let mut conn = connect(brokers);
     (0..partitions).any(|p| {
         let reply = fetch(&mut conn, topic, p, 0, 1, Isolation::Committed);
         reply.last_stable < reply.high_watermark
     })
 }
 
-fn read_partition(conn: &mut TcpStream, topic: &str, partition: i32) -> Vec<Consumed> {
-    let mut log = MarkedLog::default();
+/// Hands `each` every record and marker of `topic`'s `partition` from
+/// its start to its high watermark (read uncommitted, in offset order);
+/// returns the last stable offset and the high watermark last seen.
+fn read_log(
+    conn: &mut TcpStream,
+    topic: &str,
+    partition: i32,
+    mut each: impl FnMut(Record),
+) -> (i64, i64) {
     let mut next = 0i64;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -78,16 +92,12 @@ fn read_partition(conn: &mut TcpStream, topic: &str, partition: i32) -> Vec<Cons
         for record in reply.records.into_iter().filter(|r| r.offset >= from) {
             next = record.offset + 1;
             progressed = true;
-            log.push(record);
+            each(record);
         }
         if next >= reply.high_watermark || !progressed {
-            break;
+            return (reply.last_stable, reply.high_watermark);
         }
     }
-    log.committed
-        .into_iter()
-        .map(|r| consumed(partition, r))
-        .collect()
 }
 
 /// One partition's log resolved by its markers, as Kafka defines it:
@@ -153,70 +163,52 @@ impl MarkedLog {
 /// start): what a failed check writes out to be read.
 pub fn dump_raw(brokers: &str, topic: &str, partitions: i32) -> String {
     use std::fmt::Write as _;
-    let broker = brokers.split(',').next().expect("a broker");
-    let mut conn = TcpStream::connect(broker).expect("connect to the broker");
-    conn.set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
+    let mut conn = connect(brokers);
     let mut out = String::new();
     for partition in 0..partitions {
-        let mut next = 0i64;
-        loop {
-            let reply = fetch(
-                &mut conn,
-                topic,
-                partition,
-                next,
-                64 << 20,
-                Isolation::Uncommitted,
-            );
-            let _ = writeln!(
-                out,
-                "# {topic}[{partition}] from {next}: last stable {}, high watermark {}",
-                reply.last_stable, reply.high_watermark
-            );
-            let from = next;
-            let mut progressed = false;
-            for r in reply.records.into_iter().filter(|r| r.offset >= from) {
-                next = r.offset + 1;
-                progressed = true;
-                let text = |b: &Option<Bytes>| {
-                    b.as_ref()
-                        .map(|b| String::from_utf8_lossy(&b[..b.len().min(120)]).into_owned())
-                };
-                let kind = match (r.control, r.transactional) {
-                    (true, _) if marker_commits(&r) => "COMMIT",
-                    (true, _) => "ABORT",
-                    (false, true) => "txn",
-                    (false, false) => "plain",
-                };
-                // A lineage entry is shown by its ranges; anything else by
-                // the start of its value.
-                let ranges = r
-                    .value
-                    .as_ref()
-                    .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
-                    .and_then(|entry| entry.get("ranges").map(|r| r.to_string()));
-                let value = match ranges {
-                    Some(ranges) => Some(format!("ranges {ranges}")),
-                    None if r.control => None,
-                    None => text(&r.value),
-                };
-                let _ = writeln!(
-                    out,
-                    "{} pid {} epoch {} {kind} key {:?} value {:?}",
-                    r.offset,
-                    r.producer_id,
-                    r.producer_epoch,
-                    text(&r.key),
-                    value
-                );
-            }
-            if next >= reply.high_watermark || !progressed {
-                break;
-            }
-        }
+        let (stable, high) = read_log(&mut conn, topic, partition, |r| {
+            let _ = writeln!(out, "{}", raw_line(&r));
+        });
+        let _ = writeln!(
+            out,
+            "# {topic}[{partition}] ends: last stable {stable}, high watermark {high}"
+        );
     }
     out
+}
+
+/// One record or marker as [`dump_raw`] shows it.
+fn raw_line(r: &Record) -> String {
+    let text = |b: &Option<Bytes>| {
+        b.as_ref()
+            .map(|b| String::from_utf8_lossy(&b[..b.len().min(120)]).into_owned())
+    };
+    let kind = match (r.control, r.transactional) {
+        (true, _) if marker_commits(r) => "COMMIT",
+        (true, _) => "ABORT",
+        (false, true) => "txn",
+        (false, false) => "plain",
+    };
+    // A lineage entry is shown by its ranges; anything else by the start
+    // of its value.
+    let ranges = r
+        .value
+        .as_ref()
+        .and_then(|v| serde_json::from_slice::<serde_json::Value>(v).ok())
+        .and_then(|entry| entry.get("ranges").map(|r| r.to_string()));
+    let value = match ranges {
+        Some(ranges) => Some(format!("ranges {ranges}")),
+        None if r.control => None,
+        None => text(&r.value),
+    };
+    format!(
+        "{} pid {} epoch {} {kind} key {:?} value {:?}",
+        r.offset,
+        r.producer_id,
+        r.producer_epoch,
+        text(&r.key),
+        value
+    )
 }
 
 /// A control record's key is (version: i16, type: i16); type 1 commits.

@@ -319,14 +319,7 @@ impl TlsBroker {
             .spawn()
             .expect("start socat (Debian package socat)");
         let brokers = format!("127.0.0.1:{port}");
-        let started = Instant::now();
-        while std::net::TcpStream::connect(&brokers).is_err() {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "socat did not listen on {brokers}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        crate::wait_for_port(&brokers, "socat");
         TlsBroker {
             plain: broker.brokers.clone(),
             brokers,

@@ -257,23 +257,11 @@ async fn sigterm_during_a_sink_outage_exits_at_once_and_loses_nothing() {
     redis.kill();
     produce(brokers, name, &numbered("during", 400, 2));
     host.wait_for_log("retrying in", 2, Duration::from_secs(60));
-    let asked = Instant::now();
-    host.signal(libc::SIGTERM);
-    while host.is_running() {
-        assert!(
-            asked.elapsed() < Duration::from_secs(10),
-            "still running 10 s after SIGTERM with the sink down; log:\n{}",
-            host.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let took = host.terminate_within(Duration::from_secs(10), "with the sink down");
     let log = host.log();
     assert!(log.contains("the batch is abandoned"), "{log}");
     assert!(host.exit_status().is_some_and(|s| s.success()), "{log}");
-    println!(
-        "{name}: exited {:?} after SIGTERM with the sink down",
-        asked.elapsed()
-    );
+    println!("{name}: exited {took:?} after SIGTERM with the sink down");
     redis.restart();
     run_ok(&config);
     let expected = read_committed(brokers, name, 2);

@@ -820,17 +820,7 @@ async fn sigterm_interrupts_an_isolation_at_once() {
         let mut host = sluice_tests::control::Host::start(&config, &dir.path().join("run.log"));
         host.wait_for_log("bisecting the batch", 1, Duration::from_secs(120));
         std::thread::sleep(Duration::from_millis(500));
-        let asked = std::time::Instant::now();
-        host.signal(libc::SIGTERM);
-        while host.is_running() {
-            assert!(
-                asked.elapsed() < Duration::from_secs(5),
-                "{topic}: still running 5 s after SIGTERM; log:\n{}",
-                host.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let took = asked.elapsed();
+        let took = host.terminate_within(Duration::from_secs(5), topic);
         assert!(
             host.log().contains("abandoned the batch being prepared"),
             "{}",

@@ -345,25 +345,37 @@ impl Drop for CommitWatch {
     }
 }
 
+/// A raw librdkafka consumer of `topic`, static member `instance` of
+/// `group`, with the pipeline's short session (6 s, heartbeats every
+/// 500 ms); offsets never committed.
+fn static_member(
+    brokers: &str,
+    group: &str,
+    instance: &str,
+    topic: &str,
+) -> rdkafka::consumer::BaseConsumer {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    let c: BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", group)
+        .set("group.instance.id", instance)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("a raw consumer");
+    c.subscribe(&[topic]).expect("subscribe");
+    c
+}
+
 /// The broker's own rebalance time for a group like the pipeline's:
 /// `members - 1` raw librdkafka consumers (static members, the same
 /// session) own `topic`'s partitions; a last one joins. How long from its
 /// subscribe until the group covers every partition again with it in.
 fn raw_group_join(brokers: &str, topic: &str, members: usize) -> Duration {
     use rdkafka::consumer::{BaseConsumer, Consumer};
-    let consumer = |i: usize| -> BaseConsumer {
-        let c: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("group.id", format!("raw-{topic}"))
-            .set("group.instance.id", format!("raw-{i}"))
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-            .set("enable.auto.commit", "false")
-            .create()
-            .expect("a raw consumer");
-        c.subscribe(&[topic]).expect("subscribe");
-        c
-    };
+    let group_id = format!("raw-{topic}");
+    let consumer = |i: usize| static_member(brokers, &group_id, &format!("raw-{i}"), topic);
     let covered = |group: &[BaseConsumer]| {
         for c in group {
             let _ = c.poll(Duration::from_millis(10));
@@ -510,18 +522,7 @@ fn broker_defect_a_departed_static_member_is_never_expired() {
     let brokers = shared_broker();
     let topic = "static_leave";
     create_topic(brokers, topic, 6);
-    let consumer = |i: usize| -> BaseConsumer {
-        let c: BaseConsumer = rdkafka::ClientConfig::new()
-            .set("bootstrap.servers", brokers)
-            .set("group.id", topic)
-            .set("group.instance.id", format!("member-{i}"))
-            .set("session.timeout.ms", "6000")
-            .set("heartbeat.interval.ms", "500")
-            .create()
-            .expect("a consumer");
-        c.subscribe(&[topic]).expect("subscribe");
-        c
-    };
+    let consumer = |i: usize| static_member(brokers, topic, &format!("member-{i}"), topic);
     let owned = |c: &BaseConsumer| c.assignment().map(|a| a.count()).unwrap_or(0);
     let mut group: Vec<BaseConsumer> = (0..3).map(consumer).collect();
     let deadline = Instant::now() + Duration::from_secs(60);

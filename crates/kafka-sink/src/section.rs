@@ -50,19 +50,9 @@ pub struct KafkaSinkFields {
     pub properties: std::collections::BTreeMap<String, String>,
 }
 
-/// librdkafka properties the Kafka sink sets itself on its clients.
-const RESERVED_PROPERTIES: &[&str] = &[
-    "bootstrap.servers",
-    "transactional.id",
-    "enable.idempotence",
-    "isolation.level",
-    "group.id",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "enable.partition.eof",
-    "auto.offset.reset",
-    "partitioner",
-];
+/// librdkafka properties the Kafka sink sets on its producers, beyond
+/// those every sluice consumer sets ([`sluice_core::config::RESERVED_PROPERTIES`]).
+const PRODUCER_PROPERTIES: &[&str] = &["transactional.id", "enable.idempotence", "partitioner"];
 
 /// A Kafka target's own fields.
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -151,11 +141,11 @@ impl KindSection for KafkaSection {
         {
             check_topic_name(&topic).map_err(ConfigError::Invalid)?;
         }
-        if let Some(key) = fields
-            .properties
-            .keys()
-            .find(|k| RESERVED_PROPERTIES.contains(&k.as_str()))
-        {
+        if let Some(key) = fields.properties.keys().find(|k| {
+            let k = k.as_str();
+            sluice_core::config::RESERVED_PROPERTIES.contains(&k)
+                || PRODUCER_PROPERTIES.contains(&k)
+        }) {
             return Err(ConfigError::Invalid(format!(
                 "`sink.properties.\"{key}\"` is set by sluice's Kafka sink and cannot be overridden"
             )));

@@ -112,10 +112,16 @@ impl<S: Sink, V: Versions> Parts<S, V> {
             }
             tracing::warn!(batch = %commit.plan.batch_id, "commit failed: {}; retrying in {wait:?}", Chain(&error));
             self.status.metrics().commit_retried();
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.shutdown.cancelled() => {}
-            }
+            self.before_next_try(wait).await;
+        }
+    }
+
+    /// Waits `wait` before the next try, or until shutdown if it comes
+    /// first (that try is then the last: its failure gives up).
+    async fn before_next_try(&self, wait: Duration) {
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = self.shutdown.cancelled() => {}
         }
     }
 
@@ -172,10 +178,7 @@ impl<S: Sink, V: Versions> Parts<S, V> {
                 "reading checkpoints: {}; retrying in {wait:?}",
                 Chain(&error)
             );
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.shutdown.cancelled() => {}
-            }
+            self.before_next_try(wait).await;
         }
     }
 }
