@@ -662,6 +662,95 @@ async fn a_bisected_batch_logs_each_records_lines_once() {
     host.stop();
 }
 
+/// `GET /readyz` through a rebalance, as a rolling deploy meets it: an
+/// instance that has settled once stays ready while a second one joins
+/// (a rebalance is routine, not a reason to pull a pod from service); the
+/// joining one says it waits for the group until it owns partitions; both
+/// then answer with their share; when the second leaves, the first is
+/// ready with every partition again. Every record lands once meanwhile.
+#[tokio::test(flavor = "multi_thread")]
+async fn readiness_answers_through_a_rebalance() {
+    use sluice_tests::sinks::SinkDb;
+    let name = "ready_rebalance";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 4);
+    let db = SinkDb::fresh_postgres(name).await;
+    let producing = sluice_tests::control::Producer::start(brokers, name, 4);
+    let dirs = [TempDir::new(name), TempDir::new(&format!("{name}-b"))];
+    let ports = [control_port().0, control_port().0];
+    let configs: Vec<std::path::PathBuf> = (0..2)
+        .map(|i| {
+            db.configure(
+                PipelineToml::identity(name, brokers, name, 100)
+                    .short_session()
+                    .control(ports[i], 1 << 20),
+            )
+            .write(dirs[i].path())
+        })
+        .collect();
+    let ready = |i: usize| raw_request(ports[i], "GET /readyz HTTP/1.1", b"");
+    let share = |i: usize| {
+        let answer = ready(i);
+        (answer.status == 200).then(|| answer.json()["partitions"].as_u64().unwrap())
+    };
+    let wait_until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+
+    let first = Host::start(&configs[0], &dirs[0].path().join("host.log"));
+    first.wait_for_api(ports[0]);
+    wait_until("the first instance never ready with 4 partitions", &|| {
+        share(0) == Some(4)
+    });
+
+    let mut second = Host::start(&configs[1], &dirs[1].path().join("host.log"));
+    second.wait_for_api(ports[1]);
+    // Until the split: the first always ready, the second saying why not.
+    let (mut second_said, deadline) = (Vec::new(), Instant::now() + Duration::from_secs(90));
+    loop {
+        let (a, b) = (ready(0), ready(1));
+        assert_eq!(
+            a.status, 200,
+            "the first instance unready in a rebalance: {a:?}"
+        );
+        match b.status {
+            200 => {
+                let owned = |x: &sluice_tests::control::RawAnswer| x.json()["partitions"].as_u64();
+                let (a, b) = (owned(&a).unwrap(), owned(&b).unwrap());
+                if a > 0 && b > 0 && a + b == 4 {
+                    break;
+                }
+            }
+            _ => second_said.push(b.json()["reasons"].to_string()),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the group never split the partitions"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        second_said
+            .iter()
+            .any(|r| r.contains("the consumer group has not assigned partitions yet")),
+        "the joining instance never said it waits for the group: {second_said:?}"
+    );
+    second.terminate_within(Duration::from_secs(30), "the second instance");
+    wait_until(
+        "the first instance never took every partition back",
+        &|| share(0) == Some(4),
+    );
+    let produced = producing.stop();
+    sluice_tests::control::wait_for_rows(&db, produced, Duration::from_secs(120)).await;
+    first.stop();
+    let checked = db.assert_exactly_once(brokers, name, 4, name).await;
+    assert_eq!(checked, produced);
+}
+
 /// Secrets kept out of the config file: the Postgres password comes from
 /// the environment (`${NAME}`) and the control token from a file
 /// (`${file:PATH}`, as a mounted Kubernetes Secret). The pipeline runs with
