@@ -161,9 +161,16 @@ impl TwoOwners<'_> {
             .batch_interval_ms(self.batch_interval_ms)
             .assign(name, &all);
         let config = sink.configure(config).write(dir.path());
-        let spawn = || crate::spawn_until_caught_up(&config, "warn", Stdio::piped());
+        // Their logs (at `SLUICE_TEST_LOG`, warn by default) are kept in
+        // the temp directory's parent, for the failure of a looped run.
+        let level = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
+        let spawn = || crate::spawn_until_caught_up(&config, &level, Stdio::piped());
         let (a, b) = (spawn(), spawn());
         let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        for (owner, run) in [("a", &a), ("b", &b)] {
+            let kept = std::env::temp_dir().join(format!("sluice-{name}-owner-{owner}.log"));
+            let _ = std::fs::write(kept, &run.stderr);
+        }
         let logs = format!(
             "{}\n{}",
             String::from_utf8_lossy(&a.stderr),

@@ -729,3 +729,144 @@ fn kafka_layouts_that_do_not_fit_their_columns_are_refused() {
         assert!(said.contains(expected), "expected `{expected}` in: {said}");
     }
 }
+
+/// A `[sink.properties]` value the Kafka client refuses stops the run at
+/// the sink's open, naming the property, before anything is written; a
+/// SASL password given through the environment to both the source's and
+/// the sink's properties appears in nothing sluice says (its log at debug
+/// included).
+#[test]
+fn a_sink_property_the_client_refuses_stops_the_run_naming_it_and_no_secret() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("kafka-bad-prop", "kafka-bad-prop-in", "kafka-bad-prop-out");
+    create_topic(brokers, input, PARTITIONS);
+    create_sink_topics(brokers, pipeline, output);
+    produce(brokers, input, &numbered("plain", 200, PARTITIONS));
+    let secret = "sasl-9d41c7e2-not-for-logs";
+    let dir = TempDir::new(pipeline);
+    let config = write_config(
+        dir.path(),
+        kafka_config(pipeline, brokers, input, output)
+            .source_property("sasl.password", "${SLUICE_TEST_SASL_PASSWORD}")
+            .sink_property("sasl.password", "${SLUICE_TEST_SASL_PASSWORD}")
+            .sink_property("compression.codec", "rot13"),
+    );
+    let out = std::process::Command::new(sluice_bin())
+        .args(["run", "--until-caught-up", config.to_str().unwrap()])
+        .env("SLUICE_LOG", "debug")
+        .env("SLUICE_TEST_SASL_PASSWORD", secret)
+        .output()
+        .unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.lines()
+            .last()
+            .is_some_and(|l| l.contains("compression.codec") && l.contains("rot13")),
+        "the last line does not name the property: {said}"
+    );
+    assert!(said.contains("DEBUG"), "the run logged at debug");
+    assert!(!said.contains(secret), "the SASL password leaked:\n{said}");
+    assert_eq!(read_consumed(brokers, output, PARTITIONS).len(), 0);
+}
+
+/// Kafka's promise the exactly-once sink's hand-over rests on: once a new
+/// owner's `init_transactions` under a transactional id returns, the old
+/// owner's transaction is complete, and a `read_committed` OffsetFetch
+/// sees the offsets of every transaction that committed. Raw producers
+/// race: the old owner commits a transaction holding offset `n` while
+/// the next owner initialises under the same id and reads the group's
+/// offset. A commit that succeeded and an offset behind it is the broker
+/// breaking the promise.
+///
+/// The suspect of the ignored two-owner tests' remaining failure (one
+/// input range committed twice); held on Tansu: 150 races kept at the
+/// boundary (53 commits landed, 97 fenced), none unseen. Ignored: it
+/// takes four minutes (each fenced commit waits out its 3 s timeout).
+#[test]
+#[ignore = "four minutes; run with --ignored when the two-owner question is taken up again"]
+fn a_commit_racing_the_next_owners_init_is_seen_or_fenced() {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::{Offset, TopicPartitionList};
+    let brokers = shared_broker();
+    let (input, output) = ("kafka-race-in", "kafka-race-out");
+    create_topic(brokers, input, 1);
+    create_topic(brokers, output, 1);
+    let id = format!("kafka-race-{}", std::process::id());
+    let offsets = || -> BaseConsumer {
+        rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", &id)
+            .set("enable.auto.commit", "false")
+            .set("isolation.level", "read_committed")
+            .create()
+            .unwrap()
+    };
+    let t = Duration::from_secs(30);
+    let (mut committed, mut behind, mut failed) = (0, 0, 0);
+    // Kept at the boundary where the next owner's init meets the commit:
+    // later after a fenced commit, sooner after a landed one.
+    let mut delay = Duration::from_millis(40);
+    for n in 1..=150i64 {
+        let old = producer(brokers, Some(&id));
+        old.init_transactions(t).unwrap();
+        let (brokers2, id2) = (brokers.to_string(), id.clone());
+        let commit = std::thread::spawn(move || {
+            let group = rdkafka::ClientConfig::new()
+                .set("bootstrap.servers", &brokers2)
+                .set("group.id", &id2)
+                .create::<BaseConsumer>()
+                .unwrap()
+                .group_metadata()
+                .unwrap();
+            old.begin_transaction().unwrap();
+            let r = Produce {
+                partition: 0,
+                key: None,
+                value: format!("n{n}"),
+            };
+            send(&old, "kafka-race-out", &r);
+            let mut list = TopicPartitionList::new();
+            list.add_partition_offset("kafka-race-in", 0, Offset::Offset(n))
+                .unwrap();
+            old.send_offsets_to_transaction(&list, &group, Duration::from_secs(3))
+                .and_then(|()| old.commit_transaction(Duration::from_secs(3)))
+        });
+        std::thread::sleep(delay);
+        let next = producer(brokers, Some(&id));
+        next.init_transactions(t).unwrap();
+        let mut list = TopicPartitionList::new();
+        list.add_partition(input, 0);
+        let seen = offsets().committed_offsets(list, t).unwrap();
+        let seen = match seen.elements()[0].offset() {
+            Offset::Offset(o) => o,
+            _ => 0,
+        };
+        match commit.join().unwrap() {
+            Ok(()) => {
+                delay = delay.saturating_sub(Duration::from_millis(1));
+                committed += 1;
+                if seen < n {
+                    behind += 1;
+                    println!(
+                        "n={n} delay={delay:?}: committed, yet the next owner read offset {seen}"
+                    );
+                }
+            }
+            Err(e) => {
+                delay += Duration::from_millis(1);
+                failed += 1;
+                if seen >= n {
+                    println!("n={n}: the commit failed ({e}), yet the next owner read {seen}");
+                }
+            }
+        }
+        drop(next);
+    }
+    println!("{committed} committed ({behind} of them unseen by the next owner), {failed} failed");
+    assert_eq!(behind, 0);
+}

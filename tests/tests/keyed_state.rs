@@ -801,9 +801,10 @@ async fn a_missing_changelog_topic_stops_a_stateful_module_saying_what_to_create
     assert_eq!(looked.trim(), format!("{name}:0 \"k0\" = \"{k0}\""));
 }
 
-/// `sluice state get|scan` show what the sink holds, on SQLite and Redis:
+/// `sluice state get|scan` show what the sink holds, on the three SQL
+/// databases and Redis:
 /// every key of a partition with the count the input implies, one key,
-/// an absent key, a prefix and a limit.
+/// an absent key, a prefix, a limit, and pages that add up to the whole.
 #[tokio::test(flavor = "multi_thread")]
 async fn state_cli_shows_a_partitions_state() {
     let name = "state_cli";
@@ -820,15 +821,23 @@ async fn state_cli_shows_a_partitions_state() {
     let expected = Expected::of(&input, &[]);
     let dir = TempDir::new(name);
     let server = redis_server::RedisServer::start(name);
-    for sub in ["sqlite", "redis"] {
+    for sub in ["sqlite", "postgres", "mysql", "redis"] {
         std::fs::create_dir_all(dir.path().join(sub)).unwrap();
     }
-    let sqlite = SinkDb::Sqlite(dir.path().join("cli.db"))
-        .configure(tally::config(name, brokers, 100))
-        .write(&dir.path().join("sqlite"));
-    let redis = tally::redis_config(tally::config(name, brokers, 100), &server.url())
-        .write(&dir.path().join("redis"));
-    for config in [&sqlite, &redis] {
+    let mut configs = Vec::new();
+    for (db, sub) in [
+        (SinkDb::Sqlite(dir.path().join("cli.db")), "sqlite"),
+        (SinkDb::fresh_postgres(name).await, "postgres"),
+        (SinkDb::fresh_mysql(name).await, "mysql"),
+    ] {
+        let config = db.configure(tally::config(name, brokers, 100));
+        configs.push(config.write(&dir.path().join(sub)));
+    }
+    configs.push(
+        tally::redis_config(tally::config(name, brokers, 100), &server.url())
+            .write(&dir.path().join("redis")),
+    );
+    for config in &configs {
         run_ok(config);
         let config = config.to_str().unwrap();
         for p in 0..2 {
@@ -873,6 +882,31 @@ async fn state_cli_shows_a_partitions_state() {
         assert_eq!(prefixed.lines().count(), 1, "{prefixed}");
         let limited = state("scan", &["--limit", "2"]);
         assert_eq!(limited.lines().count(), 2, "{limited}");
+        // Pages of two, each after the last key of the one before, give
+        // every key once, in order.
+        let (mut paged, mut after) = (Vec::new(), None::<String>);
+        loop {
+            let mut extra = vec!["--limit", "2", "--json"];
+            if let Some(a) = &after {
+                extra.extend(["--after-hex", a.as_str()]);
+            }
+            let page: Vec<String> = state("scan", &extra)
+                .lines()
+                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].to_string())
+                .collect();
+            let Some(last) = page.last() else { break };
+            after = Some(hex::encode(serde_json::from_str::<String>(last).unwrap()));
+            paged.extend(page);
+        }
+        let all: Vec<String> = state("scan", &["--limit", "0", "--json"])
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].to_string())
+            .collect();
+        assert_eq!(paged, all);
+        assert_eq!(
+            all.len(),
+            expected.state.keys().filter(|(p, _)| *p == 0).count()
+        );
         // Bad input: a clear refusal, and the state is untouched.
         for (args, says) in [
             (
@@ -891,6 +925,17 @@ async fn state_cli_shows_a_partitions_state() {
             (
                 vec!["scan", config, "--partition", &format!("{name}:x")],
                 "TOPIC:PARTITION",
+            ),
+            (
+                vec![
+                    "scan",
+                    config,
+                    "--partition",
+                    &partition,
+                    "--after-hex",
+                    "k",
+                ],
+                "not hex",
             ),
         ] {
             let out = std::process::Command::new(sluice_bin())

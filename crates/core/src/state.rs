@@ -236,6 +236,12 @@ pub enum StateError {
     /// Recorded state bytes do not decode.
     #[error("recorded state does not decode: {0}")]
     Corrupt(String),
+    /// A scan of a store that reads a partition whole met one too large.
+    #[error(
+        "the state of {partition} is over {max_mib} MiB and this sink's store reads a partition \
+         whole to scan it: look keys up one by one (`sluice state get`)"
+    )]
+    TooLargeToScan { partition: String, max_mib: usize },
 }
 
 impl StateError {
@@ -291,6 +297,51 @@ pub trait StateStore: Send + Sync {
         tp: &TopicPartition,
         key: &[u8],
     ) -> Result<Option<StateValue>, StateError>;
+    /// One page of `tp`'s keys in key order (expired ones too): at most
+    /// `page.limit` keys starting with `page.prefix`, after `page.after`.
+    /// This default loads the partition whole, up to [`SCAN_MAX_BYTES`]
+    /// (a store that cannot read in key order); a store that can reads
+    /// just the page.
+    async fn scan(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        page: &ScanPage,
+    ) -> Result<Vec<(Vec<u8>, StateValue)>, StateError> {
+        let mut keys = self
+            .load(pipeline, tp, SCAN_MAX_BYTES)
+            .await?
+            .ok_or_else(|| StateError::TooLargeToScan {
+                partition: tp.to_string(),
+                max_mib: SCAN_MAX_BYTES >> 20,
+            })?;
+        keys.retain(|(key, _)| page.holds(key));
+        keys.sort_by(|a, b| a.0.cmp(&b.0));
+        keys.truncate(page.limit);
+        Ok(keys)
+    }
+}
+
+/// The most a store without key-ordered reads loads of one partition to
+/// answer a [`StateStore::scan`].
+pub const SCAN_MAX_BYTES: usize = 256 << 20;
+
+/// Which keys a [`StateStore::scan`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct ScanPage {
+    /// Only keys starting with these bytes.
+    pub prefix: Vec<u8>,
+    /// Only keys after this one (the last key of the page before).
+    pub after: Option<Vec<u8>>,
+    /// At most this many keys.
+    pub limit: usize,
+}
+
+impl ScanPage {
+    /// Whether `key` belongs to the page's range (the limit aside).
+    pub fn holds(&self, key: &[u8]) -> bool {
+        key.starts_with(&self.prefix) && self.after.as_deref().is_none_or(|after| key > after)
+    }
 }
 
 /// An empty base: every key absent (`sluice test`, a first batch).

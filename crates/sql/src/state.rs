@@ -25,7 +25,7 @@ use crate::batch::TopicPartition;
 use crate::config::{ColumnType, StoreConnection, TargetConfig};
 use crate::section::{SqlTargetFields, WriteMode};
 use crate::sink::{Commit, SinkError};
-use sluice_core::state::{StateError, StateMap, StateStore, StateValue};
+use sluice_core::state::{ScanPage, StateError, StateMap, StateStore, StateValue};
 use sqlx::{AnyPool, Row};
 
 /// The state table's columns, as the internal targets declare them.
@@ -146,7 +146,7 @@ impl<S> StateTables<S> {
         c: &Commit<'_>,
     ) -> Result<(), SinkError> {
         let pipeline = c.plan.pipeline.as_str();
-        let (sets, deletes) = Changes::split(&c.output.state, self.sets_by);
+        let (sets, deletes) = Changes::split(&c.output.state, c.state_reads, self.sets_by);
         // Deletes first: with `SetsBy::DeleteThenInsert` they make room.
         for (changes, (target, statements)) in [(deletes, &self.delete), (sets, &self.sets)] {
             let rows = changes.rows;
@@ -184,12 +184,19 @@ struct Changes<'a> {
 
 impl<'a> Changes<'a> {
     /// The sets and the deletes (with [`SetsBy::DeleteThenInsert`], every
-    /// changed key is deleted first).
-    fn split(state: &'a StateMap, sets_by: SetsBy) -> (Changes<'a>, Changes<'a>) {
+    /// changed key is deleted first), leaving out the deletes of keys the
+    /// batch read as absent: `reads` is the stored state at the batch's
+    /// start (expired rows included: they read as a value), and the offset
+    /// compare-and-set before these writes proves the table still holds
+    /// exactly that, so no row of such a key can be there (a dedupe's
+    /// writes, all first sightings, delete nothing).
+    fn split(state: &'a StateMap, reads: &StateMap, sets_by: SetsBy) -> (Changes<'a>, Changes<'a>) {
         let (mut sets, mut deletes) = (Changes::default(), Changes::default());
         for (tp, keys) in &state.0 {
             for (key, value) in keys {
-                if value.is_none() || sets_by == SetsBy::DeleteThenInsert {
+                let absent_at_start = matches!(reads.lookup(tp, key), Some(None));
+                let to_delete = value.is_none() || sets_by == SetsBy::DeleteThenInsert;
+                if to_delete && !absent_at_start {
                     deletes.push(tp, key, None);
                 }
                 if let Some(v) = value {
@@ -228,6 +235,10 @@ pub struct SqlStateStore {
     pool: AnyPool,
     load: String,
     get: String,
+    /// A page from a key on (`>=` the prefix), in key order.
+    scan_from: String,
+    /// The same, past a key (`>` the page before's last).
+    scan_after: String,
     reads: String,
 }
 
@@ -263,7 +274,18 @@ impl SqlStateStore {
             false => format!("hex({})", c("state_key")),
         };
         let listed = format!("{key_hex}, {}, {}", c("value"), c("expires_at_ms"));
+        let page = |bound: &str| {
+            format!(
+                "SELECT {listed} FROM {state} WHERE {partition_is} AND {key} {bound} {} \
+                 ORDER BY {key} LIMIT {}",
+                d.param(4),
+                d.param(5),
+                key = c("state_key"),
+            )
+        };
         Ok(SqlStateStore {
+            scan_from: page(">="),
+            scan_after: page(">"),
             load: format!("SELECT {listed} FROM {state} WHERE {partition_is}"),
             get: format!(
                 "SELECT {listed} FROM {state} WHERE {partition_is} AND {} = {}",
@@ -360,5 +382,88 @@ impl StateStore for SqlStateStore {
             .await
             .map_err(StateError::unreadable)?;
         row.map(|row| state_row(&row).map(|(_, v)| v)).transpose()
+    }
+
+    /// Reads the page alone, in key order (bytes compare as bytes in all
+    /// three databases): from the prefix or past the last key shown, up to
+    /// the limit, cut where the prefix ends.
+    async fn scan(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        page: &ScanPage,
+    ) -> Result<Vec<(Vec<u8>, StateValue)>, StateError> {
+        let (query, bound) = match &page.after {
+            Some(after) if after.as_slice() >= page.prefix.as_slice() => (&self.scan_after, after),
+            _ => (&self.scan_from, &page.prefix),
+        };
+        let rows = sqlx::query(query)
+            .bind(pipeline.to_string())
+            .bind(tp.topic.clone())
+            .bind(tp.partition as i64)
+            .bind(bound.clone())
+            .bind(i64::try_from(page.limit).unwrap_or(i64::MAX))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(StateError::unreadable)?;
+        let mut keys = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (key, value) = state_row(row)?;
+            if !key.starts_with(&page.prefix) {
+                break;
+            }
+            keys.push((key, value));
+        }
+        Ok(keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(changes: &Changes<'_>) -> Vec<String> {
+        let key = |k: &Option<&[u8]>| String::from_utf8(k.unwrap().to_vec()).unwrap();
+        changes.keys.iter().map(key).collect()
+    }
+
+    /// A key the batch read as absent has no row to make room for or to
+    /// delete; one read with a value, or not read at all, may have one.
+    #[test]
+    fn keys_read_as_absent_are_not_deleted() {
+        let tp = TopicPartition {
+            topic: "t".into(),
+            partition: 0,
+        };
+        let value = |v: &str| {
+            Some(StateValue {
+                value: v.as_bytes().to_vec(),
+                expires_at_ms: None,
+            })
+        };
+        let (mut reads, mut state) = (StateMap::default(), StateMap::default());
+        for (key, read) in [
+            ("a", None),
+            ("b", value("old")),
+            ("d", None),
+            ("e", value("old")),
+        ] {
+            reads.insert(&tp, key.as_bytes().to_vec(), read);
+        }
+        for (key, write) in [
+            ("a", value("1")),
+            ("b", value("2")),
+            ("c", value("3")),
+            ("d", None),
+            ("e", None),
+        ] {
+            state.insert(&tp, key.as_bytes().to_vec(), write);
+        }
+        let (sets, deletes) = Changes::split(&state, &reads, SetsBy::DeleteThenInsert);
+        assert_eq!(keys(&sets), ["a", "b", "c"]);
+        assert_eq!(keys(&deletes), ["b", "c", "e"]);
+        let (sets, deletes) = Changes::split(&state, &reads, SetsBy::Upsert);
+        assert_eq!(keys(&sets), ["a", "b", "c"]);
+        assert_eq!(keys(&deletes), ["e"]);
     }
 }

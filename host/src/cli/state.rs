@@ -8,11 +8,11 @@
 use super::reset::parse_partition;
 use anyhow::Context;
 use sluice::state_view::StateLine;
+use sluice_core::state::ScanPage;
 use std::path::PathBuf;
 
-/// The most a scan reads of one partition: the whole partition is read at
-/// once, so a larger one is refused (look keys up with `get`).
-const SCAN_MAX_BYTES: usize = 256 << 20;
+/// Keys read per round trip when `--limit 0` asks for them all.
+const SCAN_PAGE: usize = 10_000;
 
 #[derive(clap::Subcommand)]
 pub enum StateCommand {
@@ -31,7 +31,9 @@ pub enum StateCommand {
         json: bool,
     },
     /// The keys of a partition's state in key order (expired keys too,
-    /// with their expiry: they read as absent in batches at or past it).
+    /// with their expiry: they read as absent in batches at or past it),
+    /// a page at a time: a full page ends with the `--after-hex` that
+    /// shows the next.
     Scan {
         /// The pipeline's TOML config.
         config: PathBuf,
@@ -41,7 +43,10 @@ pub enum StateCommand {
         /// Only keys starting with these bytes (UTF-8).
         #[arg(long, default_value = "")]
         prefix: String,
-        /// Print at most this many (0: all).
+        /// Only keys after this one (the last of the page before), as hex.
+        #[arg(long)]
+        after_hex: Option<String>,
+        /// Keys per page (0: every key, page after page).
         #[arg(long, default_value_t = 100)]
         limit: usize,
         /// One JSON object per key instead of lines.
@@ -101,6 +106,7 @@ pub async fn execute(command: StateCommand) -> anyhow::Result<()> {
             config,
             partition,
             prefix,
+            after_hex,
             limit,
             json,
         } => {
@@ -108,24 +114,29 @@ pub async fn execute(command: StateCommand) -> anyhow::Result<()> {
                 sluice::backends::load(&config)?,
                 parse_partition(&partition)?,
             );
+            let after = after_hex
+                .map(|h| hex::decode(&h).with_context(|| format!("--after-hex {h:?} is not hex")))
+                .transpose()?;
             let store = sluice::backends::state_store(&config).await?;
-            let mut keys = store
-                .load(&config.pipeline, &tp, SCAN_MAX_BYTES)
-                .await?
-                .with_context(|| {
-                    format!(
-                        "the state of {tp} is over {} MiB: look keys up one by one with `sluice state get`",
-                        SCAN_MAX_BYTES >> 20
-                    )
-                })?;
-            keys.retain(|(key, _)| key.starts_with(prefix.as_bytes()));
-            keys.sort_by(|a, b| a.0.cmp(&b.0));
-            let shown = if limit == 0 { keys.len() } else { limit };
-            for (key, value) in keys.iter().take(shown) {
-                print(&StateLine::of(&tp, key, Some(value)), json, "absent");
-            }
-            if keys.len() > shown {
-                eprintln!("{} more keys (--limit 0 shows all)", keys.len() - shown);
+            let mut page = ScanPage {
+                prefix: prefix.into_bytes(),
+                after,
+                limit: if limit == 0 { SCAN_PAGE } else { limit },
+            };
+            loop {
+                let keys = store.scan(&config.pipeline, &tp, &page).await?;
+                for (key, value) in &keys {
+                    print(&StateLine::of(&tp, key, Some(value)), json, "absent");
+                }
+                let Some((last, _)) = keys.last().filter(|_| keys.len() == page.limit) else {
+                    break;
+                };
+                if limit != 0 {
+                    let last = hex::encode(last);
+                    eprintln!("a full page: `--after-hex {last}` shows the next");
+                    break;
+                }
+                page.after = Some(last.clone());
             }
         }
     }

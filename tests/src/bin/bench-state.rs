@@ -21,6 +21,7 @@
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-state --bin handwritten-dedupe && \
 //!       SLUICE_BIN=target/release/sluice target/release/bench-state [IDS] [ROUNDS]`
+//! (`SLUICE_BENCH_SINKS=postgres` runs one sink kind).
 
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
@@ -110,6 +111,21 @@ async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) ->
 }
 
 const TTL_MS: i64 = 86_400_000;
+
+/// The sink kinds to run: all three, or those `SLUICE_BENCH_SINKS` lists
+/// (comma-separated).
+fn sinks() -> Vec<String> {
+    let all = "sqlite,postgres,kafka";
+    let listed = std::env::var("SLUICE_BENCH_SINKS").unwrap_or_else(|_| all.to_string());
+    let sinks: Vec<String> = listed.split(',').map(|s| s.trim().to_string()).collect();
+    for sink in &sinks {
+        assert!(
+            all.split(',').any(|k| k == sink),
+            "no sink kind {sink:?} here: {all}"
+        );
+    }
+    sinks
+}
 
 /// Runs `command` to a successful exit; how long it took.
 fn timed_ok(command: &mut std::process::Command, what: &str) -> Duration {
@@ -207,7 +223,7 @@ async fn main() {
     );
     let dir = TempDir::new("bench-state");
     for round in 0..rounds {
-        for sink in ["sqlite", "postgres", "kafka"] {
+        for sink in sinks() {
             let mut rates = Vec::new();
             for (arm, label) in [(Arm::Stateless, "stateless"), (Arm::Dedupe, "dedupe")] {
                 let name = format!("bench_{sink}_{label}_{round}");
@@ -216,7 +232,7 @@ async fn main() {
                     rates.push(run_kafka(arm, &name, &broker.brokers, &dir, ids));
                     continue;
                 }
-                let db = match sink {
+                let db = match sink.as_str() {
                     "sqlite" => SinkDb::Sqlite(dir.path().join(&name).join("s.db")),
                     _ => SinkDb::fresh_postgres(&name).await,
                 };
