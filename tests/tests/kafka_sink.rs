@@ -776,27 +776,40 @@ fn a_sink_property_the_client_refuses_stops_the_run_naming_it_and_no_secret() {
 
 /// Kafka's promise the exactly-once sink's hand-over rests on: once a new
 /// owner's `init_transactions` under a transactional id returns, the old
-/// owner's transaction is complete, and a `read_committed` OffsetFetch
-/// sees the offsets of every transaction that committed. Raw producers
-/// race: the old owner commits a transaction holding offset `n` while
-/// the next owner initialises under the same id and reads the group's
-/// offset. A commit that succeeded and an offset behind it is the broker
-/// breaking the promise.
+/// owner's transaction is complete, either committed with its offsets
+/// (which a `read_committed` OffsetFetch then sees) or not at all.
+///
+/// Raw producers race: an old owner commits a transaction (a record, the
+/// input offset `n`) while the next owner inits under the same id and
+/// reads the group's offset, the init's timing kept at the boundary. A
+/// landed commit the next owner does not see, or a fenced one whose
+/// record is committed anyway ("torn": records without offsets), breaks
+/// the promise.
 ///
 /// The suspect of the ignored two-owner tests' remaining failure (one
-/// input range committed twice); held on Tansu: 150 races kept at the
-/// boundary (53 commits landed, 97 fenced), none unseen. Ignored: it
-/// takes four minutes (each fenced commit waits out its 3 s timeout).
+/// range committed twice, under two epochs): Tansu v0.6.0's `txn_end`
+/// (`tansu-storage/src/dynostore.rs`) ends a transaction in three steps,
+/// PrepareCommit, the COMMIT markers, then an epoch check before the
+/// offsets, and its `init_producer` bumps the epoch of a transaction in
+/// PrepareCommit at once (Kafka answers CONCURRENT_TRANSACTIONS), so an
+/// init between the markers and the offsets would tear a commit. Not hit
+/// here yet: two runs of 150 races, no landed commit unseen (both), no
+/// torn one (the one run that looked). Ignored: it
+/// takes five minutes (each fenced commit waits out its 3 s timeout).
 #[test]
-#[ignore = "four minutes; run with --ignored when the two-owner question is taken up again"]
-fn a_commit_racing_the_next_owners_init_is_seen_or_fenced() {
+#[ignore = "five minutes of racing; run with --ignored when the two-owner question is taken up again"]
+fn a_commit_racing_the_next_owners_init_lands_whole_or_not_at_all() {
     use rdkafka::consumer::{BaseConsumer, Consumer};
     use rdkafka::{Offset, TopicPartitionList};
     let brokers = shared_broker();
-    let (input, output) = ("kafka-race-in", "kafka-race-out");
-    create_topic(brokers, input, 1);
-    create_topic(brokers, output, 1);
-    let id = format!("kafka-race-{}", std::process::id());
+    let run = std::process::id();
+    let (input, output) = (
+        format!("kafka-race-in-{run}"),
+        format!("kafka-race-out-{run}"),
+    );
+    create_topic(brokers, &input, 1);
+    create_topic(brokers, &output, 1);
+    let id = format!("kafka-race-{run}");
     let offsets = || -> BaseConsumer {
         rdkafka::ClientConfig::new()
             .set("bootstrap.servers", brokers)
@@ -807,14 +820,21 @@ fn a_commit_racing_the_next_owners_init_is_seen_or_fenced() {
             .unwrap()
     };
     let t = Duration::from_secs(30);
-    let (mut committed, mut behind, mut failed) = (0, 0, 0);
+    // Per race: whether the commit said it landed, and the offset the
+    // next owner read.
+    let mut races: Vec<(i64, bool, i64)> = Vec::new();
     // Kept at the boundary where the next owner's init meets the commit:
     // later after a fenced commit, sooner after a landed one.
     let mut delay = Duration::from_millis(40);
     for n in 1..=150i64 {
         let old = producer(brokers, Some(&id));
         old.init_transactions(t).unwrap();
-        let (brokers2, id2) = (brokers.to_string(), id.clone());
+        let (brokers2, id2, input2, output2) = (
+            brokers.to_string(),
+            id.clone(),
+            input.clone(),
+            output.clone(),
+        );
         let commit = std::thread::spawn(move || {
             let group = rdkafka::ClientConfig::new()
                 .set("bootstrap.servers", &brokers2)
@@ -829,9 +849,9 @@ fn a_commit_racing_the_next_owners_init_is_seen_or_fenced() {
                 key: None,
                 value: format!("n{n}"),
             };
-            send(&old, "kafka-race-out", &r);
+            send(&old, &output2, &r);
             let mut list = TopicPartitionList::new();
-            list.add_partition_offset("kafka-race-in", 0, Offset::Offset(n))
+            list.add_partition_offset(&input2, 0, Offset::Offset(n))
                 .unwrap();
             old.send_offsets_to_transaction(&list, &group, Duration::from_secs(3))
                 .and_then(|()| old.commit_transaction(Duration::from_secs(3)))
@@ -840,33 +860,45 @@ fn a_commit_racing_the_next_owners_init_is_seen_or_fenced() {
         let next = producer(brokers, Some(&id));
         next.init_transactions(t).unwrap();
         let mut list = TopicPartitionList::new();
-        list.add_partition(input, 0);
+        list.add_partition(&input, 0);
         let seen = offsets().committed_offsets(list, t).unwrap();
         let seen = match seen.elements()[0].offset() {
             Offset::Offset(o) => o,
             _ => 0,
         };
-        match commit.join().unwrap() {
-            Ok(()) => {
-                delay = delay.saturating_sub(Duration::from_millis(1));
-                committed += 1;
-                if seen < n {
-                    behind += 1;
-                    println!(
-                        "n={n} delay={delay:?}: committed, yet the next owner read offset {seen}"
-                    );
-                }
-            }
-            Err(e) => {
-                delay += Duration::from_millis(1);
-                failed += 1;
-                if seen >= n {
-                    println!("n={n}: the commit failed ({e}), yet the next owner read {seen}");
-                }
-            }
-        }
-        drop(next);
+        let landed = commit.join().unwrap().is_ok();
+        delay = match landed {
+            true => delay.saturating_sub(Duration::from_millis(1)),
+            false => delay + Duration::from_millis(1),
+        };
+        races.push((n, landed, seen));
     }
-    println!("{committed} committed ({behind} of them unseen by the next owner), {failed} failed");
-    assert_eq!(behind, 0);
+    let visible: std::collections::BTreeSet<String> =
+        read_committed_by_markers(brokers, &output, 1)
+            .into_iter()
+            .map(|r| r.value)
+            .collect();
+    let landed = races.iter().filter(|(_, landed, _)| *landed).count();
+    let unseen_landed: Vec<i64> = races
+        .iter()
+        .filter(|(n, landed, seen)| *landed && seen < n)
+        .map(|(n, _, _)| *n)
+        .collect();
+    let torn: Vec<(i64, i64)> = races
+        .iter()
+        .filter(|(n, landed, seen)| !*landed && seen < n && visible.contains(&format!("n{n}")))
+        .map(|(n, _, seen)| (*n, *seen))
+        .collect();
+    println!(
+        "{} races: {landed} commits landed ({} unseen by the next owner), {} fenced, of which \
+         {} with records committed and offsets not (n, offset the next owner read): {torn:?}",
+        races.len(),
+        unseen_landed.len(),
+        races.len() - landed,
+        torn.len()
+    );
+    assert!(
+        unseen_landed.is_empty() && torn.is_empty(),
+        "the broker broke the promise: landed unseen {unseen_landed:?}, torn {torn:?}"
+    );
 }
