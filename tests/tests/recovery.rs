@@ -619,14 +619,24 @@ async fn six_instances_scaled_down_to_two_land_every_record_once() {
     while hosts.len() > 2 {
         hosts.pop().expect("an instance").stop();
     }
-    // Both survivors commit again after taking the departed ones' share.
-    for (host, before) in hosts.iter().zip(survivors_committed) {
-        let now = host.log().matches("batch committed").count();
-        host.wait_for_log(
-            "batch committed",
-            now.max(before) + 2,
-            Duration::from_secs(120),
+    // Both survivors commit again after taking the departed ones' share;
+    // a stall shows both survivors' logs (the stalled one's and the one
+    // that may hold its partitions).
+    let commits_of = |host: &Host| host.log().matches("batch committed").count();
+    let targets: Vec<usize> = hosts
+        .iter()
+        .zip(survivors_committed)
+        .map(|(host, before)| commits_of(host).max(before) + 2)
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while hosts.iter().zip(&targets).any(|(h, t)| commits_of(h) < *t) {
+        assert!(
+            Instant::now() < deadline,
+            "a survivor stopped committing after the scale-down\nsurvivor 0:\n{}\nsurvivor 1:\n{}",
+            hosts[0].log(),
+            hosts[1].log()
         );
+        std::thread::sleep(Duration::from_millis(100));
     }
     let pause = commits.pause(started, Instant::now());
     let produced = producing.stop();
