@@ -162,7 +162,7 @@ impl TwoOwners<'_> {
             .assign(name, &all);
         let config = sink.configure(config).write(dir.path());
         // Their logs (at `SLUICE_TEST_LOG`, warn by default) are kept in
-        // the temp directory's parent, for the failure of a looped run.
+        // the system's temp directory, for the failure of a looped run.
         let level = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
         let spawn = || crate::spawn_until_caught_up(&config, &level, Stdio::piped());
         let (a, b) = (spawn(), spawn());

@@ -884,24 +884,28 @@ async fn state_cli_shows_a_partitions_state() {
         assert_eq!(limited.lines().count(), 2, "{limited}");
         // Pages of two, each after the last key of the one before, give
         // every key once, in order.
+        let keys_of = |extra: &[&str]| -> Vec<String> {
+            let json = [extra, &["--json"]].concat();
+            state("scan", &json)
+                .lines()
+                .map(|l| {
+                    let line: serde_json::Value = serde_json::from_str(l).unwrap();
+                    line["key"].as_str().unwrap().to_string()
+                })
+                .collect()
+        };
         let (mut paged, mut after) = (Vec::new(), None::<String>);
         loop {
-            let mut extra = vec!["--limit", "2", "--json"];
+            let mut extra = vec!["--limit", "2"];
             if let Some(a) = &after {
                 extra.extend(["--after-hex", a.as_str()]);
             }
-            let page: Vec<String> = state("scan", &extra)
-                .lines()
-                .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].to_string())
-                .collect();
+            let page = keys_of(&extra);
             let Some(last) = page.last() else { break };
-            after = Some(hex::encode(serde_json::from_str::<String>(last).unwrap()));
+            after = Some(hex::encode(last));
             paged.extend(page);
         }
-        let all: Vec<String> = state("scan", &["--limit", "0", "--json"])
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["key"].to_string())
-            .collect();
+        let all = keys_of(&["--limit", "0"]);
         assert_eq!(paged, all);
         assert_eq!(
             all.len(),
