@@ -130,6 +130,24 @@ impl SinkDb {
         value
     }
 
+    /// Every partition's stored checkpoint (its next offset) by partition
+    /// number; empty before the first commit.
+    pub async fn checkpoints(&self) -> std::collections::BTreeMap<i64, i64> {
+        let sql = format!(
+            "SELECT {}, {} FROM {}",
+            self.ident("partition"),
+            self.ident("next_offset"),
+            self.table("sluice_checkpoints")
+        );
+        let pool = self.pool().await;
+        let rows: Vec<(i64, i64)> = sqlx::query_as(&sql)
+            .fetch_all(&pool)
+            .await
+            .unwrap_or_default();
+        pool.close().await;
+        rows.into_iter().collect()
+    }
+
     /// How many batches the pipelines committed (0 before the first).
     pub async fn committed_batches(&self) -> i64 {
         let sql = format!("SELECT count(*) FROM {}", self.table("sluice_batches"));

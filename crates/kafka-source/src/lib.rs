@@ -12,6 +12,7 @@
 //! consumer never does, and a range ends by consumer position (markers and
 //! aborted records included).
 
+mod departure;
 mod ownership;
 mod positions;
 mod replay;
@@ -23,6 +24,7 @@ use sluice_core::{batch, config};
 
 use crate::batch::{OwnedRecord, TopicPartition};
 use crate::config::{SourceConfig, StartPosition};
+use departure::{Departure, GroupConsumer};
 use ownership::{OwnershipContext, OwnershipEvent};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
@@ -53,7 +55,7 @@ const HOLD_AFTER: Duration = Duration::from_secs(1);
 const HOLD_POLL: Duration = Duration::from_millis(100);
 
 pub struct KafkaSource {
-    consumer: BaseConsumer<OwnershipContext>,
+    consumer: GroupConsumer,
     brokers: String,
     start: StartPosition,
     /// Where each owned partition stands.
@@ -93,8 +95,12 @@ impl KafkaSource {
                     .map_err(|e| SourceError::kafka("", e))?;
             }
         }
+        let departure = match config.leave_group_on_shutdown {
+            true => Departure::Leave,
+            false => Departure::Expire,
+        };
         Ok(KafkaSource {
-            consumer,
+            consumer: GroupConsumer::new(consumer, departure),
             brokers: config.brokers.clone(),
             start: config.start,
             cursors: Cursors::new(Caps {
@@ -174,7 +180,7 @@ impl KafkaSource {
     /// The log start and end as the last fetch response reported them (right
     /// on every broker), or, before any fetch, as ListOffsets reports them.
     fn watermarks(&self, tp: &TopicPartition) -> Option<(i64, i64)> {
-        if let Some(w) = cached_watermarks(&self.consumer, tp) {
+        if let Some(w) = cached_watermarks(&*self.consumer, tp) {
             return Some(w);
         }
         self.consumer
@@ -194,7 +200,7 @@ impl KafkaSource {
         // Moves the positions past transaction markers at the end.
         self.refresh_positions()?;
         Ok(self.cursors.started().all(|(tp, c)| {
-            cached_watermarks(&self.consumer, tp).is_some_and(|(_, high)| c.position() >= high)
+            cached_watermarks(&*self.consumer, tp).is_some_and(|(_, high)| c.position() >= high)
         }))
     }
 
@@ -218,7 +224,7 @@ impl KafkaSource {
             if let Some(p) = reported {
                 self.cursors.advance(tp, p);
             }
-            let Some((low, high)) = cached_watermarks(&self.consumer, tp) else {
+            let Some((low, high)) = cached_watermarks(&*self.consumer, tp) else {
                 continue;
             };
             let idle_at = self.cursors.get(tp).and_then(|c| c.idle_at());
@@ -357,7 +363,7 @@ impl Source for KafkaSource {
         // meanwhile is new, paused until its checkpoint is read.
         let still_started = self.started_list();
         match self.consumer.resume(&still_started) {
-            Ok(()) => wake_fetcher(&self.consumer, &still_started),
+            Ok(()) => wake_fetcher(&*self.consumer, &still_started),
             Err(e) => {
                 self.held_error
                     .get_or_insert(SourceError::kafka("resume after the commit", e));
@@ -369,7 +375,7 @@ impl Source for KafkaSource {
     /// started) and the log end the last fetch reported (`None` before any).
     fn progress(&self) -> Vec<PartitionProgress> {
         self.cursors
-            .progress(|tp| cached_watermarks(&self.consumer, tp).map(|(_, high)| high))
+            .progress(|tp| cached_watermarks(&*self.consumer, tp).map(|(_, high)| high))
     }
 
     fn cursors(&self) -> &Cursors {
@@ -415,7 +421,7 @@ impl Source for KafkaSource {
             .seek_partitions(seeks, BROKER_TIMEOUT)
             .map_err(|e| SourceError::kafka("seek to the checkpoints", e))?;
         self.consumer.resume(&all).map_err(kafka)?;
-        wake_fetcher(&self.consumer, &all);
+        wake_fetcher(&*self.consumer, &all);
         for (tp, from) in froms {
             self.cursors.start(tp, from);
             self.beyond_end_since.remove(tp);

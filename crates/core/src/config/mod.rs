@@ -201,6 +201,20 @@ pub struct SourceConfig {
     /// membership).
     #[serde(default)]
     pub instance_id: Option<String>,
+    /// Whether a stopping instance leaves the consumer group (Kafka's
+    /// LeaveGroup), so the others take its partitions over at once; when
+    /// false, the group notices after `session.timeout.ms` (10 s by
+    /// default) instead, as for an instance that crashed. Only dynamic
+    /// members leave: a static one (`instance_id`) never does, as Kafka
+    /// has it. Set it to false on Tansu (v0.6.0) with several dynamic
+    /// instances: a group's leader that leaves while the group rebalances
+    /// wedges the group there for good (docs/kafka.md). Default: true.
+    #[serde(default = "default_leave_group_on_shutdown")]
+    pub leave_group_on_shutdown: bool,
+}
+
+fn default_leave_group_on_shutdown() -> bool {
+    true
 }
 
 impl SourceConfig {
