@@ -68,12 +68,14 @@ async fn aborted_records_in_the_middle_and_range_ending_on_a_marker() {
     assert_contiguous_lineage(&pool, "gap-middle").await;
 }
 
-/// `verify` of two batches that are not one after the other: reading the
-/// first runs past its range and pauses the partition, and the second
-/// starts past where that read stopped, a seek into the paused partition
-/// (as an aborted lineage entry on Kafka, or a selection, makes one). This
-/// read nothing more until the read limit and failed with "could not read
-/// back".
+/// `verify` of two batches that are not one after the other (as a
+/// selection, or an aborted lineage entry on Kafka, makes them). Before the
+/// replay read ahead, reading the first paused the partition past its
+/// range and the second was a seek into the paused partition, which read
+/// nothing more until the read limit and failed with "could not read
+/// back"; now the first read keeps reading ahead and the second is served
+/// from what it kept (the seek into a paused partition is left for topics
+/// larger than the read-ahead).
 #[tokio::test(flavor = "multi_thread")]
 async fn verify_reads_batches_that_are_not_contiguous() {
     let brokers = shared_broker();

@@ -143,6 +143,7 @@ pub async fn shadow(args: Shadow) -> anyhow::Result<()> {
     let config = sluice::backends::load(&config)?;
     let component = std::fs::read(&module)
         .with_context(|| format!("cannot read module {}", module.display()))?;
+    let candidate = sluice::replay::ModuleVersion::new(component, params);
     let keys = sluice::backends::target_keys(&config)?;
     let mut replayer = sluice::replay::Replayer::open(&config).await?;
     let selection = sluice::replay::Selection {
@@ -160,10 +161,10 @@ pub async fn shadow(args: Shadow) -> anyhow::Result<()> {
     let (mut dead_recorded, mut dead_candidate) = (0, 0);
     for batch in &batches {
         let recorded = replayer.rerun_recorded(batch).await?;
-        let candidate = replayer.rerun(batch, &component, &params).await?;
+        let candidate_output = replayer.rerun(batch, &candidate).await?;
         dead_recorded += recorded.dead_letters.len();
-        dead_candidate += candidate.dead_letters.len();
-        for d in sluice::replay::diff_outputs(&recorded.output, &candidate.output, &keys) {
+        dead_candidate += candidate_output.dead_letters.len();
+        for d in sluice::replay::diff_outputs(&recorded.output, &candidate_output.output, &keys) {
             totals.entry(d.target.clone()).or_default().absorb(d);
         }
         bar.step(recorded.records.len());

@@ -74,6 +74,26 @@ impl Verdict {
     }
 }
 
+/// A module version to replay with: its bytes and params, each hashed
+/// once (a Python or JavaScript component is tens of MiB).
+pub struct ModuleVersion {
+    component: Vec<u8>,
+    module_digest: String,
+    params: String,
+    params_digest: String,
+}
+
+impl ModuleVersion {
+    pub fn new(component: Vec<u8>, params: String) -> ModuleVersion {
+        ModuleVersion {
+            module_digest: sha256_hex(&component),
+            params_digest: sha256_hex(params.as_bytes()),
+            component,
+            params,
+        }
+    }
+}
+
 /// Replays one pipeline's committed batches.
 pub struct Replayer {
     config: PipelineConfig,
@@ -87,6 +107,9 @@ pub struct Replayer {
     runtimes: HashMap<ReplaySettings, Arc<Runtime>>,
     /// Loaded versions by (module digest, params digest, settings).
     preparers: HashMap<(String, String, ReplaySettings), Arc<Preparer<WasmTransform>>>,
+    /// Recorded versions by (module digest, params digest), read from the
+    /// module store once.
+    recorded: HashMap<(String, String), Arc<ModuleVersion>>,
 }
 
 impl Replayer {
@@ -106,6 +129,7 @@ impl Replayer {
             limits: Limits::from_config(&config.limits),
             runtimes: HashMap::new(),
             preparers: HashMap::new(),
+            recorded: HashMap::new(),
         })
     }
 
@@ -170,6 +194,19 @@ impl Replayer {
     /// The recorded version's output of `batch`, replayed: the module and
     /// params its lineage row names, from the module store.
     pub async fn rerun_recorded(&mut self, batch: &CommittedBatch) -> Result<Batch, ReplayError> {
+        let version = self.recorded_version(batch).await?;
+        self.rerun(batch, &version).await
+    }
+
+    /// The module and params `batch`'s lineage row names.
+    async fn recorded_version(
+        &mut self,
+        batch: &CommittedBatch,
+    ) -> Result<Arc<ModuleVersion>, ReplayError> {
+        let key = (batch.module_digest.clone(), batch.params_digest.clone());
+        if let Some(version) = self.recorded.get(&key) {
+            return Ok(Arc::clone(version));
+        }
         let params = self
             .store
             .params_for(&self.config.pipeline, &batch.params_digest)
@@ -182,23 +219,24 @@ impl Replayer {
                 ),
             })?;
         let component = self.store.get(&batch.module_digest).await?;
-        self.rerun(batch, &component, &params).await
+        let version = Arc::new(ModuleVersion::new(component, params));
+        self.recorded.insert(key, Arc::clone(&version));
+        Ok(version)
     }
 
-    /// Runs the records of `batch`'s ranges through `component` with
-    /// `params`, under the batch's own plan (id, time, seed).
+    /// Runs the records of `batch`'s ranges through `version`, under the
+    /// batch's own plan (id, time, seed).
     pub async fn rerun(
         &mut self,
         batch: &CommittedBatch,
-        component: &[u8],
-        params: &str,
+        version: &ModuleVersion,
     ) -> Result<Batch, ReplayError> {
         let settings = self.settings_for(batch);
-        let preparer = self.preparer(component, params, settings)?;
+        let preparer = self.preparer(version, settings)?;
         let plan = Plan::new(
             &self.config.pipeline,
             batch.ranges.clone(),
-            &sha256_hex(component),
+            &version.module_digest,
             preparer.params_digest(),
             batch.batch_time_ms,
         );
@@ -238,13 +276,12 @@ impl Replayer {
 
     fn preparer(
         &mut self,
-        component: &[u8],
-        params: &str,
+        version: &ModuleVersion,
         settings: ReplaySettings,
     ) -> Result<Arc<Preparer<WasmTransform>>, ReplayError> {
         let key = (
-            sha256_hex(component),
-            sha256_hex(params.as_bytes()),
+            version.module_digest.clone(),
+            version.params_digest.clone(),
             settings.clone(),
         );
         if let Some(p) = self.preparers.get(&key) {
@@ -256,10 +293,10 @@ impl Replayer {
         };
         let runtime = self.runtime(&settings).map_err(|e| module_err(e.into()))?;
         let module = tokio::task::block_in_place(|| {
-            runtime.load(component, self.config.module.cache_dir.as_deref())
+            runtime.load(&version.component, self.config.module.cache_dir.as_deref())
         })
         .map_err(|e| module_err(e.into()))?;
-        let transform = WasmTransform::new(runtime, module, params.to_string())
+        let transform = WasmTransform::new(runtime, module, version.params.clone())
             .map_err(|e| module_err(e.into()))?;
         let preparer = Arc::new(
             Preparer::new(self.config.pipeline.clone(), settings.on_poison, transform)
