@@ -2,7 +2,8 @@
 //! `redis-server` with an append-only file, `appendfsync always`): exactly
 //! once across SIGKILLs, two owners of one partition, Redis itself killed
 //! and restarted, a lost script reply, the module lifecycle, the
-//! at-least-once (idempotent) mode and bad configs. Results are compared
+//! at-least-once (idempotent) mode, dead letters kept by count and bad
+//! configs. Results are compared
 //! with an independent `read_committed` read of the input.
 
 use redis::Commands;
@@ -419,4 +420,72 @@ async fn bad_redis_configs_are_refused_and_write_nothing() {
         ["counts", "sluice_modules", "sluice_versions:rwrong"],
         "something was written"
     );
+}
+
+/// Dead letters are kept by count (`sink.dead_letters_keep`): a module that
+/// rejects every fifth record leaves the newest `keep` in the list, the
+/// oldest trimmed in the commits that added more; the rows of the others
+/// all land.
+#[tokio::test(flavor = "multi_thread")]
+async fn dead_letters_are_trimmed_to_the_newest_kept() {
+    let brokers = shared_broker();
+    let topic = "redis-dead-keep";
+    create_topic(brokers, topic, 2);
+    let numbers: Vec<Produce> = (1..=200)
+        .map(|n| Produce {
+            partition: n % 2,
+            key: None,
+            value: n.to_string(),
+        })
+        .collect();
+    produce(brokers, topic, &numbers);
+    let redis = RedisServer::start("dead-keep");
+    let dir = TempDir::new(topic);
+    let numbers_target = Target::new("numbers")
+        .column("n", "integer")
+        .column("partition", "integer")
+        .column("offset", "integer")
+        .column("timestamp", "integer")
+        .redis(&[
+            ("command", "hset".into()),
+            ("key", "numbers".into()),
+            ("field", "{n}".into()),
+            ("value", "{offset}".into()),
+        ]);
+    let config = PipelineToml::new("rdeadkeep", brokers, &[topic], &plugin("picky"))
+        .max_records_per_partition(20)
+        .module_param("reject_multiples_of", 5)
+        .sink_url(&redis.url())
+        .sink("dead_letters_keep", 15)
+        .target(numbers_target)
+        .write(dir.path());
+    run_ok(&config);
+    let mut conn = redis.conn();
+    let landed: BTreeMap<i64, i64> = conn.hgetall("numbers").unwrap();
+    assert_eq!(landed.len(), 160, "every number not a multiple of 5");
+    let kept: Vec<String> = conn.lrange("sluice_dead_letters:rdeadkeep", 0, -1).unwrap();
+    assert_eq!(kept.len(), 15, "{kept:?}");
+    // Every dead letter was a multiple of 5; those kept are the newest of
+    // each partition (its offsets only grow from commit to commit).
+    let all: Vec<(i32, i64)> = read_committed(brokers, topic, 2)
+        .into_iter()
+        .filter(|s| s.value.parse::<i64>().unwrap() % 5 == 0)
+        .map(|s| (s.partition, s.offset))
+        .collect();
+    for p in 0..2 {
+        let mut of_p: Vec<i64> = kept
+            .iter()
+            .map(|k| serde_json::from_str::<serde_json::Value>(k).unwrap())
+            .filter(|v| v["partition"].as_i64() == Some(p as i64))
+            .map(|v| v["offset"].as_i64().unwrap())
+            .collect();
+        of_p.sort();
+        let mut newest: Vec<i64> = all.iter().filter(|d| d.0 == p).map(|d| d.1).collect();
+        newest.sort();
+        let newest = newest.split_off(newest.len() - of_p.len());
+        assert_eq!(
+            of_p, newest,
+            "partition {p}: the newest dead letters are kept"
+        );
+    }
 }

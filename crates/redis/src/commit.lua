@@ -31,6 +31,7 @@ for _ = 1, tonumber(take()) do
 end
 local lineage = take()
 local keep = tonumber(take())
+local dead_keep = tonumber(take())
 local n_dead = tonumber(take())
 local dead_at = at
 at = at + n_dead
@@ -75,6 +76,9 @@ if lineage ~= '' then
 end
 for i = dead_at, dead_at + n_dead - 1 do
   redis.call('RPUSH', KEYS[3], ARGV[i])
+end
+if n_dead > 0 then
+  redis.call('LTRIM', KEYS[3], -dead_keep, -1)
 end
 for _ = 1, tonumber(take()) do
   local op = take()

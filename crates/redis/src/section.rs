@@ -1,4 +1,4 @@
-//! The Redis sink's own fields: `lineage_keep` in `[sink]`, and in each
+//! The Redis sink's own fields: `lineage_keep` and `dead_letters_keep` in `[sink]`, and in each
 //! target the commands its rows run (`[[sink.targets.redis]]`). Read here;
 //! the rules over them are checked where the commands are compiled, once
 //! (`render.rs`), so what the config check accepts is what the sink runs.
@@ -24,6 +24,12 @@ pub struct RedisSinkFields {
     /// only these). Default 100000, at least 1. SQL sinks keep all.
     #[serde(default)]
     pub lineage_keep: Option<Bounded<1>>,
+    /// How many dead letters are kept per pipeline (the oldest are trimmed
+    /// in the commit that adds one, so a module that fails every record
+    /// cannot fill the server). Default 100000, at least 1. SQL sinks keep
+    /// all.
+    #[serde(default)]
+    pub dead_letters_keep: Option<Bounded<1>>,
 }
 
 /// A Redis target's own fields.
@@ -38,6 +44,9 @@ pub struct RedisTargetFields {
 
 /// Lineage entries kept per pipeline when `sink.lineage_keep` is unset.
 pub const DEFAULT_LINEAGE_KEEP: u64 = 100_000;
+
+/// Dead letters kept per pipeline when `sink.dead_letters_keep` is unset.
+pub const DEFAULT_DEAD_LETTERS_KEEP: u64 = 100_000;
 
 impl KindSection for RedisSection {
     const FOR: &'static str = "Redis sinks";
@@ -60,6 +69,9 @@ impl RedisSinkFields {
         if let Some(keep) = fields.lineage_keep {
             keep.check("sink.lineage_keep")?;
         }
+        if let Some(keep) = fields.dead_letters_keep {
+            keep.check("sink.dead_letters_keep")?;
+        }
         Ok(fields)
     }
 
@@ -67,6 +79,12 @@ impl RedisSinkFields {
     pub fn lineage_keep(&self) -> u64 {
         self.lineage_keep
             .map_or(DEFAULT_LINEAGE_KEEP, |keep| keep.get())
+    }
+
+    /// Dead letters kept per pipeline.
+    pub fn dead_letters_keep(&self) -> u64 {
+        self.dead_letters_keep
+            .map_or(DEFAULT_DEAD_LETTERS_KEEP, |keep| keep.get())
     }
 }
 

@@ -64,6 +64,7 @@ pub struct RedisSink {
     targets: HashMap<String, CompiledTarget>,
     guarantee: Guarantee,
     lineage_keep: u64,
+    dead_letters_keep: u64,
     script: redis::Script,
 }
 
@@ -78,7 +79,7 @@ pub async fn open_with(
     store: &StoreConnection,
     writes: Writes<'_>,
 ) -> Result<RedisSink, SinkError> {
-    let lineage_keep = RedisSinkFields::of(store)?.lineage_keep();
+    let fields = RedisSinkFields::of(store)?;
     let targets = writes
         .targets
         .iter()
@@ -96,7 +97,8 @@ pub async fn open_with(
         prefix: store.table_prefix.clone(),
         targets,
         guarantee: writes.guarantee,
-        lineage_keep,
+        lineage_keep: fields.lineage_keep(),
+        dead_letters_keep: fields.dead_letters_keep(),
         script: redis::Script::new(include_str!("commit.lua")),
     };
     if writes.guarantee == Guarantee::AtLeastOnce {
@@ -146,7 +148,8 @@ impl RedisSink {
                 .arg(r.until);
         }
         call.arg(LineageEntry::of(c).to_json())
-            .arg(self.lineage_keep);
+            .arg(self.lineage_keep)
+            .arg(self.dead_letters_keep);
         let dead = dead_letters(c);
         call.arg(dead.len());
         for d in &dead {
@@ -165,7 +168,7 @@ impl RedisSink {
         for a in &state.args {
             call.arg(a.as_slice());
         }
-        let arguments = 7
+        let arguments = 8
             + 3 * c.plan.ranges.len()
             + dead.len()
             + checks.len()

@@ -53,7 +53,9 @@ async fn main() {
     );
     let dir = TempDir::new("bench-verify");
     println!("{records} records over {PARTITIONS} partitions; identity into SQLite");
-    println!("| round | records per partition per batch | batches | steady state | verify | verify / steady |");
+    println!(
+        "| round | records per partition per batch | batches | steady state | verify | verify / steady |"
+    );
     println!("|---|---|---|---|---|---|");
     for round in 0..rounds {
         for size in BATCH_SIZES {
