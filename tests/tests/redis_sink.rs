@@ -3,8 +3,8 @@
 //! once across SIGKILLs, two owners of one partition, Redis itself killed
 //! and restarted, a lost script reply, the module lifecycle, the
 //! at-least-once (idempotent) mode, dead letters kept by count and bad
-//! configs. Results are compared
-//! with an independent `read_committed` read of the input.
+//! configs. Results are compared with an independent `read_committed` read
+//! of the input.
 
 use redis::Commands;
 use sluice_tests::proxy::FaultProxy;
