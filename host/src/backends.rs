@@ -25,11 +25,11 @@ use crate::sink::redis::RedisSection;
 use crate::sink::sql::section::{SqlSection, SqlTargetFields};
 use crate::sink::stdout::{StdoutFormat, StdoutSection, StdoutSink};
 use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, redis, sqlite};
-use sluice_core::dead_letters::Redrive;
+use sluice_core::dead_letters::{DeadLetterReader, Redrive};
 use sluice_core::state::StateStore;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
 use sluice_kafka_sink::{KafkaLineage, KafkaStateStore};
-use sluice_redis::{RedisLineage, RedisModuleStore, RedisStateStore};
+use sluice_redis::{RedisDeadLetters, RedisLineage, RedisModuleStore, RedisStateStore};
 use sluice_sql::{SqlDeadLetters, SqlLineage, SqlModuleStore, SqlStateStore};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -215,22 +215,28 @@ pub(crate) async fn with_sql_sink<W: WithSqlSink>(
     })
 }
 
-/// The stored dead letters of `config`'s pipeline (SQL sinks only), read
+/// The stored dead letters of `config`'s pipeline (SQL and Redis sinks), read
 /// after the sink brought its tables up to this version's columns.
-pub(crate) async fn dead_letters(config: &PipelineConfig) -> Result<SqlDeadLetters, SinkError> {
+pub(crate) async fn dead_letters(
+    config: &PipelineConfig,
+) -> Result<Box<dyn DeadLetterReader>, SinkError> {
+    if config.sink.kind()? == SinkKind::Redis {
+        let store = config.sink.store();
+        return Ok(Box::new(RedisDeadLetters::open(&store).await?));
+    }
     match sql_kind(config)? {
         SinkKind::Sqlite => drop(sqlite::open(&config.sink).await?),
         SinkKind::Postgres => drop(postgres::open(&config.sink).await?),
         _ => drop(mysql::open(&config.sink).await?),
     }
-    SqlDeadLetters::open(&config.sink.store()).await
+    Ok(Box::new(SqlDeadLetters::open(&config.sink.store()).await?))
 }
 
 fn sql_kind(config: &PipelineConfig) -> Result<SinkKind, SinkError> {
     let kind = config.sink.kind()?;
     if !kind.is_sql() {
         return Err(SinkError::Config(format!(
-            "dead letters are listed and redriven in SQL sinks only; this pipeline's sink is {}",
+            "dead letters are redriven in SQL sinks only (listed in SQL and Redis sinks); this pipeline's sink is {}",
             kind.as_str()
         )));
     }

@@ -354,7 +354,8 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
 }
 
 /// What the commands refuse, with a clear error: a sink that keeps no
-/// dead-letter table, an unknown kind, a redrive that names neither a
+/// dead letters, a redrive on Redis (listed there, not redriven), an
+/// unknown kind, a redrive that names neither a
 /// batch nor `--all`, a record that is not TOPIC:PARTITION:OFFSET.
 #[test]
 fn dead_letter_commands_refuse_what_they_cannot_do() {
@@ -373,14 +374,22 @@ fn dead_letter_commands_refuse_what_they_cannot_do() {
         assert!(!out.status.success(), "{args:?} succeeded");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
+    let stdout = dir.path().join("stdout.toml");
+    let printed = PipelineToml::new("dl-refusals", "127.0.0.1:1", &["t"], &plugin("picky"))
+        .sink_url("stdout://")
+        .target(Target::new("numbers").column("n", "integer"));
+    std::fs::write(&stdout, printed.to_string()).unwrap();
     let redis_arg = redis.to_str().unwrap();
-    let e = fails(&["dead-letters", "list", redis_arg]);
+    let e = fails(&["dead-letters", "list", stdout.to_str().unwrap()]);
     assert!(
-        e.contains("SQL sinks only; this pipeline's sink is redis"),
+        e.contains("(listed in SQL and Redis sinks); this pipeline's sink is stdout"),
         "{e}"
     );
     let e = fails(&["dead-letters", "redrive", redis_arg, "--all"]);
-    assert!(e.contains("SQL sinks only"), "{e}");
+    assert!(
+        e.contains("redriven in SQL sinks only") && e.contains("sink is redis"),
+        "{e}"
+    );
     let e = fails(&["dead-letters", "list", redis_arg, "--kind", "bogus"]);
     assert!(e.contains("expected one of rejected, trap"), "{e}");
     let e = fails(&["dead-letters", "redrive", redis_arg]);

@@ -4,12 +4,14 @@
 //! - `sink`: commits a batch by one script (exactly-once) or pipelined
 //!   idempotent commands then a script (at-least-once); the delivery
 //!   guarantee is stated there.
-//! - `section`: the sink's own config fields (`lineage_keep`, the
-//!   targets' commands); `template`: the `{column}` templates they use.
+//! - `section`: the sink's own config fields (`lineage_keep`,
+//!   `dead_letters_keep`, the targets' commands); `template`: the
+//!   `{column}` templates they use.
 //! - `render`: rows to commands, through the targets' templates; it
 //!   compiles a target's commands and checks their rules, once.
 //! - `store`: the module store (components, activations).
 //! - `lineage`: committed batches, for `verify` and `shadow`.
+//! - `dead_letters`: the stored dead letters, for `dead-letters list|show`.
 //! - `state`: keyed state (a hash per partition), read back for the cache.
 //! - `connect`: connections, error kinds, sluice's key names.
 //!
@@ -18,6 +20,7 @@
 //! from data).
 
 mod connect;
+mod dead_letters;
 mod lineage;
 mod render;
 pub mod section;
@@ -27,6 +30,7 @@ mod store;
 mod template;
 
 pub use connect::StateKeys;
+pub use dead_letters::RedisDeadLetters;
 pub use lineage::RedisLineage;
 pub use section::{DEFAULT_LINEAGE_KEEP, RedisSection};
 pub use sink::{MAX_SCRIPT_ARGUMENTS, RedisSink, open, open_with};

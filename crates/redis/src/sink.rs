@@ -281,6 +281,7 @@ fn dead_letters(c: &Commit<'_>) -> Vec<String> {
                 "topic": r.topic,
                 "partition": r.partition,
                 "offset": r.offset,
+                "timestamp": r.timestamp,
                 "kind": d.kind.as_str(),
                 "reason": d.reason,
             });

@@ -1,0 +1,141 @@
+//! Dead letters on Redis, read back for `sluice dead-letters list|show`:
+//! the list `<prefix>dead_letters:<pipeline>` (one JSON entry each, written
+//! by the commit script, trimmed there to `sink.dead_letters_keep`), with
+//! each batch's times from its lineage entry while that is kept.
+//!
+//! It must not write: entries are written and trimmed only by the commit
+//! script. (A redrive needs the removal of the dead letters in the commit
+//! that lands their rows; the commit script does not do that yet, so Redis
+//! dead letters are not redriven.)
+
+use crate::connect::{StateKeys, connect, sink_err};
+use crate::lineage::RedisLineage;
+use redis::aio::ConnectionManager;
+use sluice_core::config::StoreConnection;
+use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredDeadLetter};
+use sluice_core::sink::SinkError;
+use sluice_core::store::{LineageStore, Selection};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Reads a pipeline's dead letters from a Redis sink.
+pub struct RedisDeadLetters {
+    conn: ConnectionManager,
+    prefix: String,
+    lineage: RedisLineage,
+}
+
+impl RedisDeadLetters {
+    pub async fn open(sink: &StoreConnection) -> Result<RedisDeadLetters, SinkError> {
+        Ok(RedisDeadLetters {
+            conn: connect(&sink.url, Duration::from_millis(sink.lock_timeout_ms)).await?,
+            prefix: sink.table_prefix.clone(),
+            lineage: RedisLineage::open(sink).await?,
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl DeadLetterReader for RedisDeadLetters {
+    async fn list(
+        &self,
+        pipeline: &str,
+        filter: &DeadLetterFilter,
+    ) -> Result<Vec<StoredDeadLetter>, SinkError> {
+        let keys = StateKeys::new(&self.prefix, pipeline);
+        let mut conn = self.conn.clone();
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(&keys.dead_letters)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .map_err(|e| sink_err("reading the dead letters", e))?;
+        let times: HashMap<String, (i64, i64)> = self
+            .lineage
+            .batches(pipeline, &Selection::default())
+            .await
+            .map_err(|e| SinkError::database("reading the lineage", e))?
+            .into_iter()
+            .map(|b| (b.batch_id, (b.batch_time_ms, b.committed_at_ms)))
+            .collect();
+        let mut letters = Vec::new();
+        for entry in &entries {
+            let mut d = parse(entry).map_err(|why| {
+                SinkError::database(
+                    format!(
+                        "a dead letter in `{}` is not one sluice wrote",
+                        keys.dead_letters
+                    ),
+                    why,
+                )
+            })?;
+            if let Some((batch_time, committed_at)) = times.get(&d.batch_id) {
+                d.batch_time_ms = Some(*batch_time);
+                d.committed_at_ms = Some(*committed_at);
+            }
+            if filter.keeps(&d) {
+                letters.push(d);
+            }
+        }
+        letters.sort_by_key(StoredDeadLetter::key);
+        Ok(letters)
+    }
+}
+
+/// One entry as the commit script stores it (`sink.rs`: key and value as
+/// text, or hex when not UTF-8; no record time before it was kept).
+fn parse(entry: &str) -> Result<StoredDeadLetter, String> {
+    let v: serde_json::Value = serde_json::from_str(entry).map_err(|e| e.to_string())?;
+    let text = |name: &str| {
+        v[name]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("no `{name}`"))
+    };
+    let int = |name: &str| v[name].as_i64().ok_or_else(|| format!("no `{name}`"));
+    let bytes = |name: &str| -> Result<Option<Vec<u8>>, String> {
+        match (v[name].as_str(), v[format!("{name}_hex")].as_str()) {
+            (Some(t), _) => Ok(Some(t.as_bytes().to_vec())),
+            (None, Some(h)) => hex::decode(h).map(Some).map_err(|e| e.to_string()),
+            (None, None) => Ok(None),
+        }
+    };
+    Ok(StoredDeadLetter {
+        batch_id: text("batch_id")?,
+        topic: text("topic")?,
+        partition: i32::try_from(int("partition")?).map_err(|e| e.to_string())?,
+        offset: int("offset")?,
+        timestamp: v["timestamp"].as_i64().unwrap_or(-1),
+        key: bytes("key")?,
+        value: bytes("value")?,
+        kind: text("kind")?,
+        reason: text("reason")?,
+        batch_time_ms: None,
+        committed_at_ms: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_read_back_as_written_text_or_hex() {
+        let d = parse(
+            r#"{"batch_id":"b1","topic":"t:x","partition":3,"offset":42,"timestamp":7,
+                "kind":"trap","reason":"boom","key":"k","value_hex":"ff00"}"#,
+        )
+        .unwrap();
+        assert_eq!((d.topic.as_str(), d.partition, d.offset), ("t:x", 3, 42));
+        assert_eq!(d.timestamp, 7);
+        assert_eq!(d.key.as_deref(), Some(&b"k"[..]));
+        assert_eq!(d.value.as_deref(), Some(&[0xff, 0x00][..]));
+        let old = parse(
+            r#"{"batch_id":"b","topic":"t","partition":0,"offset":1,"kind":"rejected","reason":"r"}"#,
+        )
+        .unwrap();
+        assert_eq!((old.timestamp, old.key, old.value), (-1, None, None));
+        assert!(parse(r#"{"topic":"t"}"#).unwrap_err().contains("batch_id"));
+    }
+}
