@@ -172,11 +172,16 @@ impl RangeReader {
                 resume.add_partition(&tp.topic, tp.partition);
             }
         }
-        if resume.count() > 0 {
+        self.resume(&resume)
+    }
+
+    /// Resumes `partitions` and wakes the fetcher for them.
+    fn resume(&self, partitions: &TopicPartitionList) -> Result<(), SourceError> {
+        if partitions.count() > 0 {
             self.consumer
-                .resume(&resume)
+                .resume(partitions)
                 .map_err(|e| SourceError::kafka("", e))?;
-            wake_fetcher(&self.consumer, &resume);
+            wake_fetcher(&self.consumer, partitions);
         }
         Ok(())
     }
@@ -239,11 +244,7 @@ impl RangeReader {
                 resume.add_partition(&r.topic, r.partition);
             }
         }
-        if resume.count() > 0 {
-            self.consumer.resume(&resume).map_err(kafka)?;
-            wake_fetcher(&self.consumer, &resume);
-        }
-        Ok(())
+        self.resume(&resume)
     }
 
     /// Polls until every range's partition has been read past its `until`.
