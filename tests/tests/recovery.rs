@@ -595,7 +595,7 @@ fn broker_defect_a_departed_static_member_is_never_expired() {
 /// the leader leaves before it rejoins: the one member left is never
 /// assigned anything in 20 s. When this fails the broker is fixed: the
 /// default `leave_group_on_shutdown = true` is then safe on it too
-/// (docs/kafka.md).
+/// (docs/operations.md).
 #[test]
 fn broker_defect_a_leader_leaving_a_rebalance_wedges_the_group() {
     use rdkafka::consumer::Consumer;

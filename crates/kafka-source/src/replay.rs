@@ -388,9 +388,13 @@ fn keep(cursors: &mut BTreeMap<TopicPartition, Cursor>, m: &rdkafka::message::Bo
     c.push(owned(m));
 }
 
-/// What a kept record weighs against [`READ_AHEAD_BYTES`].
+/// What a kept record weighs against [`READ_AHEAD_BYTES`]: its bytes and
+/// [`RECORD_OVERHEAD`] (a topic of tiny records must not hold millions).
 fn size(r: &OwnedRecord) -> usize {
     let bytes = |b: &Option<Vec<u8>>| b.as_ref().map_or(0, Vec::len);
     let headers: usize = r.headers.iter().map(|(k, v)| k.len() + bytes(v)).sum();
-    bytes(&r.key) + bytes(&r.value) + headers
+    RECORD_OVERHEAD + bytes(&r.key) + bytes(&r.value) + headers
 }
+
+/// A kept record's cost beyond its bytes: the struct and its allocations.
+const RECORD_OVERHEAD: usize = std::mem::size_of::<OwnedRecord>() + 48;

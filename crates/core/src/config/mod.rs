@@ -208,7 +208,8 @@ pub struct SourceConfig {
     /// members leave: a static one (`instance_id`) never does, as Kafka
     /// has it. Set it to false on Tansu (v0.6.0) with several dynamic
     /// instances: a group's leader that leaves while the group rebalances
-    /// wedges the group there for good (docs/kafka.md). Default: true.
+    /// wedges the group there for good (docs/operations.md, "Leaving the
+    /// group on shutdown"). Default: true.
     #[serde(default = "default_leave_group_on_shutdown")]
     pub leave_group_on_shutdown: bool,
 }
