@@ -1,6 +1,7 @@
 //! What the benchmark binaries share: the raw-consume baseline, the
-//! pipeline's steady-state rate read from its lineage, and the offset
-//! commit of the hand-written jobs (`handwritten-*`).
+//! pipeline's steady-state rate read from its lineage, the offset commit
+//! of the hand-written jobs (`handwritten-*`), and a whole `sluice verify`
+//! timed from spawn to exit (a command a user runs, not the pipeline).
 //!
 //! Both leave start-up out (client creation and group join on one side, the
 //! first batch on the other), so the ratios compare steady states. It must
@@ -9,7 +10,29 @@
 use crate::sinks::SinkDb;
 use crate::{Produce, committed_reader, read_consumed};
 use rdkafka::error::KafkaError;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+/// `sluice verify` over every batch of `config`'s pipeline, which must
+/// match them all; its time from spawn to exit.
+pub fn verify(config: &Path) -> Duration {
+    let started = Instant::now();
+    let out = Command::new(crate::sluice_bin())
+        .arg("verify")
+        .arg(config)
+        .env("SLUICE_LOG", "warn")
+        .output()
+        .expect("run sluice verify");
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(", 0 differ"),
+        "sluice verify failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    took
+}
 
 /// The benchmarks' input: `records` JSON purchase events of ~76 bytes with
 /// 12-byte keys, round-robin over `partitions`.

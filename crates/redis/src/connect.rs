@@ -26,6 +26,17 @@ pub async fn connect(url: &str, timeout: Duration) -> Result<ConnectionManager, 
         .map_err(cannot)
 }
 
+/// Every element of the list `key` (LRANGE 0 -1), oldest first.
+pub async fn whole_list(conn: &ConnectionManager, key: &str) -> Result<Vec<String>, RedisError> {
+    let mut conn = conn.clone();
+    redis::cmd("LRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+}
+
 /// True if the request never reached Redis or Redis refused it for now
 /// (loading, busy with a script): nothing was done, try again.
 fn is_outage(e: &RedisError) -> bool {

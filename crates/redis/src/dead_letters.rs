@@ -1,19 +1,20 @@
-//! Dead letters on Redis, read back for `sluice dead-letters list|show`:
-//! the list `<prefix>dead_letters:<pipeline>` (one JSON entry each, written
-//! by the commit script, trimmed there to `sink.dead_letters_keep`), with
-//! each batch's times from its lineage entry while that is kept.
+//! Dead letters on Redis: the list `<prefix>dead_letters:<pipeline>`, one
+//! JSON entry each. Owns the entry's format: rendered here for the commit
+//! script (which pushes them, trimmed to `sink.dead_letters_keep`), and
+//! parsed back for `sluice dead-letters list|show`, with each batch's times
+//! from its lineage entry while that is kept.
 //!
 //! It must not write: entries are written and trimmed only by the commit
 //! script. (A redrive needs the removal of the dead letters in the commit
 //! that lands their rows; the commit script does not do that yet, so Redis
 //! dead letters are not redriven.)
 
-use crate::connect::{StateKeys, connect, sink_err};
+use crate::connect::{StateKeys, connect, sink_err, whole_list};
 use crate::lineage::RedisLineage;
 use redis::aio::ConnectionManager;
 use sluice_core::config::StoreConnection;
 use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredDeadLetter};
-use sluice_core::sink::SinkError;
+use sluice_core::sink::{Commit, SinkError};
 use sluice_core::store::{LineageStore, Selection};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -27,10 +28,11 @@ pub struct RedisDeadLetters {
 
 impl RedisDeadLetters {
     pub async fn open(sink: &StoreConnection) -> Result<RedisDeadLetters, SinkError> {
+        let conn = connect(&sink.url, Duration::from_millis(sink.lock_timeout_ms)).await?;
         Ok(RedisDeadLetters {
-            conn: connect(&sink.url, Duration::from_millis(sink.lock_timeout_ms)).await?,
+            lineage: RedisLineage::on(conn.clone(), sink),
+            conn,
             prefix: sink.table_prefix.clone(),
-            lineage: RedisLineage::open(sink).await?,
         })
     }
 }
@@ -43,12 +45,7 @@ impl DeadLetterReader for RedisDeadLetters {
         filter: &DeadLetterFilter,
     ) -> Result<Vec<StoredDeadLetter>, SinkError> {
         let keys = StateKeys::new(&self.prefix, pipeline);
-        let mut conn = self.conn.clone();
-        let entries: Vec<String> = redis::cmd("LRANGE")
-            .arg(&keys.dead_letters)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
+        let entries = whole_list(&self.conn, &keys.dead_letters)
             .await
             .map_err(|e| sink_err("reading the dead letters", e))?;
         let times: HashMap<String, (i64, i64)> = self
@@ -81,6 +78,39 @@ impl DeadLetterReader for RedisDeadLetters {
         letters.sort_by_key(StoredDeadLetter::key);
         Ok(letters)
     }
+}
+
+/// The batch's dead letters as the JSON entries the commit script pushes
+/// ([`parse`] reads them back).
+pub(crate) fn entries(c: &Commit<'_>) -> Vec<String> {
+    if c.dead_letters.is_empty() {
+        return Vec::new();
+    }
+    let records: Vec<_> = c.records.iter().collect();
+    c.dead_letters
+        .iter()
+        .map(|d| {
+            let r = records[d.index];
+            let mut entry = serde_json::json!({
+                "batch_id": c.plan.batch_id,
+                "topic": r.topic,
+                "partition": r.partition,
+                "offset": r.offset,
+                "timestamp": r.timestamp,
+                "kind": d.kind.as_str(),
+                "reason": d.reason,
+            });
+            for (name, bytes) in [("key", r.key), ("value", r.value)] {
+                if let Some(b) = bytes {
+                    match std::str::from_utf8(b) {
+                        Ok(text) => entry[name] = text.into(),
+                        Err(_) => entry[format!("{name}_hex")] = hex::encode(b).into(),
+                    }
+                }
+            }
+            entry.to_string()
+        })
+        .collect()
 }
 
 /// One entry as the commit script stores it (`sink.rs`: key and value as

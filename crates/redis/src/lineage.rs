@@ -6,7 +6,7 @@
 //!
 //! It must not write: entries are written only by the commit script.
 
-use crate::connect::{StateKeys, connect, sink_err};
+use crate::connect::{StateKeys, connect, sink_err, whole_list};
 use redis::aio::ConnectionManager;
 use sluice_core::config::StoreConnection;
 use sluice_core::sink::SinkError;
@@ -23,21 +23,22 @@ pub struct RedisLineage {
 
 impl RedisLineage {
     pub async fn open(sink: &StoreConnection) -> Result<RedisLineage, SinkError> {
-        Ok(RedisLineage {
-            conn: connect(&sink.url, Duration::from_millis(sink.lock_timeout_ms)).await?,
+        let conn = connect(&sink.url, Duration::from_millis(sink.lock_timeout_ms)).await?;
+        Ok(RedisLineage::on(conn, sink))
+    }
+
+    /// Reads `sink`'s lineage through `conn`.
+    pub(crate) fn on(conn: ConnectionManager, sink: &StoreConnection) -> RedisLineage {
+        RedisLineage {
+            conn,
             prefix: sink.table_prefix.clone(),
-        })
+        }
     }
 
     /// Every lineage entry of `pipeline`, oldest first.
     async fn entries(&self, pipeline: &str) -> Result<Vec<String>, SinkError> {
         let keys = StateKeys::new(&self.prefix, pipeline);
-        let mut conn = self.conn.clone();
-        redis::cmd("LRANGE")
-            .arg(&keys.lineage)
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
+        whole_list(&self.conn, &keys.lineage)
             .await
             .map_err(|e| sink_err("reading lineage", e))
     }

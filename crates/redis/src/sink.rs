@@ -150,7 +150,7 @@ impl RedisSink {
         call.arg(LineageEntry::of(c).to_json())
             .arg(self.lineage_keep)
             .arg(self.dead_letters_keep);
-        let dead = dead_letters(c);
+        let dead = crate::dead_letters::entries(c);
         call.arg(dead.len());
         for d in &dead {
             call.arg(d);
@@ -264,38 +264,6 @@ fn outcome(reply: Vec<String>, c: &Commit<'_>) -> Result<CommitOutcome, SinkErro
             cause: None,
         }),
     }
-}
-
-/// The batch's dead letters as JSON entries.
-fn dead_letters(c: &Commit<'_>) -> Vec<String> {
-    if c.dead_letters.is_empty() {
-        return Vec::new();
-    }
-    let records: Vec<_> = c.records.iter().collect();
-    c.dead_letters
-        .iter()
-        .map(|d| {
-            let r = records[d.index];
-            let mut entry = serde_json::json!({
-                "batch_id": c.plan.batch_id,
-                "topic": r.topic,
-                "partition": r.partition,
-                "offset": r.offset,
-                "timestamp": r.timestamp,
-                "kind": d.kind.as_str(),
-                "reason": d.reason,
-            });
-            for (name, bytes) in [("key", r.key), ("value", r.value)] {
-                if let Some(b) = bytes {
-                    match std::str::from_utf8(b) {
-                        Ok(text) => entry[name] = text.into(),
-                        Err(_) => entry[format!("{name}_hex")] = hex::encode(b).into(),
-                    }
-                }
-            }
-            entry.to_string()
-        })
-        .collect()
 }
 
 impl Sink for RedisSink {

@@ -7,7 +7,7 @@
 //! It must not write lineage or checkpoints: those are the commit
 //! script's.
 
-use crate::connect::{connect, store_err};
+use crate::connect::{connect, store_err, whole_list};
 use redis::aio::ConnectionManager;
 use sluice_core::batch::{now_ms, sha256_hex};
 use sluice_core::config::StoreConnection;
@@ -156,12 +156,7 @@ impl ModuleStore for RedisModuleStore {
     }
 
     async fn history(&self, pipeline: &str) -> Result<Vec<Version>, StoreError> {
-        let mut conn = self.conn.clone();
-        let all: Vec<String> = redis::cmd("LRANGE")
-            .arg(self.versions_key(pipeline))
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
+        let all = whole_list(&self.conn, &self.versions_key(pipeline))
             .await
             .map_err(|e| store_err("reading versions", e))?;
         all.iter().map(|t| parse_version(t)).collect()

@@ -202,17 +202,6 @@ async fn assert_counts(db: &SinkDb, expected: &BTreeMap<String, i64>, what: &str
     );
 }
 
-/// `sluice verify` over every batch of `config`'s pipeline; its time.
-fn verify(config: &Path) -> Duration {
-    timed_ok(
-        Command::new(sluice_bin())
-            .arg("verify")
-            .arg(config)
-            .env("SLUICE_LOG", "warn"),
-        "sluice verify",
-    )
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -288,7 +277,7 @@ async fn main() {
                 .or_default()
                 .push(ratio);
             if mode == Mode::Assign {
-                let took = verify(&run.config);
+                let took = bench::verify(&run.config);
                 table
                     .entry("sluice verify".into())
                     .or_default()

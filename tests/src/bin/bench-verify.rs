@@ -11,32 +11,10 @@
 
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PARTITIONS: i32 = 4;
 const BATCH_SIZES: [u32; 3] = [1_000, 2_500, 10_000];
-
-/// `sluice verify` over every batch of `config`'s pipeline: its time and
-/// what it printed last.
-fn verify(config: &std::path::Path) -> (Duration, String) {
-    let started = Instant::now();
-    let out = Command::new(sluice_bin())
-        .arg("verify")
-        .arg(config)
-        .env("SLUICE_LOG", "warn")
-        .output()
-        .expect("run sluice verify");
-    let took = started.elapsed();
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "sluice verify failed: {stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let said = stdout.lines().last().unwrap_or_default().to_string();
-    (took, said)
-}
 
 #[tokio::main]
 async fn main() {
@@ -74,8 +52,7 @@ async fn main() {
                 String::from_utf8_lossy(&out.stderr)
             );
             let (steady, batches) = bench::lineage_rate(&SinkDb::Sqlite(db.clone())).await;
-            let (took, said) = verify(&config);
-            assert!(said.contains(", 0 differ"), "{said}");
+            let took = bench::verify(&config);
             let rate = records as f64 / took.as_secs_f64();
             println!(
                 "| {round} | {size} | {batches} | {steady:.0}/s | {rate:.0}/s ({:.1} s) | {:.2} |",
