@@ -262,6 +262,11 @@ mod tests {
                 None,
             ),
             (
+                "dead_letters_keep = 5",
+                command("command = \"del\"\nkey = \"k\""),
+                None,
+            ),
+            (
                 "",
                 command("command = \"lpush\"\nkey = \"k\""),
                 Some("unknown variant `lpush`"),
@@ -325,6 +330,11 @@ mod tests {
                 "lineage_keep = 0",
                 command("command = \"del\"\nkey = \"k\""),
                 Some("`sink.lineage_keep` must be at least 1"),
+            ),
+            (
+                "dead_letters_keep = 0",
+                command("command = \"del\"\nkey = \"k\""),
+                Some("`sink.dead_letters_keep` must be at least 1"),
             ),
             (
                 "",
