@@ -164,8 +164,8 @@ pub(crate) trait WithSink {
     async fn with<S: Sink>(self, sink: S) -> Self::Output;
 }
 
-/// What to do with a SQL sink, which alone can redrive dead letters.
-pub(crate) trait WithSqlSink {
+/// What to do with a sink that can redrive dead letters (SQL, Redis).
+pub(crate) trait WithRedriveSink {
     type Output;
     async fn with<S: Sink + Redrive>(self, sink: S) -> Self::Output;
 }
@@ -201,17 +201,18 @@ pub(crate) async fn with_sink<W: WithSink>(
     }
 }
 
-/// Opens the SQL sink of `config`'s pipeline (which brings its tables up
-/// to this version's columns) and hands it to `work`; other kinds are
-/// refused, since only SQL sinks keep dead letters that can be redriven.
-pub(crate) async fn with_sql_sink<W: WithSqlSink>(
+/// Opens the sink of `config`'s pipeline (a SQL sink brings its tables up
+/// to this version's columns) and hands it to `work`; kinds that keep no
+/// dead letters sluice can redrive are refused.
+pub(crate) async fn with_redrive_sink<W: WithRedriveSink>(
     config: &PipelineConfig,
     work: W,
 ) -> Result<W::Output, SinkError> {
-    Ok(match sql_kind(config)? {
+    Ok(match keeping_dead_letters(config)? {
         SinkKind::Sqlite => work.with(sqlite::open(&config.sink).await?).await,
         SinkKind::Postgres => work.with(postgres::open(&config.sink).await?).await,
-        _ => work.with(mysql::open(&config.sink).await?).await,
+        SinkKind::Mysql => work.with(mysql::open(&config.sink).await?).await,
+        _ => work.with(redis::open(&config.sink).await?).await,
     })
 }
 
@@ -220,23 +221,26 @@ pub(crate) async fn with_sql_sink<W: WithSqlSink>(
 pub(crate) async fn dead_letters(
     config: &PipelineConfig,
 ) -> Result<Box<dyn DeadLetterReader>, SinkError> {
-    if config.sink.kind()? == SinkKind::Redis {
-        let store = config.sink.store();
-        return Ok(Box::new(RedisDeadLetters::open(&store).await?));
-    }
-    match sql_kind(config)? {
+    match keeping_dead_letters(config)? {
         SinkKind::Sqlite => drop(sqlite::open(&config.sink).await?),
         SinkKind::Postgres => drop(postgres::open(&config.sink).await?),
-        _ => drop(mysql::open(&config.sink).await?),
+        SinkKind::Mysql => drop(mysql::open(&config.sink).await?),
+        _ => {
+            let store = config.sink.store();
+            return Ok(Box::new(RedisDeadLetters::open(&store).await?));
+        }
     }
     Ok(Box::new(SqlDeadLetters::open(&config.sink.store()).await?))
 }
 
-fn sql_kind(config: &PipelineConfig) -> Result<SinkKind, SinkError> {
+/// The sink's kind if it keeps dead letters sluice can list and redrive
+/// (SQL, Redis).
+fn keeping_dead_letters(config: &PipelineConfig) -> Result<SinkKind, SinkError> {
     let kind = config.sink.kind()?;
-    if !kind.is_sql() {
+    if !kind.is_sql() && kind != SinkKind::Redis {
         return Err(SinkError::Config(format!(
-            "dead letters are redriven in SQL sinks only (listed in SQL and Redis sinks); this pipeline's sink is {}",
+            "dead letters are listed and redriven in SQL and Redis sinks only; this pipeline's \
+             sink is {}",
             kind.as_str()
         )));
     }

@@ -21,7 +21,7 @@
 //! deterministic only as far as any batch does: a redrive is a new batch,
 //! run with the version active now.
 
-use crate::backends::WithSqlSink;
+use crate::backends::WithRedriveSink;
 use crate::batch::{OffsetRange, OwnedRecord, Plan, Records, now_ms, sha256_hex};
 use crate::config::PipelineConfig;
 use crate::pipeline::{Batch, PipelineError, Preparer};
@@ -29,13 +29,11 @@ use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
 use crate::sink::{Commit, Sink, SinkError};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::dead_letters::{
-    DeadLetterFilter, DeadLetterReader, REDRIVE_PREFIX, RecordKey, Redrive, RedriveOutcome,
-    StoredDeadLetter,
+    DeadLetterFilter, REDRIVE_PREFIX, RecordKey, Redrive, RedriveOutcome, StoredDeadLetter,
 };
 use sluice_core::state::NoState;
 use sluice_core::store::{StoreError, Version};
 use sluice_core::transform::Transform;
-use sluice_sql::SqlDeadLetters;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -139,17 +137,17 @@ pub async fn redrive(
         filter,
         on_batch,
     };
-    crate::backends::with_sql_sink(config, redriving).await?
+    crate::backends::with_redrive_sink(config, redriving).await?
 }
 
-/// A redrive, handed the SQL sink it commits into.
+/// A redrive, handed the sink it commits into.
 struct Redriving<'a, F> {
     config: &'a PipelineConfig,
     filter: &'a DeadLetterFilter,
     on_batch: F,
 }
 
-impl<F: FnMut(&Redriven, usize)> WithSqlSink for Redriving<'_, F> {
+impl<F: FnMut(&Redriven, usize)> WithRedriveSink for Redriving<'_, F> {
     type Output = Result<RedriveDone, RedriveError>;
     async fn with<S: Sink + Redrive>(self, sink: S) -> Self::Output {
         redrive_with(self.config, &sink, self.filter, self.on_batch).await
@@ -162,7 +160,7 @@ async fn redrive_with<S: Redrive>(
     filter: &DeadLetterFilter,
     mut on_batch: impl FnMut(&Redriven, usize),
 ) -> Result<RedriveDone, RedriveError> {
-    let reader = SqlDeadLetters::open(&config.sink.store()).await?;
+    let reader = crate::backends::dead_letters(config).await?;
     let selected = reader.list(&config.pipeline, filter).await?;
     let mut done = RedriveDone::default();
     if selected.is_empty() {

@@ -5,23 +5,26 @@
 //! Owns turning the user's choice into one offset per partition (asking
 //! Kafka) and what the user is told about the sink's rows. The move itself,
 //! and what happens to lineage and running instances, is the sink's
-//! (`sluice_sql::reset`). It must not touch target tables.
+//! (`sluice_sql::reset`, `sluice_redis::reset`). It must not touch target
+//! tables or keys.
 
 use crate::batch::TopicPartition;
-use crate::config::PipelineConfig;
+use crate::config::{KindSection, PipelineConfig};
 use crate::kafka_source::{LogPositions, ResetTo, SourceError};
-use crate::sink::SinkError;
-use crate::sink::sql::reset::{self, OnState, ResetDone};
+use crate::sink::redis::section::RedisSection;
 use crate::sink::sql::section::{SqlTargetFields, WriteMode};
+use crate::sink::{SinkError, SinkKind};
+pub use sluice_core::reset::{OnState, ResetDone};
+use sluice_redis::section::RedisCommand;
 
 /// Why a reset was refused or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ResetError {
     #[error("`--partitions` names {0}, which is not a partition of the pipeline's topics")]
     UnknownPartition(String),
-    /// Only SQL sinks' checkpoints can be moved (yet).
-    #[error("`reset` moves checkpoints of SQL sinks only; this pipeline's sink is {0}")]
-    NotSql(&'static str),
+    /// Only SQL and Redis sinks' checkpoints can be moved (yet).
+    #[error("`reset` moves checkpoints of SQL and Redis sinks only; this pipeline's sink is {0}")]
+    NotSupported(&'static str),
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error(transparent)]
@@ -38,8 +41,8 @@ pub async fn reset(
     dry_run: bool,
 ) -> Result<ResetDone, ResetError> {
     let kind = config.sink.kind()?;
-    if !kind.is_sql() {
-        return Err(ResetError::NotSql(kind.as_str()));
+    if !kind.is_sql() && kind != SinkKind::Redis {
+        return Err(ResetError::NotSupported(kind.as_str()));
     }
     let source = config.source.clone();
     let pipeline = config.pipeline.clone();
@@ -66,18 +69,63 @@ pub async fn reset(
     .await
     .expect("reset positions task")?;
     let store = config.sink.store();
-    Ok(reset::reset(&store, &config.pipeline, &targets, on_state, dry_run).await?)
+    let (pipeline, store) = (&config.pipeline, &store);
+    Ok(match kind {
+        SinkKind::Redis => {
+            sluice_redis::reset::reset(store, pipeline, &targets, on_state, dry_run).await?
+        }
+        _ => sluice_sql::reset::reset(store, pipeline, &targets, on_state, dry_run).await?,
+    })
 }
 
-/// Targets whose rows a re-run does not simply overwrite: append rows come
-/// again and accumulate targets add again, unless the user clears them.
-pub fn targets_needing_care(config: &PipelineConfig) -> Vec<(String, WriteMode)> {
-    config
-        .sink
-        .targets
-        .iter()
-        .filter_map(|t| Some((t, SqlTargetFields::of(t).ok()?)))
-        .filter(|(_, f)| matches!(f.mode, WriteMode::Append | WriteMode::Accumulate))
-        .map(|(t, f)| (f.table(t).to_string(), f.mode))
-        .collect()
+/// A target whose rows (or keys) a re-run does not simply overwrite.
+#[derive(Debug, Clone)]
+pub struct NeedsCare {
+    /// The table, or the Redis target's name.
+    pub target: String,
+    /// What re-processed records do to it.
+    pub again: Again,
+}
+
+/// What re-processed records do to a target that needs care.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Again {
+    /// Rows (or stream entries) come again.
+    Appended,
+    /// Counters and sums add again.
+    Added,
+}
+
+/// Targets whose rows a re-run does not simply overwrite, unless the user
+/// clears them: SQL append rows and Redis `xadd` entries come again, SQL
+/// accumulate targets and Redis increments add again.
+pub fn targets_needing_care(config: &PipelineConfig) -> Vec<NeedsCare> {
+    let redis = config.sink.kind().ok() == Some(SinkKind::Redis);
+    let mut care = Vec::new();
+    for t in &config.sink.targets {
+        let again = match redis {
+            true => RedisSection::target(t).ok().and_then(|f| {
+                f.redis.iter().find_map(|c| match c.command {
+                    RedisCommand::Xadd => Some(Again::Appended),
+                    RedisCommand::Incrby | RedisCommand::Hincrby | RedisCommand::Zincrby => {
+                        Some(Again::Added)
+                    }
+                    _ => None,
+                })
+            }),
+            false => SqlTargetFields::of(t).ok().and_then(|f| match f.mode {
+                WriteMode::Append => Some(Again::Appended),
+                WriteMode::Accumulate => Some(Again::Added),
+                _ => None,
+            }),
+        };
+        let target = match redis {
+            true => t.name.clone(),
+            false => SqlTargetFields::of(t).map_or(t.name.clone(), |f| f.table(t).to_string()),
+        };
+        if let Some(again) = again {
+            care.push(NeedsCare { target, again });
+        }
+    }
+    care
 }

@@ -1,7 +1,7 @@
 //! Dead letters after the fact, through the CLI of a real pipeline: listed
 //! and shown from the sink, and redriven through a fixed version exactly
 //! once, also when the redrive is SIGKILLed half-way and when two redrives
-//! run at the same time.
+//! run at the same time, in a SQL sink and in a Redis sink.
 //!
 //! The module is `tests/plugins/picky`: its first version rejects every
 //! multiple of 5 (the bug), the fix is the same module with that param off.
@@ -11,6 +11,7 @@
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
 use sluice_tests::control::{Host, cli_ok, control_port, sluice_ok};
+use sluice_tests::redis_server::RedisServer;
 use sluice_tests::{
     PipelineToml, Produce, Target, TempDir, create_topic, plugin, produce, shared_broker,
     sluice_bin, sqlite_count,
@@ -354,8 +355,7 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
 }
 
 /// What the commands refuse, with a clear error: a sink that keeps no
-/// dead letters, a redrive on Redis (listed there, not redriven), an
-/// unknown kind, a redrive that names neither a
+/// dead letters, an unknown kind, a redrive that names neither a
 /// batch nor `--all`, a record that is not TOPIC:PARTITION:OFFSET.
 #[test]
 fn dead_letter_commands_refuse_what_they_cannot_do() {
@@ -380,16 +380,17 @@ fn dead_letter_commands_refuse_what_they_cannot_do() {
         .target(Target::new("numbers").column("n", "integer"));
     std::fs::write(&stdout, printed.to_string()).unwrap();
     let redis_arg = redis.to_str().unwrap();
-    let e = fails(&["dead-letters", "list", stdout.to_str().unwrap()]);
-    assert!(
-        e.contains("(listed in SQL and Redis sinks); this pipeline's sink is stdout"),
-        "{e}"
-    );
-    let e = fails(&["dead-letters", "redrive", redis_arg, "--all"]);
-    assert!(
-        e.contains("redriven in SQL sinks only") && e.contains("sink is redis"),
-        "{e}"
-    );
+    let stdout_arg = stdout.to_str().unwrap();
+    for args in [
+        vec!["list", stdout_arg],
+        vec!["redrive", stdout_arg, "--all"],
+    ] {
+        let e = fails(&[&["dead-letters"], &args[..]].concat());
+        assert!(
+            e.contains("in SQL and Redis sinks only; this pipeline's sink is stdout"),
+            "{e}"
+        );
+    }
     let e = fails(&["dead-letters", "list", redis_arg, "--kind", "bogus"]);
     assert!(e.contains("expected one of rejected, trap"), "{e}");
     let e = fails(&["dead-letters", "redrive", redis_arg]);
@@ -398,4 +399,179 @@ fn dead_letter_commands_refuse_what_they_cannot_do() {
     assert!(e.contains("expected TOPIC:PARTITION:OFFSET"), "{e}");
     let e = fails(&["dead-letters", "list", redis_arg, "--since", "yesterday"]);
     assert!(e.contains("an age like 30m"), "{e}");
+}
+
+/// Dead letters not stored by a redrive, in a Redis sink.
+fn redis_first_run_dead_letters(redis: &RedisServer, pipeline: &str) -> usize {
+    let entries: Vec<String> = redis::Commands::lrange(
+        &mut redis.conn(),
+        format!("sluice_dead_letters:{pipeline}"),
+        0,
+        -1,
+    )
+    .unwrap();
+    entries
+        .iter()
+        .filter(|e| !e.contains("\"batch_id\":\"redrive-"))
+        .count()
+}
+
+/// The same on a Redis sink: the commit script removes the dead letters a
+/// redrive ran with its writes. The target counts each number
+/// (`HINCRBY`), so a record redriven twice would count 2. Version 1
+/// rejects multiples of 5; the fix is activated; redrives are SIGKILLed as
+/// soon as they committed part of their work, then two run at once. In the
+/// end every number counts exactly 1, only what no version can read is a
+/// dead letter (stored again by a redrive), and `verify` passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn redis_redrives_each_dead_letter_exactly_once_across_sigkill() {
+    const N: i64 = 600;
+    let topic = "dl-redrive-redis";
+    let dir = TempDir::new(topic);
+    create_topic(shared_broker(), topic, 2);
+    let redis = RedisServer::start("dl-redrive");
+    let (port, url) = control_port();
+    let config = PipelineToml::new(topic, shared_broker(), &[topic], &plugin("picky"))
+        .max_records_per_partition(20)
+        .batch_interval_ms(50)
+        .module_param("reject_multiples_of", 5)
+        .sink_url(&redis.url())
+        .target(
+            Target::new("numbers")
+                .column("n", "integer")
+                .column("partition", "integer")
+                .column("offset", "integer")
+                .column("timestamp", "integer")
+                .redis(&[
+                    ("command", "hincrby".into()),
+                    ("key", "counts".into()),
+                    ("field", "{n}".into()),
+                    ("by", "1".into()),
+                ]),
+        )
+        .control(port, 4 * 1024 * 1024)
+        .write(dir.path());
+    let config_arg = config.to_str().unwrap();
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    let mut records: Vec<Produce> = (0..N)
+        .map(|n| Produce {
+            partition: (n % 2) as i32,
+            key: None,
+            value: n.to_string(),
+        })
+        .collect();
+    for k in 0..NOT_NUMBERS {
+        records.insert(
+            50 + 200 * k,
+            Produce {
+                partition: 1,
+                key: None,
+                value: format!("oops-{k}"),
+            },
+        );
+    }
+    produce(shared_broker(), topic, &records);
+    let dead = (N / 5) as usize + NOT_NUMBERS;
+    let counts = || -> std::collections::BTreeMap<i64, i64> {
+        redis::Commands::hgetall(&mut redis.conn(), "counts").unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while redis_first_run_dead_letters(&redis, topic) < dead
+        || counts().len() < (N - N / 5) as usize
+    {
+        assert!(Instant::now() < deadline, "not caught up:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let listed = sluice_ok(&["dead-letters", "list", config_arg, "--limit", "0"]);
+    assert!(
+        listed.ends_with(&format!("{dead} dead letters\n")),
+        "{listed}"
+    );
+
+    let deployed = cli_ok(
+        &url,
+        &[
+            "deploy",
+            plugin("picky").to_str().unwrap(),
+            "--params",
+            r#"{"reject_multiples_of": 0, "spin": 400000}"#,
+            "--activate",
+        ],
+    );
+    assert!(deployed.contains("activated version 2"), "{deployed}");
+
+    let mut killed_half_way = 0;
+    for cycle in 0..4 {
+        let before = redis_first_run_dead_letters(&redis, topic);
+        if before <= NOT_NUMBERS {
+            break;
+        }
+        let mut child = redrive_command(&config, &["--all"]).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while redis_first_run_dead_letters(&redis, topic) == before {
+            assert!(Instant::now() < deadline, "cycle {cycle}: no progress");
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let jitter = rand::Rng::gen_range(&mut rand::thread_rng(), 0..40);
+        tokio::time::sleep(Duration::from_millis(jitter)).await;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+        let after = redis_first_run_dead_letters(&redis, topic);
+        eprintln!("redis redrive {cycle} SIGKILLed: {before} -> {after} dead letters left");
+        assert!(after < before, "cycle {cycle}: {before} -> {after}");
+        killed_half_way += (after > NOT_NUMBERS) as usize;
+    }
+    assert!(killed_half_way >= 1, "no redrive was killed half-way");
+    let both: Vec<_> = (0..2)
+        .map(|_| redrive_command(&config, &["--all"]).spawn().unwrap())
+        .collect();
+    for child in both {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let counts = counts();
+    assert_eq!(counts.len(), N as usize, "every number landed");
+    let twice: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(
+        twice.is_empty(),
+        "numbers counted more than once: {twice:?}"
+    );
+    assert_eq!(*counts.keys().next().unwrap(), 0);
+    assert_eq!(*counts.keys().last().unwrap(), N - 1);
+    let left: Vec<String> = redis::Commands::lrange(
+        &mut redis.conn(),
+        format!("sluice_dead_letters:{topic}"),
+        0,
+        -1,
+    )
+    .unwrap();
+    assert_eq!(left.len(), NOT_NUMBERS, "{left:?}");
+    for entry in &left {
+        let v: serde_json::Value = serde_json::from_str(entry).unwrap();
+        assert!(
+            v["batch_id"].as_str().unwrap().starts_with("redrive-"),
+            "{v}"
+        );
+        assert_eq!(v["reason"], "value is not a number");
+    }
+    let listed = sluice_ok(&["dead-letters", "list", config_arg]);
+    assert!(
+        listed.ends_with(&format!("{NOT_NUMBERS} dead letters\n")),
+        "{listed}"
+    );
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+    assert!(!host.log().contains(" ERROR "), "{}", host.log());
+    host.stop();
 }

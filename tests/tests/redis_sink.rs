@@ -380,17 +380,6 @@ async fn bad_redis_configs_are_refused_and_write_nothing() {
     .to_string();
     let (ok, err) = check(&good);
     assert!(ok, "{err}");
-    // `reset` moves SQL checkpoints only, and says so before connecting.
-    let out = Command::new(sluice_bin())
-        .args(["reset", "--to-earliest"])
-        .arg(write_config(dir.path(), &good))
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("moves checkpoints of SQL sinks only"),
-        "{err}"
-    );
 
     // A key already holding another type: the script refuses before writing.
     let brokers = shared_broker();
@@ -519,4 +508,125 @@ async fn dead_letters_are_trimmed_to_the_newest_kept() {
     );
     let shown = sluice_tests::control::sluice_ok(&["dead-letters", "show", config_arg, &record]);
     assert!(shown.contains(&record), "{shown}");
+}
+
+/// `sluice reset` on Redis, through the CLI: a dry run changes nothing; a
+/// partition moved back re-runs its records (the stream gets them again,
+/// the counter adds them again, as the note says), the old run's lineage
+/// entries and dead letters move to `PIPELINE@reset-1`, `verify` passes;
+/// a running instance is fenced at its next commit and continues from the
+/// new checkpoint; a sink that keeps no checkpoints of its own is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_moves_checkpoints_and_archives_lineage_on_redis() {
+    use sluice_tests::control::{Host, sluice_ok};
+    let brokers = shared_broker();
+    let topic = "redis-reset";
+    create_topic(brokers, topic, 2);
+    produce(brokers, topic, &numbered(topic, 200, 2));
+    let redis = RedisServer::start("reset");
+    let dir = TempDir::new(topic);
+    let config = write_config(
+        dir.path(),
+        identity_redis_config("rreset", brokers, topic, &redis.url(), 30),
+    );
+    let config_arg = config.to_str().unwrap();
+    run_ok(&config);
+    let checkpoints =
+        || -> BTreeMap<String, i64> { redis.conn().hgetall("sluice_checkpoints:rreset").unwrap() };
+    let counts = || -> BTreeMap<String, i64> { redis.conn().hgetall("counts").unwrap() };
+    let both = BTreeMap::from([(format!("{topic}:0"), 100), (format!("{topic}:1"), 100)]);
+    assert_eq!(checkpoints(), both);
+
+    let dry = sluice_ok(&["reset", config_arg, "--to-earliest", "--dry-run"]);
+    assert!(
+        dry.contains("would move") && dry.contains("dry run"),
+        "{dry}"
+    );
+    assert!(
+        dry.contains(&format!("{topic}[1]: checkpoint 100 -> 0")),
+        "{dry}"
+    );
+    assert_eq!(checkpoints(), both, "a dry run moved checkpoints");
+
+    let partition = format!("{topic}:0");
+    let moved = sluice_ok(&[
+        "reset",
+        config_arg,
+        "--to-offset",
+        "50",
+        "--partition",
+        &partition,
+    ]);
+    assert!(
+        moved.contains(&format!("{topic}[0]: checkpoint 100 -> 50")),
+        "{moved}"
+    );
+    assert!(moved.contains("`rreset@reset-1`"), "{moved}");
+    assert!(
+        moved.contains("target `records`: re-processed records are appended again"),
+        "{moved}"
+    );
+    let archived: Vec<String> = redis
+        .conn()
+        .lrange("sluice_lineage:rreset@reset-1", 0, -1)
+        .unwrap();
+    assert!(!archived.is_empty(), "the old run's lineage is kept");
+    for e in &archived {
+        let v: serde_json::Value = serde_json::from_str(e).unwrap();
+        assert!(
+            v["ranges"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["partition"] == 0 && r["until"].as_i64().unwrap() > 50),
+            "archived an entry the move does not cover: {v}"
+        );
+    }
+    assert_eq!(
+        redis.conn().get::<_, i64>("sluice_resets:rreset").unwrap(),
+        1
+    );
+    run_ok(&config);
+    assert_eq!(counts()["0"], 150, "partition 0 offsets 50..100 again");
+    assert_eq!(counts()["1"], 100);
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+
+    // A running instance: fenced at its next commit, continues from 0.
+    let host = Host::start(&config, &dir.path().join("running.log"));
+    host.wait_for_log("reading partition", 2, Duration::from_secs(60));
+    let moved = sluice_ok(&["reset", config_arg, "--to-earliest"]);
+    assert!(moved.contains("`rreset@reset-2`"), "{moved}");
+    produce(brokers, topic, &numbered("late", 10, 2));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while counts().values().sum::<i64>() < 250 + 210 {
+        assert!(
+            Instant::now() < deadline,
+            "not re-read after the reset:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(host.log().contains("fenced"), "{}", host.log());
+    host.stop();
+    assert_eq!(counts().values().sum::<i64>(), 460);
+
+    // stdout keeps its checkpoints in `[state]`: refused, saying why.
+    let printed = dir.path().join("stdout.toml");
+    let stdout_config =
+        PipelineToml::identity("rreset-out", brokers, topic, 30).sink_url("stdout://");
+    std::fs::write(&printed, stdout_config.to_string()).unwrap();
+    let out = Command::new(sluice_bin())
+        .args(["reset", "--to-earliest"])
+        .arg(&printed)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains(
+                "moves checkpoints of SQL and Redis sinks only; this pipeline's sink is stdout"
+            ),
+        "{err}"
+    );
 }

@@ -16,6 +16,7 @@
 //! - [`state`]: keyed state: a batch's writes and reads, a run's view.
 //! - [`store`]: the state store traits (module store, lineage reader).
 //! - [`dead_letters`]: stored dead letters, listing and redriving them.
+//! - [`reset`]: what `sluice reset` moves and reports, whatever the sink.
 //!
 //! It must not depend on wasmtime, rdkafka, sqlx or axum: the backends
 //! depend on it, never the other way round.
@@ -29,6 +30,7 @@ pub mod dead_letters;
 pub mod error;
 pub mod limits;
 pub mod output;
+pub mod reset;
 pub mod sink;
 pub mod source;
 pub mod state;

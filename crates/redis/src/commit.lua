@@ -36,6 +36,17 @@ local n_dead = tonumber(take())
 local dead_at = at
 at = at + n_dead
 
+-- A redrive's dead letters (the exact entries it ran): all must still be
+-- stored, or the redrive was beaten to them and nothing is written.
+local n_taken = tonumber(take())
+local taken_at = at
+at = at + n_taken
+for i = taken_at, taken_at + n_taken - 1 do
+  if not redis.call('LPOS', KEYS[3], ARGV[i]) then
+    return {'gone', ARGV[i]}
+  end
+end
+
 -- 2. What would make a write fail: a key of another type, a counter that
 -- holds no integer, a string that is no HyperLogLog.
 for _ = 1, tonumber(take()) do
@@ -73,6 +84,9 @@ end
 if lineage ~= '' then
   redis.call('RPUSH', KEYS[2], lineage)
   redis.call('LTRIM', KEYS[2], -keep, -1)
+end
+for i = taken_at, taken_at + n_taken - 1 do
+  redis.call('LREM', KEYS[3], 1, ARGV[i])
 end
 for i = dead_at, dead_at + n_dead - 1 do
   redis.call('RPUSH', KEYS[3], ARGV[i])

@@ -99,6 +99,8 @@ pub struct StateKeys {
     pub lineage: String,
     /// List of JSON dead letters, oldest first.
     pub dead_letters: String,
+    /// How many times `sluice reset` moved this pipeline's checkpoints.
+    pub resets: String,
     /// Where the keyed-state hashes' names start (see [`StateKeys::state`]).
     state: String,
 }
@@ -109,6 +111,7 @@ impl StateKeys {
             checkpoints: format!("{prefix}checkpoints:{pipeline}"),
             lineage: format!("{prefix}lineage:{pipeline}"),
             dead_letters: format!("{prefix}dead_letters:{pipeline}"),
+            resets: format!("{prefix}resets:{pipeline}"),
             state: format!("{prefix}state:{pipeline}:"),
         }
     }

@@ -4,10 +4,8 @@
 //! parsed back for `sluice dead-letters list|show`, with each batch's times
 //! from its lineage entry while that is kept.
 //!
-//! It must not write: entries are written and trimmed only by the commit
-//! script. (A redrive needs the removal of the dead letters in the commit
-//! that lands their rows; the commit script does not do that yet, so Redis
-//! dead letters are not redriven.)
+//! It must not write: entries are written, trimmed and (for a redrive,
+//! `redrive.rs`) removed only by the commit script.
 
 use crate::connect::{StateKeys, connect, sink_err, whole_list};
 use crate::lineage::RedisLineage;
@@ -45,9 +43,7 @@ impl DeadLetterReader for RedisDeadLetters {
         filter: &DeadLetterFilter,
     ) -> Result<Vec<StoredDeadLetter>, SinkError> {
         let keys = StateKeys::new(&self.prefix, pipeline);
-        let entries = whole_list(&self.conn, &keys.dead_letters)
-            .await
-            .map_err(|e| sink_err("reading the dead letters", e))?;
+        let entries = stored(&self.conn, &keys).await?;
         let times: HashMap<String, (i64, i64)> = self
             .lineage
             .batches(pipeline, &Selection::default())
@@ -57,16 +53,7 @@ impl DeadLetterReader for RedisDeadLetters {
             .map(|b| (b.batch_id, (b.batch_time_ms, b.committed_at_ms)))
             .collect();
         let mut letters = Vec::new();
-        for entry in &entries {
-            let mut d = parse(entry).map_err(|why| {
-                SinkError::database(
-                    format!(
-                        "a dead letter in `{}` is not one sluice wrote",
-                        keys.dead_letters
-                    ),
-                    why,
-                )
-            })?;
+        for StoredEntry { letter: mut d, .. } in entries {
             if let Some((batch_time, committed_at)) = times.get(&d.batch_id) {
                 d.batch_time_ms = Some(*batch_time);
                 d.committed_at_ms = Some(*committed_at);
@@ -78,6 +65,38 @@ impl DeadLetterReader for RedisDeadLetters {
         letters.sort_by_key(StoredDeadLetter::key);
         Ok(letters)
     }
+}
+
+/// One stored dead letter: the list's entry as stored (what the commit
+/// script removes) and what it says.
+pub(crate) struct StoredEntry {
+    pub text: String,
+    pub letter: StoredDeadLetter,
+}
+
+/// Every dead letter stored for `keys`' pipeline, oldest first.
+pub(crate) async fn stored(
+    conn: &ConnectionManager,
+    keys: &StateKeys,
+) -> Result<Vec<StoredEntry>, SinkError> {
+    let entries = whole_list(conn, &keys.dead_letters)
+        .await
+        .map_err(|e| sink_err("reading the dead letters", e))?;
+    entries
+        .into_iter()
+        .map(|text| {
+            let letter = parse(&text).map_err(|why| {
+                SinkError::database(
+                    format!(
+                        "a dead letter in `{}` is not one sluice wrote",
+                        keys.dead_letters
+                    ),
+                    why,
+                )
+            })?;
+            Ok(StoredEntry { text, letter })
+        })
+        .collect()
 }
 
 /// The batch's dead letters as the JSON entries the commit script pushes
@@ -113,9 +132,9 @@ pub(crate) fn entries(c: &Commit<'_>) -> Vec<String> {
         .collect()
 }
 
-/// One entry as the commit script stores it (`sink.rs`: key and value as
-/// text, or hex when not UTF-8; no record time before it was kept).
-fn parse(entry: &str) -> Result<StoredDeadLetter, String> {
+/// One entry as [`entries`] renders it (key and value as text, or hex
+/// when not UTF-8; no record time before it was kept).
+pub(crate) fn parse(entry: &str) -> Result<StoredDeadLetter, String> {
     let v: serde_json::Value = serde_json::from_str(entry).map_err(|e| e.to_string())?;
     let text = |name: &str| {
         v[name]

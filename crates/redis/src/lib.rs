@@ -11,7 +11,9 @@
 //!   compiles a target's commands and checks their rules, once.
 //! - `store`: the module store (components, activations).
 //! - `lineage`: committed batches, for `verify` and `shadow`.
-//! - `dead_letters`: the stored dead letters, for `dead-letters list|show`.
+//! - `dead_letters`: the stored dead letters, for `dead-letters list|show`;
+//!   `redrive`: their redrive, committed by the commit script.
+//! - `reset`: `sluice reset`, the checkpoints moved by one script.
 //! - `state`: keyed state (a hash per partition), read back for the cache.
 //! - `connect`: connections, error kinds, sluice's key names.
 //!
@@ -22,7 +24,9 @@
 mod connect;
 mod dead_letters;
 mod lineage;
+mod redrive;
 mod render;
+pub mod reset;
 pub mod section;
 mod sink;
 mod state;

@@ -112,12 +112,14 @@ pub async fn open_with(
 
 impl RedisSink {
     /// The commit script's arguments for `c`: offsets, lineage, dead
-    /// letters, checks and (unless `with_commands` is false) the commands.
+    /// letters, the stored dead letters a redrive takes (their exact
+    /// entries), checks and (unless `with_commands` is false) the commands.
     fn script_call(
         &self,
         c: &Commit<'_>,
         keys: &StateKeys,
         with_commands: bool,
+        taken: &[String],
     ) -> Result<redis::ScriptInvocation<'_>, SinkError> {
         let mut rendered = Rendered::default();
         if with_commands {
@@ -155,6 +157,10 @@ impl RedisSink {
         for d in &dead {
             call.arg(d);
         }
+        call.arg(taken.len());
+        for t in taken {
+            call.arg(t);
+        }
         call.arg(checks.len() / 4);
         for a in &checks {
             call.arg(a.as_slice());
@@ -168,9 +174,10 @@ impl RedisSink {
         for a in &state.args {
             call.arg(a.as_slice());
         }
-        let arguments = 8
+        let arguments = 9
             + 3 * c.plan.ranges.len()
             + dead.len()
+            + taken.len()
             + checks.len()
             + calls.len()
             + state.args.len();
@@ -193,17 +200,51 @@ impl RedisSink {
         })
     }
 
-    /// Runs the commit script; the outcome it reports.
-    async fn run_script(
+    /// Runs the commit script (deleting `taken` with the batch, see
+    /// [`Self::script_call`]); its reply.
+    pub(crate) async fn run_script(
         &self,
         c: &Commit<'_>,
         with_commands: bool,
-    ) -> Result<CommitOutcome, SinkError> {
+        taken: &[String],
+    ) -> Result<Vec<String>, SinkError> {
         let keys = StateKeys::new(&self.prefix, &c.plan.pipeline);
-        let call = self.script_call(c, &keys, with_commands)?;
+        let call = self.script_call(c, &keys, with_commands, taken)?;
         let mut conn = self.conn.clone();
-        let reply: Vec<String> = call.invoke_async(&mut conn).await.map_err(commit_err)?;
-        outcome(reply, c)
+        call.invoke_async(&mut conn).await.map_err(commit_err)
+    }
+
+    /// Commits `c` (with `taken` for a redrive) in the sink's guarantee:
+    /// the script's reply.
+    pub(crate) async fn commit_with(
+        &self,
+        c: &Commit<'_>,
+        taken: &[String],
+    ) -> Result<Vec<String>, SinkError> {
+        match self.guarantee {
+            Guarantee::ExactlyOnce => self.run_script(c, true, taken).await,
+            Guarantee::AtLeastOnce => {
+                self.write_commands(c).await?;
+                // A lost reply only risks the commands running again,
+                // which this mode allows: retry like an outage.
+                self.run_script(c, false, taken).await.map_err(|e| match e {
+                    SinkError::CommitUnknown { context, cause } => {
+                        SinkError::Unavailable { context, cause }
+                    }
+                    other => other,
+                })
+            }
+        }
+    }
+
+    /// The sink's connection (readers share it).
+    pub(crate) fn conn(&self) -> &ConnectionManager {
+        &self.conn
+    }
+
+    /// sluice's own keys of `pipeline`.
+    pub(crate) fn keys(&self, pipeline: &str) -> StateKeys {
+        StateKeys::new(&self.prefix, pipeline)
     }
 
     /// At-least-once: the commands, pipelined, outside the script.
@@ -230,7 +271,7 @@ impl RedisSink {
 }
 
 /// The script's reply as the loop acts on it.
-fn outcome(reply: Vec<String>, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
+pub(crate) fn outcome(reply: Vec<String>, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
     match reply.first().map(String::as_str) {
         Some("ok") => Ok(CommitOutcome::Committed),
         Some("fenced") => {
@@ -302,19 +343,6 @@ impl Sink for RedisSink {
     }
 
     async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
-        match self.guarantee {
-            Guarantee::ExactlyOnce => self.run_script(c, true).await,
-            Guarantee::AtLeastOnce => {
-                self.write_commands(c).await?;
-                // A lost reply only risks the commands running again,
-                // which this mode allows: retry like an outage.
-                self.run_script(c, false).await.map_err(|e| match e {
-                    SinkError::CommitUnknown { context, cause } => {
-                        SinkError::Unavailable { context, cause }
-                    }
-                    other => other,
-                })
-            }
-        }
+        outcome(self.commit_with(c, &[]).await?, c)
     }
 }

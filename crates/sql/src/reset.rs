@@ -30,35 +30,7 @@ use crate::config::StoreConnection;
 use crate::sink::SinkError;
 use sqlx::{Any, Transaction};
 
-/// One partition's move.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartitionMove {
-    pub partition: TopicPartition,
-    /// The checkpoint before the reset; `None` if it never committed.
-    pub from: Option<i64>,
-    pub to: i64,
-}
-
-/// What a reset does with the keyed state of the partitions it moves.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnState {
-    /// Refuse to move a partition that keeps state.
-    Refuse,
-    /// Delete the moved partitions' state (`--clear-state`).
-    Clear,
-}
-
-/// What a reset did (or, in a dry run, would do).
-#[derive(Debug, Clone)]
-pub struct ResetDone {
-    /// Where the stale lineage and dead letters went.
-    pub archived_as: String,
-    pub moves: Vec<PartitionMove>,
-    pub batches_archived: usize,
-    pub dead_letters_archived: u64,
-    /// State keys deleted with [`OnState::Clear`].
-    pub state_keys_cleared: u64,
-}
+pub use sluice_core::reset::{OnState, PartitionMove, ResetDone};
 
 /// sluice's tables and columns, quoted for one dialect.
 struct Names {
@@ -220,12 +192,7 @@ async fn settle_state(
     let keys: i64 = sqlx::Row::try_get(&row, 0).map_err(db_err)?;
     match keys {
         0 => Ok(0),
-        keys => Err(SinkError::Config(format!(
-            "{tp} keeps keyed state ({keys} keys) as of its checkpoint; moving the checkpoint \
-             would leave state that disagrees with it. Add `--clear-state` to delete the moved \
-             partitions' state with the move (the re-run starts from empty state); nothing \
-             was moved"
-        ))),
+        keys => Err(SinkError::Config(sluice_core::reset::keeps_state(tp, keys))),
     }
 }
 

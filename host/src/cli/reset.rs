@@ -79,8 +79,8 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
         clear_state,
     } = args;
     let on_state = match clear_state {
-        true => sluice::sink::sql::reset::OnState::Clear,
-        false => sluice::sink::sql::reset::OnState::Refuse,
+        true => sluice::reset::OnState::Clear,
+        false => sluice::reset::OnState::Refuse,
     };
     let config = sluice::backends::load(&config)?;
     let chosen = match partitions.is_empty() {
@@ -111,12 +111,13 @@ pub async fn reset(args: Reset) -> anyhow::Result<()> {
             done.state_keys_cleared
         );
     }
-    for (table, mode) in sluice::reset::targets_needing_care(&config) {
+    for care in sluice::reset::targets_needing_care(&config) {
         println!(
-            "note: target table `{table}` is {mode:?}: re-processed records {} (clear it first if that is not wanted)",
-            match mode {
-                sluice::sink::sql::section::WriteMode::Accumulate => "add to it again",
-                _ => "are appended again",
+            "note: target `{}`: re-processed records {} (clear it first if that is not wanted)",
+            care.target,
+            match care.again {
+                sluice::reset::Again::Added => "add to it again",
+                sluice::reset::Again::Appended => "are appended again",
             }
         );
     }
