@@ -64,7 +64,8 @@ pub trait TestSink {
 /// The kill loop: at least 100k committed records (plain, in committed
 /// and in aborted transactions) on a fresh `name` topic of 4 partitions,
 /// `sluice` SIGKILLed `kills` times 0-60 ms after a batch landed, then run
-/// to the end: the sink holds the committed input exactly once.
+/// to the end: the sink holds the committed input exactly once, and
+/// `verify` replays every batch alike.
 pub struct KillLoop<'a> {
     /// The broker (its own: the loop's input is large).
     pub brokers: &'a str,
@@ -123,8 +124,15 @@ impl KillLoop<'_> {
         crate::run_ok(&config);
         let expected = read_committed(brokers, name, PARTITIONS);
         let checked = sink.assert_identity_exactly_once(name, &expected).await;
+        let verified = sluice_ok(&["verify", config.to_str().unwrap()]);
+        let summary = verified.lines().last().unwrap_or_default();
+        assert!(
+            summary.contains(" 0 differ") && !summary.contains("verified 0 batches"),
+            "{}: verify after the kills: {verified}",
+            sink.label()
+        );
         println!(
-            "{}: {kills} SIGKILLs (progress {progress} by the last); {checked} records exactly once",
+            "{}: {kills} SIGKILLs (progress {progress} by the last); {checked} records exactly once; {summary}",
             sink.label()
         );
         checked
