@@ -360,7 +360,7 @@ pub fn state_sink(config: &PipelineConfig) -> Result<StoreConnection, SinkError>
 /// Whether `config`'s sink is Kafka with `guarantee = "exactly-once"`: the
 /// one sink that keeps its checkpoints and lineage in Kafka itself (the
 /// group's offsets, the lineage topic), not in a store of sluice's.
-fn exactly_once_kafka(config: &PipelineConfig) -> Result<bool, SinkError> {
+pub(crate) fn exactly_once_kafka(config: &PipelineConfig) -> Result<bool, SinkError> {
     Ok(config.sink.kind()? == SinkKind::Kafka && config.sink.guarantee() == Guarantee::ExactlyOnce)
 }
 

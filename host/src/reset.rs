@@ -5,8 +5,9 @@
 //! Owns turning the user's choice into one offset per partition (asking
 //! Kafka) and what the user is told about the sink's rows. The move itself,
 //! and what happens to lineage and running instances, is the sink's
-//! (`sluice_sql::reset`, `sluice_redis::reset`). It must not touch target
-//! tables or keys.
+//! (`sluice_sql::reset`, `sluice_redis::reset`, `sluice_kafka_sink::reset`;
+//! stdout and at-least-once Kafka keep theirs in `[state]`, moved like a
+//! SQL or Redis sink's). It must not touch targets.
 
 use crate::batch::TopicPartition;
 use crate::config::{KindSection, PipelineConfig};
@@ -22,9 +23,6 @@ use sluice_redis::section::RedisCommand;
 pub enum ResetError {
     #[error("`--partitions` names {0}, which is not a partition of the pipeline's topics")]
     UnknownPartition(String),
-    /// Only SQL and Redis sinks' checkpoints can be moved (yet).
-    #[error("`reset` moves checkpoints of SQL and Redis sinks only; this pipeline's sink is {0}")]
-    NotSupported(&'static str),
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error(transparent)]
@@ -40,10 +38,9 @@ pub async fn reset(
     on_state: OnState,
     dry_run: bool,
 ) -> Result<ResetDone, ResetError> {
-    let kind = config.sink.kind()?;
-    if !kind.is_sql() && kind != SinkKind::Redis {
-        return Err(ResetError::NotSupported(kind.as_str()));
-    }
+    // Where the checkpoints are, before asking Kafka anything.
+    let exactly_once_kafka = crate::backends::exactly_once_kafka(config)?;
+    let store = crate::backends::state_sink(config)?;
     let source = config.source.clone();
     let pipeline = config.pipeline.clone();
     let targets = tokio::task::spawn_blocking(move || {
@@ -68,9 +65,13 @@ pub async fn reset(
     })
     .await
     .expect("reset positions task")?;
-    let store = config.sink.store();
+    if exactly_once_kafka {
+        return Ok(sluice_kafka_sink::reset::reset(config, &targets, on_state, dry_run).await?);
+    }
+    // SQL and Redis sinks keep their own checkpoints; stdout and
+    // at-least-once Kafka keep them in `[state]`.
     let (pipeline, store) = (&config.pipeline, &store);
-    Ok(match kind {
+    Ok(match store.kind()? {
         SinkKind::Redis => {
             sluice_redis::reset::reset(store, pipeline, &targets, on_state, dry_run).await?
         }
@@ -97,13 +98,16 @@ pub enum Again {
 }
 
 /// Targets whose rows a re-run does not simply overwrite, unless the user
-/// clears them: SQL append rows and Redis `xadd` entries come again, SQL
-/// accumulate targets and Redis increments add again.
+/// clears them: SQL append rows, Redis `xadd` entries and Kafka records
+/// come again, SQL accumulate targets and Redis increments add again.
 pub fn targets_needing_care(config: &PipelineConfig) -> Vec<NeedsCare> {
-    let redis = config.sink.kind().ok() == Some(SinkKind::Redis);
+    let kind = config.sink.kind().ok();
+    let redis = kind == Some(SinkKind::Redis);
     let mut care = Vec::new();
     for t in &config.sink.targets {
         let again = match redis {
+            _ if kind == Some(SinkKind::Kafka) => Some(Again::Appended),
+            _ if kind == Some(SinkKind::Stdout) => None,
             true => RedisSection::target(t).ok().and_then(|f| {
                 f.redis.iter().find_map(|c| match c.command {
                     RedisCommand::Xadd => Some(Again::Appended),

@@ -78,7 +78,7 @@ async fn identity_into_kafka_lands_every_record_once_and_verify_replays_it() {
 /// next to the config). No lineage topic is needed and the group's offsets
 /// are not touched; a run without faults delivers each record once, a
 /// second run resumes from the state store, and `verify` replays the
-/// lineage kept there.
+/// lineage kept there; `reset` moves a checkpoint there.
 #[tokio::test(flavor = "multi_thread")]
 async fn at_least_once_into_kafka_checkpoints_in_state_and_verify_replays_it() {
     let brokers = shared_broker();
@@ -127,6 +127,25 @@ async fn at_least_once_into_kafka_checkpoints_in_state_and_verify_replays_it() {
         group.total(),
         0,
         "the group's offsets are not this mode's checkpoint"
+    );
+    let said = sluice_ok(&["verify", config.to_str().unwrap()]);
+    assert!(said.contains(" match, 0 differ"), "{said}");
+    // `reset` moves the checkpoints where they are: in `[state]`.
+    let partition = format!("{input}:1");
+    let moved = sluice_ok(&[
+        "reset",
+        config.to_str().unwrap(),
+        "--to-earliest",
+        "--partition",
+        &partition,
+    ]);
+    assert!(moved.contains(&format!("`{pipeline}@reset-1`")), "{moved}");
+    run_ok(&config);
+    let of_1 = expected.iter().filter(|s| s.partition == 1).count();
+    assert_eq!(
+        read_consumed(brokers, output, PARTITIONS).len(),
+        out.len() + of_1,
+        "partition 1 read again"
     );
     let said = sluice_ok(&["verify", config.to_str().unwrap()]);
     assert!(said.contains(" match, 0 differ"), "{said}");
@@ -901,4 +920,105 @@ fn a_commit_racing_the_next_owners_init_lands_whole_or_not_at_all() {
         unseen_landed.is_empty() && torn.is_empty(),
         "the broker broke the promise: landed unseen {unseen_landed:?}, torn {torn:?}"
     );
+}
+
+/// `sluice reset` on the exactly-once Kafka sink, through the CLI: the
+/// group's committed offsets move in a transaction of the partition's own
+/// transactional id, with a reset mark in the lineage topic. A dry run
+/// moves nothing; one partition moved back to 50 produces offsets 50..100
+/// again (and only those), `verify` replays the new run's lineage (the
+/// mark leaves the old run's covered batches out); a running instance is
+/// fenced and continues from the new checkpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_moves_the_groups_offsets_fenced_on_kafka() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("kafka-reset", "kafka-reset-in", "kafka-reset-out");
+    create_topic(brokers, input, 2);
+    create_sink_topics(brokers, pipeline, output);
+    produce(brokers, input, &numbered("r", 200, 2));
+    let dir = TempDir::new(pipeline);
+    let config = write_config(
+        dir.path(),
+        kafka_config(pipeline, brokers, input, output).max_records_per_partition(30),
+    );
+    let config_arg = config.to_str().unwrap();
+    run_ok(&config);
+    assert_eq!(read_consumed(brokers, output, PARTITIONS).len(), 200);
+
+    let dry = sluice_ok(&["reset", config_arg, "--to-earliest", "--dry-run"]);
+    assert!(
+        dry.contains("would move") && dry.contains("dry run"),
+        "{dry}"
+    );
+    assert!(
+        dry.contains(&format!("{input}[1]: checkpoint 100 -> 0")),
+        "{dry}"
+    );
+    let again = sluice_ok(&["reset", config_arg, "--to-earliest", "--dry-run"]);
+    assert!(
+        again.contains(&format!("{input}[1]: checkpoint 100 -> 0")),
+        "a dry run moved: {again}"
+    );
+
+    let partition = format!("{input}:0");
+    let moved = sluice_ok(&[
+        "reset",
+        config_arg,
+        "--to-offset",
+        "50",
+        "--partition",
+        &partition,
+    ]);
+    assert!(
+        moved.contains(&format!("{input}[0]: checkpoint 100 -> 50")),
+        "{moved}"
+    );
+    assert!(moved.contains(&format!("`{pipeline}@reset-1`")), "{moved}");
+    assert!(
+        moved.contains("re-processed records are appended again"),
+        "{moved}"
+    );
+    run_ok(&config);
+    let out = read_consumed(brokers, output, PARTITIONS);
+    assert_eq!(out.len(), 250, "partition 0 offsets 50..100 again");
+    let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
+    for c in &out {
+        *seen.entry(c.value.as_str()).or_default() += 1;
+    }
+    let twice: Vec<usize> = seen
+        .iter()
+        .filter(|(_, n)| **n == 2)
+        .map(|(v, _)| v.rsplit(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(twice.len(), 50, "{twice:?}");
+    // Record i went to partition i % 2 at offset i / 2.
+    assert!(
+        twice
+            .iter()
+            .all(|i| i % 2 == 0 && (50..100).contains(&(i / 2))),
+        "{twice:?}"
+    );
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+
+    // A running instance: fenced, continues from the new checkpoint.
+    let host = Host::start(&config, &dir.path().join("running.log"));
+    host.wait_for_log("reading partition", 2, Duration::from_secs(60));
+    let moved = sluice_ok(&["reset", config_arg, "--to-earliest"]);
+    assert!(moved.contains(&format!("`{pipeline}@reset-2`")), "{moved}");
+    produce(brokers, input, &numbered("late", 10, 2));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while read_consumed(brokers, output, PARTITIONS).len() < 250 + 210 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not re-read after the reset:\n{}",
+            host.log()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(host.log().contains("fenced"), "{}", host.log());
+    host.stop();
+    assert_eq!(read_consumed(brokers, output, PARTITIONS).len(), 460);
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
 }

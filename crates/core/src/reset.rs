@@ -36,10 +36,12 @@ pub struct ResetDone {
     pub state_keys_cleared: u64,
 }
 
-/// The message of a reset refused because `tp` keeps `keys` state keys.
-pub fn keeps_state(tp: &TopicPartition, keys: i64) -> String {
+/// The message of a reset refused because `tp` keeps state (`keys` keys,
+/// if counted).
+pub fn keeps_state(tp: &TopicPartition, keys: Option<i64>) -> String {
+    let counted = keys.map_or(String::new(), |k| format!(" ({k} keys)"));
     format!(
-        "{tp} keeps keyed state ({keys} keys) as of its checkpoint; moving the checkpoint \
+        "{tp} keeps keyed state{counted} as of its checkpoint; moving the checkpoint \
          would leave state that disagrees with it. Add `--clear-state` to delete the moved \
          partitions' state with the move (the re-run starts from empty state); nothing \
          was moved"

@@ -358,21 +358,68 @@ impl LineageEntry {
     }
 }
 
-/// The state reads batch `batch_id`'s entry among `entries` (lineage
-/// entries' JSON) recorded (empty if it recorded none); `None` if it is not
-/// there.
+/// The state reads batch `batch_id`'s newest entry among `entries`
+/// (lineage entries' JSON) recorded (empty if it recorded none); `None` if
+/// it is not there. (The newest: a batch the same plan gave again after a
+/// reset may have started from other state.)
 pub fn entry_state_reads<T: AsRef<[u8]>>(
     entries: impl IntoIterator<Item = T>,
     batch_id: &str,
 ) -> Result<Option<crate::state::StateMap>, SinkError> {
+    let mut found = None;
     for entry in entries {
+        if ResetMark::parse(entry.as_ref())?.is_some() {
+            continue;
+        }
         let entry: LineageEntry = serde_json::from_slice(entry.as_ref())
             .map_err(|e| SinkError::database("a lineage entry is not sluice's JSON", e))?;
         if entry.batch_id == batch_id {
-            return entry.reads().map(Some);
+            found = Some(entry);
         }
     }
-    Ok(None)
+    found.map(|entry| entry.reads()).transpose()
+}
+
+/// A reset's mark in a lineage log that cannot be rewritten (the Kafka
+/// sink's lineage topic): the batches before it with a range of its
+/// partition that ends past `to` are the old run's, as if a SQL sink's
+/// reset had moved them to `PIPELINE@reset-N`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResetMark {
+    /// N of this reset (the first is 1). First, so a mark's JSON starts
+    /// with `{"reset":` and a lineage entry is told from it unparsed.
+    pub reset: u64,
+    pub topic: String,
+    pub partition: i32,
+    /// The partition's new checkpoint.
+    pub to: i64,
+    pub at_ms: i64,
+}
+
+impl ResetMark {
+    const OPENING: &[u8] = b"{\"reset\":";
+
+    /// The mark `entry` is, or `None` for a batch's entry.
+    pub fn parse(entry: &[u8]) -> Result<Option<ResetMark>, SinkError> {
+        if !entry.starts_with(Self::OPENING) {
+            return Ok(None);
+        }
+        serde_json::from_slice(entry)
+            .map(Some)
+            .map_err(|e| SinkError::database("a lineage reset mark is not sluice's JSON", e))
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("reset marks serialize")
+    }
+
+    /// Whether `batch` (committed before the mark) is the old run's.
+    pub fn covers(&self, batch: &CommittedBatch) -> bool {
+        batch
+            .ranges
+            .iter()
+            .any(|r| r.topic == self.topic && r.partition == self.partition && r.until > self.to)
+    }
 }
 
 /// The batches `selection` keeps of lineage entries in commit order (the
@@ -385,19 +432,24 @@ pub fn select_entries<T: AsRef<[u8]>>(
     entries: impl IntoIterator<Item = T>,
     selection: &Selection,
 ) -> Result<Vec<CommittedBatch>, SinkError> {
-    let mut batches = Vec::new();
+    let mut all: Vec<CommittedBatch> = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for entry in entries {
+        if let Some(mark) = ResetMark::parse(entry.as_ref())? {
+            for old in all.iter().filter(|b| mark.covers(b)) {
+                seen.remove(&old.batch_id);
+            }
+            all.retain(|b| !mark.covers(b));
+            continue;
+        }
         let entry: LineageEntry = serde_json::from_slice(entry.as_ref())
             .map_err(|e| SinkError::database("a lineage entry is not sluice's JSON", e))?;
         let batch = entry.into_batch();
-        if !seen.insert(batch.batch_id.clone()) {
-            continue;
-        }
-        if selection.keeps(&batch) {
-            batches.push(batch);
+        if seen.insert(batch.batch_id.clone()) {
+            all.push(batch);
         }
     }
+    let mut batches: Vec<CommittedBatch> = all.into_iter().filter(|b| selection.keeps(b)).collect();
     selection.keep_last(&mut batches);
     Ok(batches)
 }
@@ -427,6 +479,37 @@ mod tests {
             state_reads: String::new(),
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_reset_mark_leaves_out_the_old_run_it_covers() {
+        let mark = |to: i64| {
+            ResetMark {
+                reset: 1,
+                topic: "t".into(),
+                partition: 0,
+                to,
+                at_ms: 9,
+            }
+            .to_json()
+            .into_bytes()
+        };
+        // Batches at 0, 1, 2; reset to 1 (batches 1 and 2 are the old
+        // run's); the re-run commits batch "b" at 1 again, then "d" at 2.
+        let entries = [
+            entry("a", 0),
+            entry("b", 1),
+            entry("c", 2),
+            mark(1),
+            entry("b", 1),
+            entry("d", 2),
+        ];
+        let all = select_entries(&entries, &Selection::default()).unwrap();
+        let ids: Vec<&str> = all.iter().map(|b| b.batch_id.as_str()).collect();
+        assert_eq!(ids, ["a", "b", "d"]);
+        assert_eq!(ResetMark::parse(&mark(1)).unwrap().unwrap().to, 1);
+        assert!(ResetMark::parse(&entry("a", 0)).unwrap().is_none());
+        assert!(entry_state_reads(&entries, "d").unwrap().is_some());
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! transaction to a changelog topic ([`changelog`]) and is restored from
 //! there ([`state`]). Lineage is read back from its topic by
 //! [`lineage`], for `verify` and `shadow`; modules and activations live in
-//! the pipeline's `[state]` store, like the stdout sink's. Under
+//! the pipeline's `[state]` store, like the stdout sink's. [`reset`] moves
+//! the group's committed offsets on purpose, fenced like a batch. Under
 //! `guarantee = "at-least-once"`, [`at_least_once`] sends records without a
 //! transaction and commits offsets and lineage in `[state]` afterwards.
 //!
@@ -18,6 +19,7 @@ mod changelog;
 mod client;
 mod lineage;
 mod records;
+pub mod reset;
 pub mod section;
 mod sink;
 mod state;

@@ -81,7 +81,11 @@ impl LineageStore for KafkaLineage {
 
 /// Every committed entry of `pipeline` in `topic`, in commit order: read
 /// from the start of each partition to its end.
-fn read_entries(cluster: &Cluster, topic: &str, pipeline: &str) -> Result<Vec<Vec<u8>>, SinkError> {
+pub(crate) fn read_entries(
+    cluster: &Cluster,
+    topic: &str,
+    pipeline: &str,
+) -> Result<Vec<Vec<u8>>, SinkError> {
     let failed = |e: EndReadError| match e {
         EndReadError::NoTopic(_) => {
             SinkError::Config(format!("lineage topic `{topic}` does not exist"))

@@ -53,12 +53,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-type TxnProducer = ThreadedProducer<SealWatch>;
+pub(crate) type TxnProducer = ThreadedProducer<SealWatch>;
 
 /// A transactional producer's context: notes the changelog offset each
 /// seal was written at (from its delivery report), which the transaction
 /// then commits as the changelog's position.
-struct SealWatch {
+pub(crate) struct SealWatch {
     changelog: String,
     /// The tag and offset of the seal last delivered.
     seal: Mutex<Option<(Tag, i64)>>,
@@ -112,22 +112,22 @@ const COMMIT_RETRY: RetryPolicy = RetryPolicy {
 
 /// Commits each batch in a transaction of its partition's producer.
 pub struct KafkaSink {
-    cluster: Cluster,
-    pipeline: String,
+    pub(crate) cluster: Cluster,
+    pub(crate) pipeline: String,
     layout: BatchLayout,
-    lineage_topic: String,
+    pub(crate) lineage_topic: String,
     /// Reads the group's committed offsets; its group metadata goes with
     /// every transaction's offsets.
     offsets: BaseConsumer,
-    group: ConsumerGroupMetadata,
-    producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
+    pub(crate) group: ConsumerGroupMetadata,
+    pub(crate) producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
     /// Per input topic, its changelog.
     changelogs: HashMap<String, Changelog>,
     /// Per owned partition, the changelog offset of its newest committed
     /// seal (`None`: no batch of it has changed state); read with the
     /// checkpoints, moved by each commit that changes state.
-    seals: Mutex<HashMap<TopicPartition, Option<i64>>>,
-    state: Arc<KafkaStateStore>,
+    pub(crate) seals: Mutex<HashMap<TopicPartition, Option<i64>>>,
+    pub(crate) state: Arc<KafkaStateStore>,
 }
 
 impl KafkaSink {
@@ -201,7 +201,7 @@ impl KafkaSink {
     }
 
     /// The changelog partition keeping `tp`'s state, if it exists.
-    fn changelog_of(&self, tp: &TopicPartition) -> Option<&str> {
+    pub(crate) fn changelog_of(&self, tp: &TopicPartition) -> Option<&str> {
         let changelog = self.changelogs.get(&tp.topic)?;
         let partitions = changelog.partitions?;
         (usize::try_from(tp.partition).ok()? < partitions).then_some(changelog.topic.as_str())
@@ -264,7 +264,7 @@ impl KafkaSink {
 
     /// Fences every other owner of `partitions` (in parallel: each is a
     /// round trip to the transaction coordinator) and keeps the producers.
-    fn fence_all(&self, partitions: &[TopicPartition]) -> Result<(), SinkError> {
+    pub(crate) fn fence_all(&self, partitions: &[TopicPartition]) -> Result<(), SinkError> {
         let fenced: Vec<(TopicPartition, Result<Arc<TxnProducer>, SinkError>)> =
             std::thread::scope(|scope| {
                 let handles: Vec<_> = partitions
@@ -285,7 +285,7 @@ impl KafkaSink {
 
     /// The group's committed offsets of `partitions`, stable ones only;
     /// notes the newest committed seal of each one's changelog partition.
-    fn committed(
+    pub(crate) fn committed(
         &self,
         partitions: &[TopicPartition],
     ) -> Result<HashMap<TopicPartition, i64>, SinkError> {
@@ -544,7 +544,7 @@ const REPLACED: &str = "its transaction is void; this producer is replaced and t
                         read again from the checkpoint (which fences anew)";
 
 /// What a failed transaction leaves the loop to do.
-enum Step {
+pub(crate) enum Step {
     /// This producer can never commit again (fenced by a newer owner, or
     /// left in a state no abort clears): nothing of the batch landed; the
     /// loop re-reads the checkpoint, which fences anew with a new producer.
@@ -556,7 +556,7 @@ enum Step {
 /// After `what` failed with `e` before the commit: a fenced producer is
 /// replaced; an abortable transaction is aborted and the batch sent again
 /// by the same producer; one that cannot be aborted is replaced too.
-fn after_failure(producer: &TxnProducer, what: String, e: KafkaError) -> Step {
+pub(crate) fn after_failure(producer: &TxnProducer, what: String, e: KafkaError) -> Step {
     if let Some(step) = fatal(producer, &what, &e) {
         return step;
     }
@@ -609,7 +609,7 @@ fn fatal(producer: &TxnProducer, what: &str, e: &KafkaError) -> Option<Step> {
 /// an abort is handled as a failure before the commit (nothing landed);
 /// past [`COMMIT_RETRY`] the
 /// outcome is reported unknown and the loop reads the checkpoint back.
-fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
+pub(crate) fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
     let mut backoff = COMMIT_RETRY.start();
     loop {
         let e = match producer.commit_transaction(BROKER_TIMEOUT) {

@@ -150,7 +150,7 @@ pub async fn reset(
                         partition: -1,
                     });
                 let count = reply.get(2).and_then(|k| k.parse().ok()).unwrap_or(0);
-                return Err(SinkError::Config(keeps_state(&tp, count)));
+                return Err(SinkError::Config(keeps_state(&tp, Some(count))));
             }
             Some("ok") => {
                 return Ok(ResetDone {

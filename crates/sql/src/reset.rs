@@ -192,7 +192,10 @@ async fn settle_state(
     let keys: i64 = sqlx::Row::try_get(&row, 0).map_err(db_err)?;
     match keys {
         0 => Ok(0),
-        keys => Err(SinkError::Config(sluice_core::reset::keeps_state(tp, keys))),
+        keys => Err(SinkError::Config(sluice_core::reset::keeps_state(
+            tp,
+            Some(keys),
+        ))),
     }
 }
 
