@@ -1004,6 +1004,76 @@ async fn reset_moves_state_with_the_checkpoint_or_refuses() {
     );
 }
 
+/// The same promise on Redis and on the exactly-once Kafka sink (whose
+/// state is its changelog: `--clear-state` moves the changelog's committed
+/// position to 0 in the reset's transaction), seen through `sluice state
+/// scan`: refused with the keys counted, state unchanged; cleared with the
+/// move, then the re-run counts from scratch to the same final state.
+#[tokio::test(flavor = "multi_thread")]
+async fn reset_moves_state_with_the_checkpoint_or_refuses_on_redis_and_kafka() {
+    let brokers = shared_broker();
+    let server = redis_server::RedisServer::start("state_reset_redis");
+    for (name, sink) in [
+        ("state_reset_redis", "redis"),
+        ("state_reset_kafka", "kafka"),
+    ] {
+        create_topic(brokers, name, 1);
+        produce(brokers, name, &few_keys_with(name, 300, 1000, "-"));
+        let dir = TempDir::new(name);
+        let config = match sink {
+            "redis" => tally::redis_config(tally::config(name, brokers, 100), &server.url()),
+            _ => kafka_once(tally::config(name, brokers, 100), name),
+        }
+        .write(dir.path());
+        run_ok(&config);
+        let expected = Expected::of(&read_committed(brokers, name, 1), &[]);
+        let path = config.to_str().unwrap();
+        let partition = format!("{name}:0");
+        let scan = || {
+            sluice_ok(&["state", "scan", path, "--partition", &partition, "--json"])
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                    let key = v["key"].as_str().unwrap().as_bytes().to_vec();
+                    (
+                        (0i64, key),
+                        v["value"].as_str().unwrap().parse::<i64>().unwrap(),
+                    )
+                })
+                .collect::<std::collections::BTreeMap<(i64, Vec<u8>), i64>>()
+        };
+        assert_eq!(scan(), expected.state, "{sink}: the first run's state");
+
+        let refused = std::process::Command::new(sluice_bin())
+            .args(["reset", path, "--to-earliest"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{sink}: {stderr}");
+        assert!(
+            stderr.contains("keeps keyed state (5 keys)") && stderr.contains("--clear-state"),
+            "{sink}: {stderr}"
+        );
+        let dry = sluice_ok(&["reset", path, "--to-earliest", "--clear-state", "--dry-run"]);
+        assert!(
+            dry.contains("checkpoint 300 -> 0") && dry.contains("would delete 5 keyed state keys"),
+            "{sink}: nothing moved: {dry}"
+        );
+        assert_eq!(scan(), expected.state, "{sink}: state kept");
+
+        let out = sluice_ok(&["reset", path, "--to-earliest", "--clear-state"]);
+        assert!(out.contains("deleted 5 keyed state keys"), "{sink}: {out}");
+        assert!(scan().is_empty(), "{sink}: state cleared with the move");
+        run_ok(&config);
+        assert_eq!(
+            scan(),
+            expected.state,
+            "{sink}: the re-run counts from scratch"
+        );
+        assert_verified(&config);
+    }
+}
+
 /// A module built against contract 0.1.0 (before `state`; bound directly
 /// from a frozen copy of that WIT) loads and runs on this host unchanged.
 #[tokio::test(flavor = "multi_thread")]
