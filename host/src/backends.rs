@@ -28,7 +28,7 @@ use crate::sink::{Sink, SinkError, SinkKind, mysql, postgres, redis, sqlite};
 use sluice_core::dead_letters::{DeadLetterReader, Redrive};
 use sluice_core::state::StateStore;
 use sluice_core::store::{LineageStore, ModuleStore, StoreError};
-use sluice_kafka_sink::{KafkaLineage, KafkaStateStore};
+use sluice_kafka_sink::{KafkaDeadLetters, KafkaLineage, KafkaStateStore};
 use sluice_redis::{RedisDeadLetters, RedisLineage, RedisModuleStore, RedisStateStore};
 use sluice_sql::{SqlDeadLetters, SqlLineage, SqlModuleStore, SqlStateStore};
 use std::collections::HashMap;
@@ -216,11 +216,24 @@ pub(crate) async fn with_redrive_sink<W: WithRedriveSink>(
     })
 }
 
-/// The stored dead letters of `config`'s pipeline (SQL and Redis sinks), read
-/// after the sink brought its tables up to this version's columns.
+/// The stored dead letters of `config`'s pipeline, read after the sink
+/// brought its tables up to this version's columns: a SQL or Redis sink's,
+/// the exactly-once Kafka sink's dead-letter topic, or `[state]`'s (stdout,
+/// at-least-once Kafka).
 pub(crate) async fn dead_letters(
     config: &PipelineConfig,
 ) -> Result<Box<dyn DeadLetterReader>, SinkError> {
+    if exactly_once_kafka(config)? {
+        return Ok(Box::new(KafkaDeadLetters::open(config)?));
+    }
+    let kind = config.sink.kind()?;
+    if !kind.keeps_state() {
+        let store = state_sink(config)?;
+        return Ok(match store.kind()? {
+            SinkKind::Redis => Box::new(RedisDeadLetters::open(&store).await?),
+            _ => Box::new(SqlDeadLetters::open(&store).await?),
+        });
+    }
     match keeping_dead_letters(config)? {
         SinkKind::Sqlite => drop(sqlite::open(&config.sink).await?),
         SinkKind::Postgres => drop(postgres::open(&config.sink).await?),
@@ -239,8 +252,8 @@ fn keeping_dead_letters(config: &PipelineConfig) -> Result<SinkKind, SinkError> 
     let kind = config.sink.kind()?;
     if !kind.is_sql() && kind != SinkKind::Redis {
         return Err(SinkError::Config(format!(
-            "dead letters are listed and redriven in SQL and Redis sinks only; this pipeline's \
-             sink is {}",
+            "dead letters are redriven in SQL and Redis sinks only (listed in every sink that \
+             keeps them); this pipeline's sink is {}",
             kind.as_str()
         )));
     }

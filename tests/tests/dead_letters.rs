@@ -354,8 +354,8 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
     host.stop();
 }
 
-/// What the commands refuse, with a clear error: a sink that keeps no
-/// dead letters, an unknown kind, a redrive that names neither a
+/// What the commands refuse, with a clear error: a redrive into a sink
+/// that cannot take one (stdout), an unknown kind, a redrive that names neither a
 /// batch nor `--all`, a record that is not TOPIC:PARTITION:OFFSET.
 #[test]
 fn dead_letter_commands_refuse_what_they_cannot_do() {
@@ -380,17 +380,11 @@ fn dead_letter_commands_refuse_what_they_cannot_do() {
         .target(Target::new("numbers").column("n", "integer"));
     std::fs::write(&stdout, printed.to_string()).unwrap();
     let redis_arg = redis.to_str().unwrap();
-    let stdout_arg = stdout.to_str().unwrap();
-    for args in [
-        vec!["list", stdout_arg],
-        vec!["redrive", stdout_arg, "--all"],
-    ] {
-        let e = fails(&[&["dead-letters"], &args[..]].concat());
-        assert!(
-            e.contains("in SQL and Redis sinks only; this pipeline's sink is stdout"),
-            "{e}"
-        );
-    }
+    let e = fails(&["dead-letters", "redrive", stdout.to_str().unwrap(), "--all"]);
+    assert!(
+        e.contains("redriven in SQL and Redis sinks only") && e.contains("sink is stdout"),
+        "{e}"
+    );
     let e = fails(&["dead-letters", "list", redis_arg, "--kind", "bogus"]);
     assert!(e.contains("expected one of rejected, trap"), "{e}");
     let e = fails(&["dead-letters", "redrive", redis_arg]);
@@ -574,4 +568,94 @@ async fn redis_redrives_each_dead_letter_exactly_once_across_sigkill() {
     assert!(verified.contains(" 0 differ"), "{verified}");
     assert!(!host.log().contains(" ERROR "), "{}", host.log());
     host.stop();
+}
+
+/// On the exactly-once Kafka sink the dead letters are records of its
+/// dead-letter topic: `list` and `show` read them back (with `read_committed`,
+/// once per batch and record), with their batch's times from the lineage
+/// topic; `show --sample` gives `sluice test` input; a redrive is refused
+/// saying where redrives are done.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_dead_letters_are_listed_and_shown() {
+    let brokers = shared_broker();
+    let (pipeline, input, output) = ("dl-kafka", "dl-kafka-in", "dl-kafka-out");
+    create_topic(brokers, input, 2);
+    sluice_tests::kafka_out::create_sink_topics(brokers, pipeline, output);
+    let numbers: Vec<Produce> = (1..=200)
+        .map(|n| Produce {
+            partition: n % 2,
+            key: Some(format!("k{n}")),
+            value: n.to_string(),
+        })
+        .collect();
+    produce(brokers, input, &numbers);
+    let dir = TempDir::new(pipeline);
+    let config = PipelineToml::new(pipeline, brokers, &[input], &plugin("picky"))
+        .max_records_per_partition(20)
+        .module_param("reject_multiples_of", 5)
+        .sink_url(&format!("kafka://{brokers}"))
+        .target(
+            Target::new("numbers")
+                .column("n", "integer")
+                .column("partition", "integer")
+                .column("offset", "integer")
+                .column("timestamp", "integer")
+                .kafka_topic(output),
+        )
+        .write(dir.path());
+    sluice_tests::run_ok(&config);
+    let config_arg = config.to_str().unwrap();
+    let listed = sluice_ok(&["dead-letters", "list", config_arg, "--json", "--limit", "0"]);
+    let listed: Vec<serde_json::Value> = listed
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(listed.len(), 40, "every multiple of 5, once");
+    let mut values: Vec<i64> = listed
+        .iter()
+        .map(|d| d["value"].as_str().unwrap().parse().unwrap())
+        .collect();
+    values.sort();
+    assert_eq!(values, (1..=40).map(|i| i * 5).collect::<Vec<i64>>());
+    for d in &listed {
+        assert_eq!(d["kind"], "rejected", "{d}");
+        assert!(d["committed_at_ms"].as_i64().is_some(), "{d}");
+        assert_eq!(
+            d["key"],
+            format!("k{}", d["value"].as_str().unwrap()),
+            "{d}"
+        );
+    }
+    let first = &listed[0];
+    let record = format!(
+        "{}:{}:{}",
+        first["topic"].as_str().unwrap(),
+        first["partition"],
+        first["offset"]
+    );
+    let shown = sluice_ok(&["dead-letters", "show", config_arg, &record]);
+    assert!(shown.starts_with(&format!("{record}\n")), "{shown}");
+    assert!(shown.contains("is a multiple of 5"), "{shown}");
+    let sample = sluice_ok(&["dead-letters", "show", config_arg, &record, "--sample"]);
+    let sample_file = dir.path().join("dead.jsonl");
+    std::fs::write(&sample_file, &sample).unwrap();
+    let tested = sluice_ok(&[
+        "test",
+        plugin("picky").to_str().unwrap(),
+        "--input",
+        sample_file.to_str().unwrap(),
+        "--params",
+        r#"{"reject_multiples_of": 5}"#,
+    ]);
+    assert!(tested.contains("is a multiple of 5"), "{tested}");
+    let out = Command::new(sluice_bin())
+        .args(["dead-letters", "redrive", config_arg, "--all"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("redriven in SQL and Redis sinks only"),
+        "{err}"
+    );
 }

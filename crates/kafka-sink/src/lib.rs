@@ -5,7 +5,8 @@
 //! how owners are fenced. A stateful module's keyed state goes in the same
 //! transaction to a changelog topic ([`changelog`]) and is restored from
 //! there ([`state`]). Lineage is read back from its topic by
-//! [`lineage`], for `verify` and `shadow`; modules and activations live in
+//! [`lineage`], for `verify` and `shadow`, dead letters from theirs by
+//! `dead_letters`, for `sluice dead-letters list|show`; modules and activations live in
 //! the pipeline's `[state]` store, like the stdout sink's. [`reset`] moves
 //! the group's committed offsets on purpose, fenced like a batch. Under
 //! `guarantee = "at-least-once"`, [`at_least_once`] sends records without a
@@ -17,6 +18,7 @@
 mod at_least_once;
 mod changelog;
 mod client;
+mod dead_letters;
 mod lineage;
 mod records;
 pub mod reset;
@@ -27,6 +29,7 @@ pub mod to_end;
 
 pub use at_least_once::{KafkaAtLeastOnce, KafkaProducer};
 pub use client::brokers_of;
+pub use dead_letters::KafkaDeadLetters;
 pub use lineage::KafkaLineage;
 pub use section::KafkaSection;
 pub use sink::KafkaSink;
