@@ -14,6 +14,7 @@ pub mod kafka_out;
 pub mod markers;
 pub mod proxy;
 pub mod redis_server;
+pub mod reset;
 pub mod scenarios;
 pub mod sinks;
 pub mod tally;

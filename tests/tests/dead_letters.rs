@@ -61,6 +61,66 @@ fn redrive_command(config: &std::path::Path, args: &[&str]) -> Command {
     c
 }
 
+/// Up to `cycles` redrives of `config` (`--all`), each SIGKILLed at a
+/// random moment soon after it committed part of its work (what `left()`
+/// counts went down), stopping once `left()` is at `floor`; each must have
+/// taken some. Returns how many were killed half-way (more than `floor`
+/// left).
+async fn kill_redrives_half_way(
+    config: &std::path::Path,
+    cycles: usize,
+    floor: i64,
+    left: impl AsyncFn() -> i64,
+) -> usize {
+    let mut killed_half_way = 0;
+    for cycle in 0..cycles {
+        let before = left().await;
+        if before <= floor {
+            break;
+        }
+        let mut child = redrive_command(config, &["--all"]).spawn().unwrap();
+        // Wait until at least one of its transactions committed...
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while left().await == before {
+            assert!(
+                Instant::now() < deadline,
+                "cycle {cycle}: the redrive made no progress"
+            );
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // Then at a random point of what follows (a transform, a commit).
+        let jitter = rand::Rng::gen_range(&mut rand::thread_rng(), 0..40);
+        tokio::time::sleep(Duration::from_millis(jitter)).await;
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+        child.wait().unwrap();
+        let after = left().await;
+        eprintln!("redrive {cycle} SIGKILLed: {before} -> {after} dead letters left");
+        assert!(after < before, "cycle {cycle}: {before} -> {after}");
+        killed_half_way += (after > floor) as usize;
+    }
+    killed_half_way
+}
+
+/// Two redrives of `config` (`--all`) at once, both ending well.
+fn two_redrives_at_once(config: &std::path::Path) {
+    let both: Vec<_> = (0..2)
+        .map(|_| redrive_command(config, &["--all"]).spawn().unwrap())
+        .collect();
+    for child in both {
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 /// The pipeline runs version 1 (rejects multiples of 5) over 1,200 numbers
 /// and 3 values that are no number; the dead letters are listed and shown
 /// (also as `sluice test` input); the fix is deployed and activated; one
@@ -234,57 +294,14 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
     );
     assert_eq!(first_run_dead_letters(&pool).await, dead - in_batch);
 
-    // SIGKILLed half-way, again and again.
-    let mut killed_half_way = 0;
-    for cycle in 0..5 {
-        let before = first_run_dead_letters(&pool).await;
-        if before <= NOT_NUMBERS as i64 {
-            break;
-        }
-        let mut child = redrive_command(&config, &["--all"]).spawn().unwrap();
-        // Wait until at least one of its transactions committed...
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while first_run_dead_letters(&pool).await == before {
-            assert!(
-                Instant::now() < deadline,
-                "cycle {cycle}: the redrive made no progress"
-            );
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        // Then at a random point of what follows (a transform, a commit).
-        let jitter = rand::Rng::gen_range(&mut rand::thread_rng(), 0..40);
-        tokio::time::sleep(Duration::from_millis(jitter)).await;
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        child.wait().unwrap();
-        let after = first_run_dead_letters(&pool).await;
-        eprintln!("redrive {cycle} SIGKILLed: {before} -> {after} dead letters left");
-        assert!(after < before, "cycle {cycle}: {before} -> {after}");
-        if after > NOT_NUMBERS as i64 {
-            killed_half_way += 1;
-        }
-    }
+    // SIGKILLed half-way, again and again, then two at once.
+    let left = async || first_run_dead_letters(&pool).await;
+    let killed_half_way = kill_redrives_half_way(&config, 5, NOT_NUMBERS as i64, left).await;
     assert!(
         killed_half_way >= 2,
         "only {killed_half_way} redrives were killed half-way"
     );
-
-    // Two at once finish the rest.
-    let both: Vec<_> = (0..2)
-        .map(|_| redrive_command(&config, &["--all"]).spawn().unwrap())
-        .collect();
-    for child in both {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    two_redrives_at_once(&config);
 
     // Every number exactly once, the redriven ones with their own time.
     assert_eq!(
@@ -495,44 +512,10 @@ async fn redis_redrives_each_dead_letter_exactly_once_across_sigkill() {
     );
     assert!(deployed.contains("activated version 2"), "{deployed}");
 
-    let mut killed_half_way = 0;
-    for cycle in 0..4 {
-        let before = redis_first_run_dead_letters(&redis, topic);
-        if before <= NOT_NUMBERS {
-            break;
-        }
-        let mut child = redrive_command(&config, &["--all"]).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while redis_first_run_dead_letters(&redis, topic) == before {
-            assert!(Instant::now() < deadline, "cycle {cycle}: no progress");
-            if child.try_wait().unwrap().is_some() {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        let jitter = rand::Rng::gen_range(&mut rand::thread_rng(), 0..40);
-        tokio::time::sleep(Duration::from_millis(jitter)).await;
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-        child.wait().unwrap();
-        let after = redis_first_run_dead_letters(&redis, topic);
-        eprintln!("redis redrive {cycle} SIGKILLed: {before} -> {after} dead letters left");
-        assert!(after < before, "cycle {cycle}: {before} -> {after}");
-        killed_half_way += (after > NOT_NUMBERS) as usize;
-    }
+    let left = async || redis_first_run_dead_letters(&redis, topic) as i64;
+    let killed_half_way = kill_redrives_half_way(&config, 4, NOT_NUMBERS as i64, left).await;
     assert!(killed_half_way >= 1, "no redrive was killed half-way");
-    let both: Vec<_> = (0..2)
-        .map(|_| redrive_command(&config, &["--all"]).spawn().unwrap())
-        .collect();
-    for child in both {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    two_redrives_at_once(&config);
 
     let counts = counts();
     assert_eq!(counts.len(), N as usize, "every number landed");

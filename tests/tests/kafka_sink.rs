@@ -960,24 +960,7 @@ async fn reset_moves_the_groups_offsets_fenced_on_kafka() {
         "a dry run moved: {again}"
     );
 
-    let partition = format!("{input}:0");
-    let moved = sluice_ok(&[
-        "reset",
-        config_arg,
-        "--to-offset",
-        "50",
-        "--partition",
-        &partition,
-    ]);
-    assert!(
-        moved.contains(&format!("{input}[0]: checkpoint 100 -> 50")),
-        "{moved}"
-    );
-    assert!(moved.contains(&format!("`{pipeline}@reset-1`")), "{moved}");
-    assert!(
-        moved.contains("re-processed records are appended again"),
-        "{moved}"
-    );
+    sluice_tests::reset::partition_0_back_to_50(&config, input, pipeline);
     run_ok(&config);
     let out = read_consumed(brokers, output, PARTITIONS);
     assert_eq!(out.len(), 250, "partition 0 offsets 50..100 again");
@@ -1002,23 +985,17 @@ async fn reset_moves_the_groups_offsets_fenced_on_kafka() {
     assert!(verified.contains(" 0 differ"), "{verified}");
 
     // A running instance: fenced, continues from the new checkpoint.
-    let host = Host::start(&config, &dir.path().join("running.log"));
-    host.wait_for_log("reading partition", 2, Duration::from_secs(60));
-    let moved = sluice_ok(&["reset", config_arg, "--to-earliest"]);
+    let landed = async || read_consumed(brokers, output, PARTITIONS).len() as i64;
+    let moved = sluice_tests::reset::under_a_running_instance(
+        &config,
+        dir.path(),
+        brokers,
+        input,
+        460,
+        landed,
+    )
+    .await;
     assert!(moved.contains(&format!("`{pipeline}@reset-2`")), "{moved}");
-    produce(brokers, input, &numbered("late", 10, 2));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while read_consumed(brokers, output, PARTITIONS).len() < 250 + 210 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not re-read after the reset:\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-    assert!(host.log().contains("fenced"), "{}", host.log());
-    host.stop();
-    assert_eq!(read_consumed(brokers, output, PARTITIONS).len(), 460);
     let verified = sluice_ok(&["verify", config_arg]);
     assert!(verified.contains(" 0 differ"), "{verified}");
 }

@@ -204,21 +204,7 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
         "a refused reset changed checkpoints"
     );
 
-    let partition = format!("{name}:0");
-    let moved = sluice_ok(&[
-        "reset",
-        config_arg,
-        "--to-offset",
-        "50",
-        "--partition",
-        &partition,
-    ]);
-    assert!(
-        moved.contains(&format!("{name}[0]: checkpoint 100 -> 50")),
-        "{moved}"
-    );
-    assert!(moved.contains(&format!("`{name}@reset-1`")), "{moved}");
-    assert!(moved.contains("appended again"), "{moved}");
+    sluice_tests::reset::partition_0_back_to_50(&config, name, name);
     run_ok(&config);
     assert_eq!(
         sqlite_count(&pool, "SELECT count(*) FROM records").await,
@@ -240,25 +226,16 @@ async fn reset_reprocesses_on_purpose_and_keeps_the_old_run_readable() {
     assert!(verified.contains(" 0 differ"), "{verified}");
 
     // A running instance: fenced at its next commit, continues from 0.
-    let host = Host::start(&config, &dir.path().join("running.log"));
-    host.wait_for_log("reading partition", 2, Duration::from_secs(60));
-    sluice_ok(&["reset", config_arg, "--to-earliest"]);
-    produce(shared_broker(), name, &numbered("late", 10, 2));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while sqlite_count(&pool, "SELECT count(*) FROM records").await < 250 + 210 {
-        assert!(
-            Instant::now() < deadline,
-            "not re-read after the reset:\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(host.log().contains("fenced"), "{}", host.log());
-    host.stop();
-    assert_eq!(
-        sqlite_count(&pool, "SELECT count(*) FROM records").await,
-        460
-    );
+    let records = async || sqlite_count(&pool, "SELECT count(*) FROM records").await;
+    sluice_tests::reset::under_a_running_instance(
+        &config,
+        dir.path(),
+        shared_broker(),
+        name,
+        250 + 210,
+        records,
+    )
+    .await;
 }
 
 /// How many partitions and instances the scale-out test runs.

@@ -518,7 +518,7 @@ async fn dead_letters_are_trimmed_to_the_newest_kept() {
 /// new checkpoint.
 #[tokio::test(flavor = "multi_thread")]
 async fn reset_moves_checkpoints_and_archives_lineage_on_redis() {
-    use sluice_tests::control::{Host, sluice_ok};
+    use sluice_tests::control::sluice_ok;
     let brokers = shared_broker();
     let topic = "redis-reset";
     create_topic(brokers, topic, 2);
@@ -548,20 +548,7 @@ async fn reset_moves_checkpoints_and_archives_lineage_on_redis() {
     );
     assert_eq!(checkpoints(), both, "a dry run moved checkpoints");
 
-    let partition = format!("{topic}:0");
-    let moved = sluice_ok(&[
-        "reset",
-        config_arg,
-        "--to-offset",
-        "50",
-        "--partition",
-        &partition,
-    ]);
-    assert!(
-        moved.contains(&format!("{topic}[0]: checkpoint 100 -> 50")),
-        "{moved}"
-    );
-    assert!(moved.contains("`rreset@reset-1`"), "{moved}");
+    let moved = sluice_tests::reset::partition_0_back_to_50(&config, topic, "rreset");
     assert!(
         moved.contains("target `records`: re-processed records are appended again"),
         "{moved}"
@@ -593,21 +580,15 @@ async fn reset_moves_checkpoints_and_archives_lineage_on_redis() {
     assert!(verified.contains(" 0 differ"), "{verified}");
 
     // A running instance: fenced at its next commit, continues from 0.
-    let host = Host::start(&config, &dir.path().join("running.log"));
-    host.wait_for_log("reading partition", 2, Duration::from_secs(60));
-    let moved = sluice_ok(&["reset", config_arg, "--to-earliest"]);
+    let landed = async || counts().values().sum::<i64>();
+    let moved = sluice_tests::reset::under_a_running_instance(
+        &config,
+        dir.path(),
+        brokers,
+        topic,
+        460,
+        landed,
+    )
+    .await;
     assert!(moved.contains("`rreset@reset-2`"), "{moved}");
-    produce(brokers, topic, &numbered("late", 10, 2));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while counts().values().sum::<i64>() < 250 + 210 {
-        assert!(
-            Instant::now() < deadline,
-            "not re-read after the reset:\n{}",
-            host.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    assert!(host.log().contains("fenced"), "{}", host.log());
-    host.stop();
-    assert_eq!(counts().values().sum::<i64>(), 460);
 }
