@@ -23,6 +23,38 @@ const NUMBERS: i64 = 1200;
 /// Values no version can read: they stay dead letters after every redrive.
 const NOT_NUMBERS: usize = 3;
 
+/// The numbers 0..n over 2 partitions, with [`NOT_NUMBERS`] values that
+/// are no number among them on partition 0.
+fn numbers_and_oops(n: i64) -> Vec<Produce> {
+    let mut records: Vec<Produce> = (0..n)
+        .map(|n| Produce {
+            partition: (n % 2) as i32,
+            key: None,
+            value: n.to_string(),
+        })
+        .collect();
+    for k in 0..NOT_NUMBERS {
+        records.insert(
+            (k + 1) * n as usize / 4,
+            Produce {
+                partition: 0,
+                key: None,
+                value: format!("oops-{k}"),
+            },
+        );
+    }
+    records
+}
+
+/// The target `picky` writes: the number, where it came from, its time.
+fn numbers_target() -> Target {
+    Target::new("numbers")
+        .column("n", "integer")
+        .column("partition", "integer")
+        .column("offset", "integer")
+        .column("timestamp", "integer")
+}
+
 fn pipeline_config(dir: &TempDir, topic: &str, port: u16) -> std::path::PathBuf {
     let db = dir.path().join("out.db");
     PipelineToml::new(topic, shared_broker(), &[topic], &plugin("picky"))
@@ -30,13 +62,7 @@ fn pipeline_config(dir: &TempDir, topic: &str, port: u16) -> std::path::PathBuf 
         .batch_interval_ms(50)
         .module_param("reject_multiples_of", 5)
         .sink_url(&format!("sqlite://{}", db.display()))
-        .target(
-            Target::new("numbers")
-                .column("n", "integer")
-                .column("partition", "integer")
-                .column("offset", "integer")
-                .column("timestamp", "integer"),
-        )
+        .target(numbers_target())
         .control(port, 4 * 1024 * 1024)
         .write(dir.path())
 }
@@ -143,23 +169,7 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
     host.wait_for_api(port);
 
     let produced_from = sluice::batch::now_ms();
-    let mut records: Vec<Produce> = (0..NUMBERS)
-        .map(|n| Produce {
-            partition: (n % 2) as i32,
-            key: None,
-            value: n.to_string(),
-        })
-        .collect();
-    for k in 0..NOT_NUMBERS {
-        records.insert(
-            100 + 300 * k,
-            Produce {
-                partition: 0,
-                key: None,
-                value: format!("oops-{k}"),
-            },
-        );
-    }
+    let records = numbers_and_oops(NUMBERS);
     produce(shared_broker(), topic, &records);
     let produced_until = sluice::batch::now_ms();
 
@@ -447,41 +457,18 @@ async fn redis_redrives_each_dead_letter_exactly_once_across_sigkill() {
         .batch_interval_ms(50)
         .module_param("reject_multiples_of", 5)
         .sink_url(&redis.url())
-        .target(
-            Target::new("numbers")
-                .column("n", "integer")
-                .column("partition", "integer")
-                .column("offset", "integer")
-                .column("timestamp", "integer")
-                .redis(&[
-                    ("command", "hincrby".into()),
-                    ("key", "counts".into()),
-                    ("field", "{n}".into()),
-                    ("by", "1".into()),
-                ]),
-        )
+        .target(numbers_target().redis(&[
+            ("command", "hincrby".into()),
+            ("key", "counts".into()),
+            ("field", "{n}".into()),
+            ("by", "1".into()),
+        ]))
         .control(port, 4 * 1024 * 1024)
         .write(dir.path());
     let config_arg = config.to_str().unwrap();
     let host = Host::start(&config, &dir.path().join("host.log"));
     host.wait_for_api(port);
-    let mut records: Vec<Produce> = (0..N)
-        .map(|n| Produce {
-            partition: (n % 2) as i32,
-            key: None,
-            value: n.to_string(),
-        })
-        .collect();
-    for k in 0..NOT_NUMBERS {
-        records.insert(
-            50 + 200 * k,
-            Produce {
-                partition: 1,
-                key: None,
-                value: format!("oops-{k}"),
-            },
-        );
-    }
+    let records = numbers_and_oops(N);
     produce(shared_broker(), topic, &records);
     let dead = (N / 5) as usize + NOT_NUMBERS;
     let counts = || -> std::collections::BTreeMap<i64, i64> {
@@ -577,14 +564,7 @@ async fn kafka_dead_letters_are_listed_and_shown() {
         .max_records_per_partition(20)
         .module_param("reject_multiples_of", 5)
         .sink_url(&format!("kafka://{brokers}"))
-        .target(
-            Target::new("numbers")
-                .column("n", "integer")
-                .column("partition", "integer")
-                .column("offset", "integer")
-                .column("timestamp", "integer")
-                .kafka_topic(output),
-        )
+        .target(numbers_target().kafka_topic(output))
         .write(dir.path());
     sluice_tests::run_ok(&config);
     let config_arg = config.to_str().unwrap();
