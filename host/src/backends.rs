@@ -164,7 +164,8 @@ pub(crate) trait WithSink {
     async fn with<S: Sink>(self, sink: S) -> Self::Output;
 }
 
-/// What to do with a sink that can redrive dead letters (SQL, Redis).
+/// What to do with a sink that can redrive dead letters (SQL, Redis,
+/// exactly-once Kafka).
 pub(crate) trait WithRedriveSink {
     type Output;
     async fn with<S: Sink + Redrive>(self, sink: S) -> Self::Output;
@@ -212,7 +213,8 @@ pub(crate) async fn with_redrive_sink<W: WithRedriveSink>(
         SinkKind::Sqlite => work.with(sqlite::open(&config.sink).await?).await,
         SinkKind::Postgres => work.with(postgres::open(&config.sink).await?).await,
         SinkKind::Mysql => work.with(mysql::open(&config.sink).await?).await,
-        _ => work.with(redis::open(&config.sink).await?).await,
+        SinkKind::Redis => work.with(redis::open(&config.sink).await?).await,
+        _ => work.with(KafkaSink::open(config).await?).await,
     })
 }
 
@@ -246,15 +248,19 @@ pub(crate) async fn dead_letters(
     Ok(Box::new(SqlDeadLetters::open(&config.sink.store()).await?))
 }
 
-/// The sink's kind if it keeps dead letters sluice can list and redrive
-/// (SQL, Redis).
+/// The sink's kind if it keeps dead letters sluice can redrive (SQL,
+/// Redis, exactly-once Kafka).
 fn keeping_dead_letters(config: &PipelineConfig) -> Result<SinkKind, SinkError> {
     let kind = config.sink.kind()?;
-    if !kind.is_sql() && kind != SinkKind::Redis {
+    if !kind.keeps_state() && !exactly_once_kafka(config)? {
         return Err(SinkError::Config(format!(
-            "dead letters are redriven in SQL and Redis sinks only (listed in every sink that \
-             keeps them); this pipeline's sink is {}",
-            kind.as_str()
+            "dead letters are redriven into SQL, Redis and exactly-once Kafka sinks only \
+             (listed in every sink that keeps them); this pipeline's sink is {}{}",
+            kind.as_str(),
+            match kind {
+                SinkKind::Kafka => " (at-least-once)",
+                _ => "",
+            }
         )));
     }
     Ok(kind)

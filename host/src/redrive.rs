@@ -29,7 +29,7 @@ use crate::runtime::{Limits, ModuleError, RunError, Runtime, WasmTransform};
 use crate::sink::{Commit, Sink, SinkError};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::dead_letters::{
-    DeadLetterFilter, REDRIVE_PREFIX, RecordKey, Redrive, RedriveOutcome, StoredDeadLetter,
+    DeadLetterFilter, REDRIVE_PREFIX, Redrive, RedriveOutcome, StoredDeadLetter,
 };
 use sluice_core::state::NoState;
 use sluice_core::store::{StoreError, Version};
@@ -169,10 +169,9 @@ async fn redrive_with<S: Redrive>(
     let (version, preparer) = active_preparer(config).await?;
     done.version = Some(version);
     let total = selected.len();
-    for (from_batch, letters) in by_batch(selected) {
+    for (from_batch, letters) in redrive_batches(selected, filter)? {
         let batch = transform(&preparer, &config.pipeline, &from_batch, &letters)?;
-        let taken: Vec<RecordKey> = letters.iter().map(StoredDeadLetter::key).collect();
-        let committed = commit(sink, &batch, &from_batch, &taken).await?;
+        let committed = commit(sink, &batch, &from_batch, &letters).await?;
         let redriven = Redriven {
             from_batch,
             batch_id: batch.plan.batch_id.clone(),
@@ -228,16 +227,47 @@ async fn active_preparer(
     Ok((version, preparer))
 }
 
-/// The dead letters by the batch that stored them: one redrive batch
-/// each, so a redrive batch is never larger than a batch the pipeline ran.
-/// Each group keeps the listing's (topic, partition, offset) order
-/// (`DeadLetterReader::list` gives it).
-fn by_batch(letters: Vec<StoredDeadLetter>) -> BTreeMap<String, Vec<StoredDeadLetter>> {
+/// The redrive batches of `letters`, each stored by one batch, so a
+/// redrive batch is never larger than a batch the pipeline ran: for a sink
+/// that keeps them in a table, by the batch that stored them, each keeping
+/// the listing's (topic, partition, offset) order
+/// (`DeadLetterReader::list` gives it); for one that keeps them in a log
+/// (`stored_at`), in the log's order, each a run stored by one batch in
+/// one partition of it, since such a sink moves a position past what it
+/// redrove and must not pass over any (it takes no filter).
+fn redrive_batches(
+    mut letters: Vec<StoredDeadLetter>,
+    filter: &DeadLetterFilter,
+) -> Result<Vec<(String, Vec<StoredDeadLetter>)>, RedriveError> {
+    if letters.iter().any(|d| d.stored_at.is_some()) {
+        if *filter != DeadLetterFilter::default() {
+            return Err(RedriveError::Sink(SinkError::Config(
+                "this sink keeps its dead letters in a log and redrives them in its order, \
+                 all of them: use `--all` alone"
+                    .into(),
+            )));
+        }
+        letters.sort_by_key(|d| d.stored_at);
+        let mut runs: Vec<(String, Vec<StoredDeadLetter>)> = Vec::new();
+        for d in letters {
+            let partition = d.stored_at.map(|at| at.partition);
+            match runs.last_mut() {
+                Some((batch, run))
+                    if *batch == d.batch_id
+                        && run[0].stored_at.map(|at| at.partition) == partition =>
+                {
+                    run.push(d)
+                }
+                _ => runs.push((d.batch_id.clone(), vec![d])),
+            }
+        }
+        return Ok(runs);
+    }
     let mut groups: BTreeMap<String, Vec<StoredDeadLetter>> = BTreeMap::new();
     for d in letters {
         groups.entry(d.batch_id.clone()).or_default().push(d);
     }
-    groups
+    Ok(groups.into_iter().collect())
 }
 
 /// Runs `letters` (sorted) as one batch under a plan of their own: the
@@ -322,7 +352,7 @@ async fn commit<S: Redrive>(
     sink: &S,
     batch: &Batch,
     stored_by: &str,
-    taken: &[RecordKey],
+    taken: &[StoredDeadLetter],
 ) -> Result<bool, RedriveError> {
     let commit = Commit {
         plan: &batch.plan,

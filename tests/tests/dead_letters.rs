@@ -11,11 +11,13 @@
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
 use sluice_tests::control::{Host, cli_ok, control_port, sluice_ok};
+use sluice_tests::markers::read_committed_by_markers;
 use sluice_tests::redis_server::RedisServer;
 use sluice_tests::{
     PipelineToml, Produce, Target, TempDir, create_topic, plugin, produce, shared_broker,
     sluice_bin, sqlite_count,
 };
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -409,7 +411,8 @@ fn dead_letter_commands_refuse_what_they_cannot_do() {
     let redis_arg = redis.to_str().unwrap();
     let e = fails(&["dead-letters", "redrive", stdout.to_str().unwrap(), "--all"]);
     assert!(
-        e.contains("redriven in SQL and Redis sinks only") && e.contains("sink is stdout"),
+        e.contains("redriven into SQL, Redis and exactly-once Kafka sinks only")
+            && e.contains("sink is stdout"),
         "{e}"
     );
     let e = fails(&["dead-letters", "list", redis_arg, "--kind", "bogus"]);
@@ -543,8 +546,7 @@ async fn redis_redrives_each_dead_letter_exactly_once_across_sigkill() {
 /// On the exactly-once Kafka sink the dead letters are records of its
 /// dead-letter topic: `list` and `show` read them back (with `read_committed`,
 /// once per batch and record), with their batch's times from the lineage
-/// topic; `show --sample` gives `sluice test` input; a redrive is refused
-/// saying where redrives are done.
+/// topic; `show --sample` gives `sluice test` input.
 #[tokio::test(flavor = "multi_thread")]
 async fn kafka_dead_letters_are_listed_and_shown() {
     let brokers = shared_broker();
@@ -612,13 +614,109 @@ async fn kafka_dead_letters_are_listed_and_shown() {
         r#"{"reject_multiples_of": 5}"#,
     ]);
     assert!(tested.contains("is a multiple of 5"), "{tested}");
-    let out = Command::new(sluice_bin())
-        .args(["dead-letters", "redrive", config_arg, "--all"])
+}
+
+/// On the exactly-once Kafka sink a redrive moves a position in the
+/// dead-letter topic in each transaction: redrives SIGKILLed half-way,
+/// then two at once; every number lands once in the output (read by the
+/// broker's transaction markers: this broker shows aborted records), the
+/// listing shows only what no version can read (stored again by a
+/// redrive), and `verify` passes.
+#[tokio::test(flavor = "multi_thread")]
+async fn kafka_redrives_each_dead_letter_exactly_once_across_sigkill() {
+    const N: i64 = 600;
+    let brokers = shared_broker();
+    let (pipeline, input, output) = (
+        "dl-kafka-redrive",
+        "dl-kafka-redrive-in",
+        "dl-kafka-redrive-out",
+    );
+    let dl_topic = format!("{pipeline}.dead-letters");
+    create_topic(brokers, input, 2);
+    sluice_tests::kafka_out::create_sink_topics(brokers, pipeline, output);
+    let dir = TempDir::new(pipeline);
+    let (port, url) = control_port();
+    let config = PipelineToml::new(pipeline, brokers, &[input], &plugin("picky"))
+        .max_records_per_partition(20)
+        .batch_interval_ms(50)
+        .module_param("reject_multiples_of", 5)
+        .sink_url(&format!("kafka://{brokers}"))
+        .target(numbers_target().kafka_topic(output))
+        .control(port, 4 * 1024 * 1024)
+        .write(dir.path());
+    let config_arg = config.to_str().unwrap();
+    let host = Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
+    produce(brokers, input, &numbers_and_oops(N));
+    let dead = (N / 5) as usize + NOT_NUMBERS;
+    let listed = || -> Vec<serde_json::Value> {
+        sluice_ok(&["dead-letters", "list", config_arg, "--json", "--limit", "0"])
+            .lines()
+            .filter(|l| l.starts_with('{'))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while listed().len() < dead {
+        assert!(Instant::now() < deadline, "not caught up:\n{}", host.log());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let first_run_end = listed()
+        .iter()
+        .map(|d| d["stored_at"]["offset"].as_i64().unwrap() + 1)
+        .max()
+        .unwrap();
+    let deployed = cli_ok(
+        &url,
+        &[
+            "deploy",
+            plugin("picky").to_str().unwrap(),
+            "--params",
+            r#"{"reject_multiples_of": 0, "spin": 1500000}"#,
+            "--activate",
+        ],
+    );
+    assert!(deployed.contains("activated version 2"), "{deployed}");
+    let refused = redrive_command(&config, &["--all", "--kind", "rejected"])
         .output()
         .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && err.contains("redriven in SQL and Redis sinks only"),
-        "{err}"
+        String::from_utf8_lossy(&refused.stderr).contains("use `--all` alone"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
     );
+
+    // The redrive's position in the dead-letter topic: the pipeline
+    // group's committed offset there.
+    let position = sluice_tests::kafka_out::GroupOffsets::new(
+        brokers,
+        &format!("sluice-{pipeline}"),
+        &dl_topic,
+        1,
+    );
+    let left = async || (first_run_end - position.total()).max(0);
+    let killed_half_way = kill_redrives_half_way(&config, 4, 0, left).await;
+    assert!(killed_half_way >= 1, "no redrive was killed half-way");
+    two_redrives_at_once(&config);
+
+    let mut counts: BTreeMap<i64, usize> = BTreeMap::new();
+    for c in read_committed_by_markers(brokers, output, 4) {
+        let row: serde_json::Value = serde_json::from_str(&c.value).unwrap();
+        *counts.entry(row["n"].as_i64().unwrap()).or_default() += 1;
+    }
+    assert_eq!(counts.len(), N as usize, "every number landed");
+    let twice: Vec<_> = counts.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(twice.is_empty(), "numbers landed more than once: {twice:?}");
+    let left = listed();
+    assert_eq!(left.len(), NOT_NUMBERS, "{left:?}");
+    for d in &left {
+        assert!(
+            d["batch_id"].as_str().unwrap().starts_with("redrive-"),
+            "{d}"
+        );
+        assert_eq!(d["reason"], "value is not a number");
+    }
+    let verified = sluice_ok(&["verify", config_arg]);
+    assert!(verified.contains(" 0 differ"), "{verified}");
+    host.stop();
 }

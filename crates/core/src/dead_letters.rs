@@ -49,6 +49,18 @@ pub struct StoredDeadLetter {
     pub batch_time_ms: Option<i64>,
     /// When the batch was committed, if its lineage row is still there.
     pub committed_at_ms: Option<i64>,
+    /// Where a sink that keeps dead letters in a log (the Kafka sink's
+    /// dead-letter topic) stored it; such a sink redrives them in that
+    /// order, in runs stored by one batch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stored_at: Option<StoredAt>,
+}
+
+/// A dead letter's place in a log: partition and offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+pub struct StoredAt {
+    pub partition: i32,
+    pub offset: i64,
 }
 
 impl StoredDeadLetter {
@@ -95,7 +107,7 @@ impl std::str::FromStr for RecordKey {
 }
 
 /// Which stored dead letters a listing or a redrive takes (all by default).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeadLetterFilter {
     /// Only those of this batch.
     pub batch_id: Option<String>,
@@ -153,7 +165,7 @@ pub trait Redrive {
         &self,
         commit: &Commit<'_>,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<RedriveOutcome, SinkError>;
     /// How many of `taken` are still stored by `stored_by`: after a commit
     /// whose outcome is unknown, none means it landed and all means it did
@@ -162,7 +174,7 @@ pub trait Redrive {
         &self,
         pipeline: &str,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<usize, SinkError>;
 }
 

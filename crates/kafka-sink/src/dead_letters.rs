@@ -10,16 +10,21 @@
 //! therefore counted once per batch and record. The record's own time is
 //! not stored (the dead letter's Kafka timestamp is when it was produced).
 //!
-//! It must not write: dead letters are written only by the batch
-//! transactions.
+//! Dead letters below the redrive's position (`redrive`) are redriven and
+//! left out.
+//!
+//! It must not write: dead letters are written only by the batch and
+//! redrive transactions.
 
-use crate::client::Cluster;
+use crate::client::{BROKER_TIMEOUT, Cluster};
 use crate::lineage::KafkaLineage;
 use crate::section::KafkaSection;
 use crate::to_end::{EndReadError, EndReader};
+use rdkafka::consumer::Consumer;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::config::{KindSection, PipelineConfig};
-use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredDeadLetter};
+use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredAt, StoredDeadLetter};
 use sluice_core::sink::SinkError;
 use sluice_core::store::{LineageStore, Selection};
 use std::collections::{BTreeMap, HashMap};
@@ -32,6 +37,8 @@ const READ_FOR: Duration = Duration::from_secs(120);
 pub struct KafkaDeadLetters {
     cluster: Cluster,
     topic: String,
+    /// The pipeline's consumer group, which keeps the redrive's positions.
+    group: String,
     lineage: KafkaLineage,
 }
 
@@ -40,12 +47,13 @@ impl KafkaDeadLetters {
         Ok(KafkaDeadLetters {
             cluster: Cluster::of(config)?,
             topic: KafkaSection::sink(&config.sink)?.dead_letter_topic(&config.pipeline),
+            group: config.group_id(),
             lineage: KafkaLineage::open(config)?,
         })
     }
 
-    /// Every dead letter of `pipeline` in the topic, once per batch and
-    /// record.
+    /// Every dead letter of `pipeline` in the topic not yet redriven (at
+    /// or past the redrive's position), once per batch and record.
     fn read(&self, pipeline: &str) -> Result<Vec<StoredDeadLetter>, SinkError> {
         let failed = |e: EndReadError| match e {
             EndReadError::NoTopic(_) => {
@@ -53,14 +61,19 @@ impl KafkaDeadLetters {
             }
             e => SinkError::unavailable(format!("reading dead-letter topic `{}`", self.topic), e),
         };
-        let group = format!("sluice-dead-letter-reader-{pipeline}");
-        let reader = EndReader::open(self.cluster.client(), &group, &self.topic).map_err(failed)?;
+        let reader =
+            EndReader::open(self.cluster.client(), &self.group, &self.topic).map_err(failed)?;
+        let positions = positions(&reader, &self.topic)?;
         let mut letters = BTreeMap::new();
         let mut foreign = None;
         reader
             .read(reader.partitions(), READ_FOR, |m| {
                 match parse(m) {
-                    Ok(Some((of, d))) if of == pipeline => {
+                    Ok(Some((of, d)))
+                        if of == pipeline
+                            && m.offset()
+                                >= positions.get(&m.partition()).copied().unwrap_or(0) =>
+                    {
                         letters.insert((d.batch_id.clone(), d.key()), d);
                     }
                     Ok(_) => {}
@@ -112,6 +125,27 @@ impl DeadLetterReader for KafkaDeadLetters {
     }
 }
 
+/// The redrive's position per partition of `topic` (dead letters below
+/// it are redriven): the group's stable committed offsets.
+fn positions(reader: &EndReader, topic: &str) -> Result<HashMap<i32, i64>, SinkError> {
+    let mut list = TopicPartitionList::new();
+    for &p in reader.partitions() {
+        list.add_partition(topic, p);
+    }
+    let committed = reader
+        .consumer()
+        .committed_offsets(list, BROKER_TIMEOUT)
+        .map_err(|e| SinkError::unavailable("reading the redrive's positions", e))?;
+    Ok(committed
+        .elements()
+        .iter()
+        .filter_map(|e| match e.offset() {
+            Offset::Offset(o) => Some((e.partition(), o)),
+            _ => None,
+        })
+        .collect())
+}
+
 /// The pipeline a dead-letter record is of, and the dead letter; `None`
 /// for a record without sluice's headers.
 fn parse(m: &BorrowedMessage<'_>) -> Result<Option<(String, StoredDeadLetter)>, String> {
@@ -149,6 +183,10 @@ fn parse(m: &BorrowedMessage<'_>) -> Result<Option<(String, StoredDeadLetter)>, 
         reason: text("sluice.reason")?,
         batch_time_ms: None,
         committed_at_ms: None,
+        stored_at: Some(StoredAt {
+            partition: m.partition(),
+            offset: m.offset(),
+        }),
     };
     Ok(Some((pipeline, letter)))
 }

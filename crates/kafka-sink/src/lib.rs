@@ -6,7 +6,9 @@
 //! transaction to a changelog topic ([`changelog`]) and is restored from
 //! there ([`state`]). Lineage is read back from its topic by
 //! [`lineage`], for `verify` and `shadow`, dead letters from theirs by
-//! `dead_letters`, for `sluice dead-letters list|show`; modules and activations live in
+//! `dead_letters`, for `sluice dead-letters list|show`, and redriven by
+//! `redrive` (a position in the dead-letter topic moved in the redrive's
+//! transaction); modules and activations live in
 //! the pipeline's `[state]` store, like the stdout sink's. [`reset`] moves
 //! the group's committed offsets on purpose, fenced like a batch. Under
 //! `guarantee = "at-least-once"`, [`at_least_once`] sends records without a
@@ -21,6 +23,7 @@ mod client;
 mod dead_letters;
 mod lineage;
 mod records;
+mod redrive;
 pub mod reset;
 pub mod section;
 mod sink;

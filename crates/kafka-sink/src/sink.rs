@@ -114,11 +114,13 @@ const COMMIT_RETRY: RetryPolicy = RetryPolicy {
 pub struct KafkaSink {
     pub(crate) cluster: Cluster,
     pub(crate) pipeline: String,
-    layout: BatchLayout,
+    pub(crate) layout: BatchLayout,
     pub(crate) lineage_topic: String,
+    /// Where the batches' dead letters go.
+    pub(crate) dead_letter_topic: String,
     /// Reads the group's committed offsets; its group metadata goes with
     /// every transaction's offsets.
-    offsets: BaseConsumer,
+    pub(crate) offsets: BaseConsumer,
     pub(crate) group: ConsumerGroupMetadata,
     pub(crate) producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
     /// Per input topic, its changelog.
@@ -128,6 +130,8 @@ pub struct KafkaSink {
     /// checkpoints, moved by each commit that changes state.
     pub(crate) seals: Mutex<HashMap<TopicPartition, Option<i64>>>,
     pub(crate) state: Arc<KafkaStateStore>,
+    /// The producer of this process's redrive, once started (`redrive`).
+    pub(crate) redriving: Mutex<Option<Arc<TxnProducer>>>,
 }
 
 impl KafkaSink {
@@ -152,14 +156,16 @@ impl KafkaSink {
         let mut sink = KafkaSink {
             cluster,
             pipeline: config.pipeline.clone(),
-            layout: BatchLayout::new(&config.sink.targets, dead_letter_topic)?,
+            layout: BatchLayout::new(&config.sink.targets, dead_letter_topic.clone())?,
             lineage_topic: fields.lineage_topic(&config.pipeline),
+            dead_letter_topic,
             offsets,
             group,
             producers: Mutex::new(HashMap::new()),
             changelogs: HashMap::new(),
             seals: Mutex::new(HashMap::new()),
             state: Arc::new(KafkaStateStore::for_pipeline(config)?),
+            redriving: Mutex::new(None),
         };
         tokio::task::block_in_place(|| {
             sink.check_topics()?;
@@ -226,20 +232,33 @@ impl KafkaSink {
     /// producer under its id (a previous owner, or this one's own last)
     /// is fenced and its open transaction aborted.
     fn fence(&self, tp: &TopicPartition) -> Result<Arc<TxnProducer>, SinkError> {
+        let changelog = self.changelog_of(tp).unwrap_or_default();
+        self.transactional(self.transactional_id(tp), changelog, &tp.to_string())
+    }
+
+    /// A new transactional producer under `id`, initialized (fencing every
+    /// earlier one under it); `changelog` is the topic whose seals it
+    /// notes, `what` names it in errors.
+    pub(crate) fn transactional(
+        &self,
+        id: String,
+        changelog: &str,
+        what: &str,
+    ) -> Result<Arc<TxnProducer>, SinkError> {
         let watch = SealWatch {
-            changelog: self.changelog_of(tp).unwrap_or_default().to_string(),
+            changelog: changelog.to_string(),
             seal: Mutex::new(None),
         };
         let producer: TxnProducer = self
             .cluster
             .producer()
-            .set("transactional.id", self.transactional_id(tp))
+            .set("transactional.id", id)
             .create_with_context(watch)
             .map_err(|e| SinkError::Config(format!("Kafka producer: {e}")))?;
-        self.connect(&producer, tp)?;
+        self.connect(&producer, what)?;
         producer
             .init_transactions(BROKER_TIMEOUT)
-            .map_err(|e| broker_error(format!("init_transactions for {tp}"), e))?;
+            .map_err(|e| broker_error(format!("init_transactions for {what}"), e))?;
         Ok(Arc::new(producer))
     }
 
@@ -249,7 +268,7 @@ impl KafkaSink {
     /// timer. A first metadata answer comes over the bootstrap connection,
     /// which librdkafka then drops; the next comes from a named broker. On
     /// Tansu this cut a fence from ~510 ms to ~55 ms.
-    fn connect(&self, producer: &TxnProducer, tp: &TopicPartition) -> Result<(), SinkError> {
+    fn connect(&self, producer: &TxnProducer, tp: &str) -> Result<(), SinkError> {
         for _ in 0..3 {
             let metadata = producer
                 .client()
@@ -649,7 +668,7 @@ pub(crate) fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> 
 
 /// A broker call that failed: retriable ones make the sink unavailable
 /// (the loop retries), fatal ones stop the pipeline.
-fn broker_error(what: String, e: KafkaError) -> SinkError {
+pub(crate) fn broker_error(what: String, e: KafkaError) -> SinkError {
     let retriable = match &e {
         KafkaError::Transaction(rd) => !rd.is_fatal(),
         _ => true,

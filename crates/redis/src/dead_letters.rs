@@ -162,6 +162,7 @@ pub(crate) fn parse(entry: &str) -> Result<StoredDeadLetter, String> {
         reason: text("reason")?,
         batch_time_ms: None,
         committed_at_ms: None,
+        stored_at: None,
     })
 }
 

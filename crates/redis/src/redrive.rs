@@ -19,7 +19,7 @@
 
 use crate::dead_letters::{StoredEntry, parse, stored};
 use crate::sink::{RedisSink, outcome};
-use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome};
+use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome, StoredDeadLetter};
 use sluice_core::sink::{Commit, CommitOutcome, SinkError};
 use std::collections::HashMap;
 
@@ -30,14 +30,14 @@ impl RedisSink {
         &self,
         pipeline: &str,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<Result<Vec<String>, RecordKey>, SinkError> {
         let mut of_batch = self.stored_by(pipeline, stored_by).await?;
         let mut texts = Vec::with_capacity(taken.len());
-        for key in taken {
-            match of_batch.remove(key) {
+        for d in taken {
+            match of_batch.remove(&d.key()) {
                 Some(text) => texts.push(text),
-                None => return Ok(Err(key.clone())),
+                None => return Ok(Err(d.key())),
             }
         }
         Ok(Ok(texts))
@@ -63,7 +63,7 @@ impl Redrive for RedisSink {
         &self,
         commit: &Commit<'_>,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<RedriveOutcome, SinkError> {
         let entries = match self
             .entries_of(&commit.plan.pipeline, stored_by, taken)
@@ -96,12 +96,12 @@ impl Redrive for RedisSink {
         &self,
         pipeline: &str,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<usize, SinkError> {
         let of_batch = self.stored_by(pipeline, stored_by).await?;
         Ok(taken
             .iter()
-            .filter(|key| of_batch.contains_key(key))
+            .filter(|d| of_batch.contains_key(&d.key()))
             .count())
     }
 }

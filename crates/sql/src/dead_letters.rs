@@ -71,6 +71,7 @@ fn stored(row: &AnyRow) -> Result<StoredDeadLetter, sqlx::Error> {
         reason: text_at(row, 8)?,
         batch_time_ms: row.try_get(9)?,
         committed_at_ms: row.try_get(10)?,
+        stored_at: None,
     })
 }
 

@@ -74,7 +74,7 @@ use crate::sink::{Commit, CommitOutcome, SinkError};
 use own_tables::OwnTables;
 use section::{SqlSinkFields, SqlTargetFields};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
-use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome};
+use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome, StoredDeadLetter};
 use std::collections::HashMap;
 
 /// A statement parameter for sluice's own tables.
@@ -400,18 +400,20 @@ impl<B: SqlBackend> Redrive for SqlSink<B> {
         &self,
         commit: &Commit<'_>,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<RedriveOutcome, SinkError> {
-        SqlSink::redrive(self, commit, stored_by, taken).await
+        let keys: Vec<RecordKey> = taken.iter().map(StoredDeadLetter::key).collect();
+        SqlSink::redrive(self, commit, stored_by, &keys).await
     }
 
     async fn still_stored(
         &self,
         pipeline: &str,
         stored_by: &str,
-        taken: &[RecordKey],
+        taken: &[StoredDeadLetter],
     ) -> Result<usize, SinkError> {
-        SqlSink::still_stored(self, pipeline, stored_by, taken).await
+        let keys: Vec<RecordKey> = taken.iter().map(StoredDeadLetter::key).collect();
+        SqlSink::still_stored(self, pipeline, stored_by, &keys).await
     }
 }
 

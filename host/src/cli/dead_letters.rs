@@ -320,6 +320,12 @@ fn full_json(d: &StoredDeadLetter) -> serde_json::Value {
     o.insert("kind".into(), d.kind.clone().into());
     o.insert("reason".into(), d.reason.clone().into());
     o.insert("committed_at_ms".into(), d.committed_at_ms.into());
+    if let Some(at) = d.stored_at {
+        o.insert(
+            "stored_at".into(),
+            serde_json::json!({"partition": at.partition, "offset": at.offset}),
+        );
+    }
     line
 }
 
