@@ -18,7 +18,9 @@
 //! the redrive (no offset ranges: the offsets were committed long ago).
 //! A crash before the commit leaves the dead letters stored, so the next
 //! redrive runs them again; after it they are gone, so no redrive can run
-//! them twice. It depends on the sink's atomic commit and on the dead
+//! them twice. A sink that keeps them in a log it cannot delete from (the
+//! Kafka sink's topic) moves a position past them in that transaction
+//! instead ([`StoredDeadLetter::stored_at`]). It depends on the sink's atomic commit and on the dead
 //! letter keeping the record's key, value and timestamp (headers are not
 //! kept: a redriven record has none).
 
