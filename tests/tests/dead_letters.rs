@@ -89,6 +89,22 @@ fn redrive_command(config: &std::path::Path, args: &[&str]) -> Command {
     c
 }
 
+/// Deploys and activates the fix as version 2: `picky` without the bug,
+/// spinning `spin` rounds a record so a redrive can be caught half-way.
+fn deploy_the_fix(url: &str, spin: u64) {
+    let params = format!(r#"{{"reject_multiples_of": 0, "spin": {spin}}}"#);
+    let picky = plugin("picky");
+    let args = [
+        "deploy",
+        picky.to_str().unwrap(),
+        "--params",
+        &params,
+        "--activate",
+    ];
+    let deployed = cli_ok(url, &args);
+    assert!(deployed.contains("activated version 2"), "{deployed}");
+}
+
 /// Up to `cycles` redrives of `config` (`--all`), each SIGKILLed at a
 /// random moment soon after it committed part of its work (what `left()`
 /// counts went down), stopping once `left()` is at `floor`; each must have
@@ -259,17 +275,7 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
 
     // The fix: the same module without the bug, and slower, so a redrive
     // can be caught half-way.
-    let deployed = cli_ok(
-        &url,
-        &[
-            "deploy",
-            plugin("picky").to_str().unwrap(),
-            "--params",
-            r#"{"reject_multiples_of": 0, "spin": 400000}"#,
-            "--activate",
-        ],
-    );
-    assert!(deployed.contains("activated version 2"), "{deployed}");
+    deploy_the_fix(&url, 400_000);
 
     // One batch alone.
     let one_batch: String = sqlx::query_scalar(
@@ -490,17 +496,7 @@ async fn redis_redrives_each_dead_letter_exactly_once_across_sigkill() {
         "{listed}"
     );
 
-    let deployed = cli_ok(
-        &url,
-        &[
-            "deploy",
-            plugin("picky").to_str().unwrap(),
-            "--params",
-            r#"{"reject_multiples_of": 0, "spin": 400000}"#,
-            "--activate",
-        ],
-    );
-    assert!(deployed.contains("activated version 2"), "{deployed}");
+    deploy_the_fix(&url, 400_000);
 
     let left = async || redis_first_run_dead_letters(&redis, topic) as i64;
     let killed_half_way = kill_redrives_half_way(&config, 4, NOT_NUMBERS as i64, left).await;
@@ -666,17 +662,7 @@ async fn kafka_redrives_each_dead_letter_exactly_once_across_sigkill() {
         .map(|d| d["stored_at"]["offset"].as_i64().unwrap() + 1)
         .max()
         .unwrap();
-    let deployed = cli_ok(
-        &url,
-        &[
-            "deploy",
-            plugin("picky").to_str().unwrap(),
-            "--params",
-            r#"{"reject_multiples_of": 0, "spin": 1500000}"#,
-            "--activate",
-        ],
-    );
-    assert!(deployed.contains("activated version 2"), "{deployed}");
+    deploy_the_fix(&url, 1_500_000);
     let refused = redrive_command(&config, &["--all", "--kind", "rejected"])
         .output()
         .unwrap();
