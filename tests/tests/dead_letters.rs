@@ -582,6 +582,10 @@ async fn kafka_dead_letters_are_listed_and_shown() {
     for d in &listed {
         assert_eq!(d["kind"], "rejected", "{d}");
         assert!(d["committed_at_ms"].as_i64().is_some(), "{d}");
+        assert!(
+            d["timestamp"].as_i64().unwrap() > 0,
+            "the record's own time: {d}"
+        );
         assert_eq!(
             d["key"],
             format!("k{}", d["value"].as_str().unwrap()),

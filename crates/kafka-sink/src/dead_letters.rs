@@ -8,7 +8,8 @@
 //! on a broker that hides them; one that shows them (the Tansu build the
 //! tests use) shows a retried batch's attempts twice, and a dead letter is
 //! therefore counted once per batch and record. The record's own time is
-//! not stored (the dead letter's Kafka timestamp is when it was produced).
+//! its `sluice.timestamp` header (the dead letter's Kafka timestamp is
+//! when it was produced).
 //!
 //! Dead letters below the redrive's position (`redrive`) are redriven and
 //! left out.
@@ -176,7 +177,11 @@ fn parse(m: &BorrowedMessage<'_>) -> Result<Option<(String, StoredDeadLetter)>, 
         topic: text("sluice.topic")?,
         partition: i32::try_from(int("sluice.partition")?).map_err(|e| e.to_string())?,
         offset: int("sluice.offset")?,
-        timestamp: -1,
+        // Dead letters stored before sluice kept the record's time: -1.
+        timestamp: headers
+            .get("sluice.timestamp")
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(-1),
         key: m.key().map(<[u8]>::to_vec),
         value: m.payload().map(<[u8]>::to_vec),
         kind: text("sluice.kind")?,

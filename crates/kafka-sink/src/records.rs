@@ -245,8 +245,9 @@ fn row_json<'a>(cells: impl Iterator<Item = (&'a str, Value<'a>)>) -> Vec<u8> {
 
 /// The dead letters of a batch, to `topic`: each the failed record's own
 /// key and value, with headers saying where it came from and why
-/// (`sluice.topic`, `sluice.partition`, `sluice.offset`, `sluice.kind`,
-/// `sluice.reason`, `sluice.batch`, `sluice.pipeline`).
+/// (`sluice.topic`, `sluice.partition`, `sluice.offset`, `sluice.timestamp`
+/// (the record's time), `sluice.kind`, `sluice.reason`, `sluice.batch`,
+/// `sluice.pipeline`).
 fn dead_letters<'a>(c: &'a Commit<'a>, topic: &'a str) -> Vec<OutRecord<'a>> {
     if c.dead_letters.is_empty() {
         return Vec::new();
@@ -271,6 +272,7 @@ fn dead_letter<'a>(
         text("sluice.topic", r.topic.to_string()),
         text("sluice.partition", r.partition.to_string()),
         text("sluice.offset", r.offset.to_string()),
+        text("sluice.timestamp", r.timestamp.to_string()),
         text("sluice.kind", d.kind.as_str().to_string()),
         text("sluice.reason", d.reason.clone()),
     ];
