@@ -133,6 +133,36 @@ impl DeadLetterFilter {
     }
 }
 
+/// The dead letters `filter` keeps of `letters` (stored without their
+/// batch's times, as a log or a list keeps them), each given its batch's
+/// planned and commit times from `lineage` while it keeps them, sorted by
+/// topic, partition and offset (what [`DeadLetterReader::list`] returns).
+pub async fn with_batch_times(
+    letters: impl IntoIterator<Item = StoredDeadLetter>,
+    lineage: &dyn crate::store::LineageStore,
+    pipeline: &str,
+    filter: &DeadLetterFilter,
+) -> Result<Vec<StoredDeadLetter>, SinkError> {
+    let times: std::collections::HashMap<String, (i64, i64)> = lineage
+        .batches(pipeline, &crate::store::Selection::default())
+        .await?
+        .into_iter()
+        .map(|b| (b.batch_id, (b.batch_time_ms, b.committed_at_ms)))
+        .collect();
+    let mut kept = Vec::new();
+    for mut d in letters {
+        if let Some((batch_time, committed_at)) = times.get(&d.batch_id) {
+            d.batch_time_ms = Some(*batch_time);
+            d.committed_at_ms = Some(*committed_at);
+        }
+        if filter.keeps(&d) {
+            kept.push(d);
+        }
+    }
+    kept.sort_by_key(StoredDeadLetter::key);
+    Ok(kept)
+}
+
 /// Reads a pipeline's stored dead letters (read-only).
 #[async_trait::async_trait]
 pub trait DeadLetterReader: Send + Sync {

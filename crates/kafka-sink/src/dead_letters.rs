@@ -25,9 +25,10 @@ use rdkafka::consumer::Consumer;
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::config::{KindSection, PipelineConfig};
-use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredAt, StoredDeadLetter};
+use sluice_core::dead_letters::{
+    DeadLetterFilter, DeadLetterReader, StoredAt, StoredDeadLetter, with_batch_times,
+};
 use sluice_core::sink::SinkError;
-use sluice_core::store::{LineageStore, Selection};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -104,25 +105,7 @@ impl DeadLetterReader for KafkaDeadLetters {
         filter: &DeadLetterFilter,
     ) -> Result<Vec<StoredDeadLetter>, SinkError> {
         let letters = tokio::task::block_in_place(|| self.read(pipeline))?;
-        let times: HashMap<String, (i64, i64)> = self
-            .lineage
-            .batches(pipeline, &Selection::default())
-            .await?
-            .into_iter()
-            .map(|b| (b.batch_id, (b.batch_time_ms, b.committed_at_ms)))
-            .collect();
-        let mut kept = Vec::new();
-        for mut d in letters {
-            if let Some((batch_time, committed_at)) = times.get(&d.batch_id) {
-                d.batch_time_ms = Some(*batch_time);
-                d.committed_at_ms = Some(*committed_at);
-            }
-            if filter.keeps(&d) {
-                kept.push(d);
-            }
-        }
-        kept.sort_by_key(StoredDeadLetter::key);
-        Ok(kept)
+        with_batch_times(letters, &self.lineage, pipeline, filter).await
     }
 }
 

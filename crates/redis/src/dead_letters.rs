@@ -11,10 +11,10 @@ use crate::connect::{StateKeys, connect, sink_err, whole_list};
 use crate::lineage::RedisLineage;
 use redis::aio::ConnectionManager;
 use sluice_core::config::StoreConnection;
-use sluice_core::dead_letters::{DeadLetterFilter, DeadLetterReader, StoredDeadLetter};
+use sluice_core::dead_letters::{
+    DeadLetterFilter, DeadLetterReader, StoredDeadLetter, with_batch_times,
+};
 use sluice_core::sink::{Commit, SinkError};
-use sluice_core::store::{LineageStore, Selection};
-use std::collections::HashMap;
 use std::time::Duration;
 
 /// Reads a pipeline's dead letters from a Redis sink.
@@ -44,26 +44,10 @@ impl DeadLetterReader for RedisDeadLetters {
     ) -> Result<Vec<StoredDeadLetter>, SinkError> {
         let keys = StateKeys::new(&self.prefix, pipeline);
         let entries = stored(&self.conn, &keys).await?;
-        let times: HashMap<String, (i64, i64)> = self
-            .lineage
-            .batches(pipeline, &Selection::default())
+        let letters = entries.into_iter().map(|e| e.letter);
+        with_batch_times(letters, &self.lineage, pipeline, filter)
             .await
-            .map_err(|e| SinkError::database("reading the lineage", e))?
-            .into_iter()
-            .map(|b| (b.batch_id, (b.batch_time_ms, b.committed_at_ms)))
-            .collect();
-        let mut letters = Vec::new();
-        for StoredEntry { letter: mut d, .. } in entries {
-            if let Some((batch_time, committed_at)) = times.get(&d.batch_id) {
-                d.batch_time_ms = Some(*batch_time);
-                d.committed_at_ms = Some(*committed_at);
-            }
-            if filter.keeps(&d) {
-                letters.push(d);
-            }
-        }
-        letters.sort_by_key(StoredDeadLetter::key);
-        Ok(letters)
+            .map_err(|e| SinkError::database("reading the lineage", e))
     }
 }
 
