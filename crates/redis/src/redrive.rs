@@ -6,7 +6,8 @@
 //!
 //! Exactly-once per dead letter. The host names the dead letters it ran by
 //! record and the batch that stored them; they are looked up in the list
-//! and passed to the script as the exact entries stored. The script checks
+//! (read once per redrive: an entry gone since is what the script's check
+//! catches) and passed to the script as the exact entries stored. The script checks
 //! every one is still in the list (`LPOS`) before it writes anything, and
 //! removes them (`LREM`) with the batch's writes, so a redrive that lost a
 //! race, or whose dead letters were trimmed meanwhile, writes nothing and
@@ -22,6 +23,19 @@ use crate::sink::{RedisSink, outcome};
 use sluice_core::dead_letters::{RecordKey, Redrive, RedriveOutcome, StoredDeadLetter};
 use sluice_core::sink::{Commit, CommitOutcome, SinkError};
 use std::collections::HashMap;
+use tokio::sync::Mutex;
+
+/// The stored dead letters a redrive looks its batches' entries up in: the
+/// pipeline's list as first read, by batch and record. Read once, not per
+/// redrive batch (each read is the whole list).
+#[derive(Default)]
+pub(crate) struct RedriveEntries(Mutex<Option<ReadEntries>>);
+
+/// One pipeline's stored entries: (storing batch, record) -> the entry.
+struct ReadEntries {
+    pipeline: String,
+    by_record: HashMap<(String, RecordKey), String>,
+}
 
 impl RedisSink {
     /// The stored entries of `taken` as stored by `stored_by`, in order;
@@ -32,11 +46,23 @@ impl RedisSink {
         stored_by: &str,
         taken: &[StoredDeadLetter],
     ) -> Result<Result<Vec<String>, RecordKey>, SinkError> {
-        let mut of_batch = self.stored_by(pipeline, stored_by).await?;
+        let mut read = self.redrive_entries.0.lock().await;
+        if read.as_ref().is_none_or(|r| r.pipeline != pipeline) {
+            let all = stored(self.conn(), &self.keys(pipeline)).await?;
+            let by_record = all
+                .into_iter()
+                .map(|StoredEntry { text, letter }| ((letter.batch_id.clone(), letter.key()), text))
+                .collect();
+            *read = Some(ReadEntries {
+                pipeline: pipeline.to_string(),
+                by_record,
+            });
+        }
+        let by_record = &read.as_ref().expect("read above").by_record;
         let mut texts = Vec::with_capacity(taken.len());
         for d in taken {
-            match of_batch.remove(&d.key()) {
-                Some(text) => texts.push(text),
+            match by_record.get(&(stored_by.to_string(), d.key())) {
+                Some(text) => texts.push(text.clone()),
                 None => return Ok(Err(d.key())),
             }
         }

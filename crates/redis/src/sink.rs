@@ -66,6 +66,8 @@ pub struct RedisSink {
     lineage_keep: u64,
     dead_letters_keep: u64,
     script: redis::Script,
+    /// What a redrive looks its dead letters up in (`redrive`).
+    pub(crate) redrive_entries: crate::redrive::RedriveEntries,
 }
 
 /// Opens the sink `sink` configures (the server must answer).
@@ -100,6 +102,7 @@ pub async fn open_with(
         lineage_keep: fields.lineage_keep(),
         dead_letters_keep: fields.dead_letters_keep(),
         script: redis::Script::new(include_str!("commit.lua")),
+        redrive_entries: Default::default(),
     };
     if writes.guarantee == Guarantee::AtLeastOnce {
         tracing::info!(
