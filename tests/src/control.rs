@@ -372,6 +372,27 @@ pub fn sluice_ok(args: &[&str]) -> String {
     stdout
 }
 
+/// Every dead letter `sluice dead-letters list CONFIG --json --limit 0`
+/// prints, parsed.
+pub fn listed_dead_letters(config: &str) -> Vec<serde_json::Value> {
+    sluice_ok(&["dead-letters", "list", config, "--json", "--limit", "0"])
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a listed dead letter as JSON"))
+        .collect()
+}
+
+/// A listed dead letter's record as `dead-letters show` takes it:
+/// `TOPIC:PARTITION:OFFSET`.
+pub fn record_of(listed: &serde_json::Value) -> String {
+    format!(
+        "{}:{}:{}",
+        listed["topic"].as_str().expect("a topic"),
+        listed["partition"],
+        listed["offset"]
+    )
+}
+
 /// Produces numbered records in small acknowledged chunks until stopped.
 pub struct Producer {
     stop: Arc<AtomicBool>,

@@ -10,7 +10,9 @@
 //!
 //! Each test has its own topic, pipeline, SQLite file and control port.
 
-use sluice_tests::control::{Host, cli_ok, control_port, sluice_ok};
+use sluice_tests::control::{
+    Host, cli_ok, control_port, listed_dead_letters, record_of, sluice_ok,
+};
 use sluice_tests::markers::read_committed_by_markers;
 use sluice_tests::redis_server::RedisServer;
 use sluice_tests::{
@@ -87,6 +89,30 @@ fn redrive_command(config: &std::path::Path, args: &[&str]) -> Command {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     c
+}
+
+/// `dead-letters show` of `record` (its first line the record, its reason
+/// `says`), then `show --sample` as `sluice test` input for `picky` with
+/// `params`, which dead-letters it again for the same reason. Returns what
+/// `show` printed.
+fn show_and_test(config: &str, record: &str, dir: &TempDir, says: &str, params: &str) -> String {
+    let shown = sluice_ok(&["dead-letters", "show", config, record]);
+    assert!(shown.starts_with(&format!("{record}\n")), "{shown}");
+    assert!(shown.contains(says), "{shown}");
+    let sample = sluice_ok(&["dead-letters", "show", config, record, "--sample"]);
+    let sample_file = dir.path().join("dead.jsonl");
+    std::fs::write(&sample_file, &sample).unwrap();
+    let picky = plugin("picky");
+    let tested = sluice_ok(&[
+        "test",
+        picky.to_str().unwrap(),
+        "--input",
+        sample_file.to_str().unwrap(),
+        "--params",
+        params,
+    ]);
+    assert!(tested.contains(says), "{tested}");
+    shown
 }
 
 /// Deploys and activates the fix as version 2: `picky` without the bug,
@@ -243,19 +269,8 @@ async fn a_fixed_version_redrives_each_dead_letter_exactly_once_across_sigkill()
         .expect("oops-1 listed");
     assert_eq!(oops["reason"], "value is not a number");
     let record = format!("{topic}:{}:{}", oops["partition"], oops["offset"]);
-    let shown = sluice_ok(&["dead-letters", "show", config_arg, &record]);
-    assert!(shown.starts_with(&format!("{record}\n")), "{shown}");
+    let shown = show_and_test(config_arg, &record, &dir, "value is not a number", "{}");
     assert!(shown.contains("value      \"oops-1\""), "{shown}");
-    let sample = sluice_ok(&["dead-letters", "show", config_arg, &record, "--sample"]);
-    let sample_file = dir.path().join("dead.jsonl");
-    std::fs::write(&sample_file, &sample).unwrap();
-    let tested = sluice_ok(&[
-        "test",
-        plugin("picky").to_str().unwrap(),
-        "--input",
-        sample_file.to_str().unwrap(),
-    ]);
-    assert!(tested.contains("value is not a number"), "{tested}");
     let since_future = (sluice::batch::now_ms() + 3_600_000).to_string();
     let none = sluice_ok(&["dead-letters", "list", config_arg, "--since", &since_future]);
     assert!(none.ends_with("0 dead letters\n"), "{none}");
@@ -566,12 +581,7 @@ async fn kafka_dead_letters_are_listed_and_shown() {
         .write(dir.path());
     sluice_tests::run_ok(&config);
     let config_arg = config.to_str().unwrap();
-    let listed = sluice_ok(&["dead-letters", "list", config_arg, "--json", "--limit", "0"]);
-    let listed: Vec<serde_json::Value> = listed
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let listed = listed_dead_letters(config_arg);
     assert_eq!(listed.len(), 40, "every multiple of 5, once");
     let mut values: Vec<i64> = listed
         .iter()
@@ -592,28 +602,9 @@ async fn kafka_dead_letters_are_listed_and_shown() {
             "{d}"
         );
     }
-    let first = &listed[0];
-    let record = format!(
-        "{}:{}:{}",
-        first["topic"].as_str().unwrap(),
-        first["partition"],
-        first["offset"]
-    );
-    let shown = sluice_ok(&["dead-letters", "show", config_arg, &record]);
-    assert!(shown.starts_with(&format!("{record}\n")), "{shown}");
-    assert!(shown.contains("is a multiple of 5"), "{shown}");
-    let sample = sluice_ok(&["dead-letters", "show", config_arg, &record, "--sample"]);
-    let sample_file = dir.path().join("dead.jsonl");
-    std::fs::write(&sample_file, &sample).unwrap();
-    let tested = sluice_ok(&[
-        "test",
-        plugin("picky").to_str().unwrap(),
-        "--input",
-        sample_file.to_str().unwrap(),
-        "--params",
-        r#"{"reject_multiples_of": 5}"#,
-    ]);
-    assert!(tested.contains("is a multiple of 5"), "{tested}");
+    let record = record_of(&listed[0]);
+    let params = r#"{"reject_multiples_of": 5}"#;
+    show_and_test(config_arg, &record, &dir, "is a multiple of 5", params);
 }
 
 /// On the exactly-once Kafka sink a redrive moves a position in the
@@ -649,13 +640,7 @@ async fn kafka_redrives_each_dead_letter_exactly_once_across_sigkill() {
     host.wait_for_api(port);
     produce(brokers, input, &numbers_and_oops(N));
     let dead = (N / 5) as usize + NOT_NUMBERS;
-    let listed = || -> Vec<serde_json::Value> {
-        sluice_ok(&["dead-letters", "list", config_arg, "--json", "--limit", "0"])
-            .lines()
-            .filter(|l| l.starts_with('{'))
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect()
-    };
+    let listed = || listed_dead_letters(config_arg);
     let deadline = Instant::now() + Duration::from_secs(120);
     while listed().len() < dead {
         assert!(Instant::now() < deadline, "not caught up:\n{}", host.log());

@@ -480,32 +480,14 @@ async fn dead_letters_are_trimmed_to_the_newest_kept() {
     // `dead-letters list` and `show` read them back, by record, with the
     // batch's times from its lineage entry and the record's own time.
     let config_arg = config.to_str().unwrap();
-    let listed = sluice_tests::control::sluice_ok(&[
-        "dead-letters",
-        "list",
-        config_arg,
-        "--json",
-        "--limit",
-        "0",
-    ]);
-    let listed: Vec<serde_json::Value> = listed
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let listed = sluice_tests::control::listed_dead_letters(config_arg);
     assert_eq!(listed.len(), 15, "{listed:?}");
     for d in &listed {
         assert_eq!(d["kind"], "rejected", "{d}");
         assert!(d["committed_at_ms"].as_i64().is_some(), "{d}");
         assert!(d["timestamp"].as_i64().unwrap() > 0, "{d}");
     }
-    let first = &listed[0];
-    let record = format!(
-        "{}:{}:{}",
-        first["topic"].as_str().unwrap(),
-        first["partition"],
-        first["offset"]
-    );
+    let record = sluice_tests::control::record_of(&listed[0]);
     let shown = sluice_tests::control::sluice_ok(&["dead-letters", "show", config_arg, &record]);
     assert!(shown.contains(&record), "{shown}");
 }
