@@ -24,10 +24,9 @@
 //!
 //! It must not move an input offset.
 
-use crate::client::{BROKER_TIMEOUT, send, wait_delivered};
-use crate::sink::{KafkaSink, Step, TxnProducer, after_failure, commit_with_retry};
+use crate::client::{BROKER_TIMEOUT, send};
+use crate::sink::{KafkaSink, Step, TxnProducer, in_transaction};
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::Producer;
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::batch::TopicPartition;
 use sluice_core::dead_letters::{Redrive, RedriveOutcome, StoredAt, StoredDeadLetter};
@@ -118,27 +117,16 @@ impl KafkaSink {
             topic: self.dead_letter_topic.clone(),
             partition: run.partition,
         };
-        let sent = (|| {
-            let what = |w: &str| format!("{w} (redrive of {tp})");
-            producer
-                .begin_transaction()
-                .map_err(|e| (what("begin_transaction"), e))?;
+        in_transaction(producer, &self.group, &tp, || {
             records.send_each(|r| {
                 send(producer, r).map_err(|e| (format!("producing to {}", r.topic), e))
             })?;
             let mut offsets = TopicPartitionList::new();
             offsets
                 .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(run.last + 1))
-                .map_err(|e| (what("offsets"), e))?;
-            producer
-                .send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT)
-                .map_err(|e| (what("send_offsets_to_transaction"), e))?;
-            wait_delivered(producer, BROKER_TIMEOUT).map_err(|e| (what("the redrive's records"), e))
-        })();
-        if let Err((what, e)) = sent {
-            return Err(after_failure(producer, what, e));
-        }
-        commit_with_retry(producer, &tp)
+                .map_err(|e| (format!("offsets (redrive of {tp})"), e))?;
+            Ok(offsets)
+        })
     }
 }
 

@@ -28,11 +28,10 @@
 //! dead-letter topic (a topic is not rewritten either). It must not write
 //! to the output topics.
 
-use crate::client::{BROKER_TIMEOUT, send, wait_delivered};
+use crate::client::send;
 use crate::lineage::read_entries;
 use crate::records::OutRecord;
-use crate::sink::{KafkaSink, Step, TxnProducer, after_failure, commit_with_retry};
-use rdkafka::producer::Producer;
+use crate::sink::{KafkaSink, Step, TxnProducer, in_transaction};
 use rdkafka::{Offset, TopicPartitionList};
 use sluice_core::batch::{TopicPartition, now_ms};
 use sluice_core::config::PipelineConfig;
@@ -187,11 +186,7 @@ impl KafkaSink {
         mark: &ResetMark,
         on_state: OnState,
     ) -> Result<(), Step> {
-        let sent = (|| {
-            let what = |w: &str| format!("{w} (reset of {tp})");
-            producer
-                .begin_transaction()
-                .map_err(|e| (what("begin_transaction"), e))?;
+        in_transaction(producer, &self.group, tp, || {
             let json = mark.to_json();
             let record = OutRecord {
                 topic: &self.lineage_topic,
@@ -200,6 +195,7 @@ impl KafkaSink {
                 value: Some(Cow::Borrowed(json.as_bytes())),
                 headers: Vec::new(),
             };
+            let what = |w: &str| format!("{w} (reset of {tp})");
             send(producer, &record).map_err(|e| (what("producing the reset mark"), e))?;
             let mut offsets = TopicPartitionList::new();
             let offset = |list: &mut TopicPartitionList, topic: &str, at: i64| {
@@ -210,14 +206,7 @@ impl KafkaSink {
             if let (OnState::Clear, Some(changelog)) = (on_state, self.changelog_of(tp)) {
                 offset(&mut offsets, changelog, 0)?;
             }
-            producer
-                .send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT)
-                .map_err(|e| (what("send_offsets_to_transaction"), e))?;
-            wait_delivered(producer, BROKER_TIMEOUT).map_err(|e| (what("the reset mark"), e))
-        })();
-        if let Err((what, e)) = sent {
-            return Err(after_failure(producer, what, e));
-        }
-        commit_with_retry(producer, tp)
+            Ok(offsets)
+        })
     }
 }

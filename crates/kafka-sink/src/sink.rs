@@ -397,12 +397,8 @@ impl KafkaSink {
         };
         let records = self.layout.records(c, Some(&self.lineage_topic))?;
         let changelog = self.changelog_batch(c, range)?;
-        let step = |what: &str, result: Result<(), KafkaError>| {
-            result.map_err(|e| (format!("{what} ({tp})"), e))
-        };
         let mut sealed_at = None;
-        let sent = (|| {
-            step("begin_transaction", producer.begin_transaction())?;
+        let done = in_transaction(&producer, &self.group, &tp, || {
             let produce = |r: &crate::records::OutRecord<'_>| {
                 send(&producer, r).map_err(|e| (format!("producing to {}", r.topic), e))
             };
@@ -419,24 +415,9 @@ impl KafkaSink {
                     .map_err(|e| ("offsets".to_string(), e))?;
                 sealed_at = Some(seal);
             }
-            step(
-                "send_offsets_to_transaction",
-                producer.send_offsets_to_transaction(&offsets, &self.group, BROKER_TIMEOUT),
-            )?;
-            // Before the commit, whose own flush would wait 100 ms more.
-            step(
-                "waiting for the batch's records to be acknowledged",
-                wait_delivered(&producer, BROKER_TIMEOUT),
-            )
-        })();
-        if let Err((what, e)) = sent {
-            // Nothing is committed yet.
-            return match after_failure(&producer, what, e) {
-                Step::Replace => Ok(fenced()),
-                Step::Failed(e) => Err(e),
-            };
-        }
-        match commit_with_retry(&producer, &tp) {
+            Ok(offsets)
+        });
+        match done {
             Ok(()) => {
                 if let Some(seal) = sealed_at {
                     let mut seals = self.seals.lock().expect("seals lock");
@@ -572,10 +553,44 @@ pub(crate) enum Step {
     Failed(SinkError),
 }
 
+/// One transaction of `producer`, as every commit of this sink makes it:
+/// begin; `fill` produces its records and returns the offsets that go with
+/// them; the offsets, sent for `group`; every record acknowledged (before
+/// the commit, whose own flush would wait 100 ms more); the commit. A
+/// failure before the commit (nothing landed) is handled by
+/// [`after_failure`], the commit by [`commit_with_retry`]. `tp` names the
+/// transaction in errors.
+pub(crate) fn in_transaction(
+    producer: &TxnProducer,
+    group: &ConsumerGroupMetadata,
+    tp: &TopicPartition,
+    fill: impl FnOnce() -> Result<TopicPartitionList, (String, KafkaError)>,
+) -> Result<(), Step> {
+    let step = |what: &str, result: Result<(), KafkaError>| {
+        result.map_err(|e| (format!("{what} ({tp})"), e))
+    };
+    let sent = (|| {
+        step("begin_transaction", producer.begin_transaction())?;
+        let offsets = fill()?;
+        step(
+            "send_offsets_to_transaction",
+            producer.send_offsets_to_transaction(&offsets, group, BROKER_TIMEOUT),
+        )?;
+        step(
+            "waiting for the transaction's records to be acknowledged",
+            wait_delivered(producer, BROKER_TIMEOUT),
+        )
+    })();
+    if let Err((what, e)) = sent {
+        return Err(after_failure(producer, what, e));
+    }
+    commit_with_retry(producer, tp)
+}
+
 /// After `what` failed with `e` before the commit: a fenced producer is
 /// replaced; an abortable transaction is aborted and the batch sent again
 /// by the same producer; one that cannot be aborted is replaced too.
-pub(crate) fn after_failure(producer: &TxnProducer, what: String, e: KafkaError) -> Step {
+fn after_failure(producer: &TxnProducer, what: String, e: KafkaError) -> Step {
     if let Some(step) = fatal(producer, &what, &e) {
         return step;
     }
@@ -628,7 +643,7 @@ fn fatal(producer: &TxnProducer, what: &str, e: &KafkaError) -> Option<Step> {
 /// an abort is handled as a failure before the commit (nothing landed);
 /// past [`COMMIT_RETRY`] the
 /// outcome is reported unknown and the loop reads the checkpoint back.
-pub(crate) fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
+fn commit_with_retry(producer: &TxnProducer, tp: &TopicPartition) -> Result<(), Step> {
     let mut backoff = COMMIT_RETRY.start();
     loop {
         let e = match producer.commit_transaction(BROKER_TIMEOUT) {
