@@ -105,12 +105,14 @@ pub async fn stored_state(db: &SinkDb, pipeline: &str) -> BTreeMap<(i64, Vec<u8>
     let p = db.ident("partition");
     // As hex: MySQL reports the VARBINARY key to the `Any` driver as text.
     let key_hex = match db {
-        SinkDb::Postgres { .. } => "encode(state_key, 'hex')",
-        _ => "hex(state_key)",
+        SinkDb::Postgres { .. } => "encode(k.state_key, 'hex')",
+        _ => "hex(k.state_key)",
     };
     let state_sql = format!(
-        "SELECT {p}, {key_hex}, value FROM {t} WHERE pipeline = '{pipeline}'",
-        t = db.table("sluice_state")
+        "SELECT s.{p}, {key_hex}, k.value FROM {state} k JOIN {scopes} s ON s.scope = k.scope \
+         WHERE s.pipeline = '{pipeline}'",
+        state = db.table("sluice_keyed_state"),
+        scopes = db.table("sluice_state_scopes"),
     );
     let stored: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(&state_sql)
         .fetch_all(&pool)

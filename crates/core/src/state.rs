@@ -80,6 +80,13 @@ impl StateValue {
 /// absent (deleted, never written).
 pub type Keys = BTreeMap<Vec<u8>, Option<StateValue>>;
 
+/// The same, hashed: what is looked up per record while a batch runs
+/// (a [`Keys`] is built from it, in key order, once the runs are done).
+pub type KeyTable = std::collections::HashMap<Vec<u8>, Option<StateValue>, foldhash::fast::RandomState>;
+
+/// Per partition, a [`KeyTable`].
+pub type PartitionTables = std::collections::HashMap<TopicPartition, KeyTable, foldhash::fast::RandomState>;
+
 /// Per partition, keys and their values: the shape of both what a batch
 /// wrote and what it read.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -110,6 +117,17 @@ impl StateMap {
                 self.0.insert(tp.clone(), Keys::from([(key, value)]));
             }
         }
+    }
+
+    /// The tables of `tables`, in partition and key order.
+    pub fn from_tables(tables: PartitionTables) -> StateMap {
+        StateMap(
+            tables
+                .into_iter()
+                .filter(|(_, keys)| !keys.is_empty())
+                .map(|(tp, keys)| (tp, keys.into_iter().collect()))
+                .collect(),
+        )
     }
 
     /// Takes `later`'s value of every key it has: a later part's or a later
@@ -375,7 +393,7 @@ impl StateBase for Recorded {
 /// a replay needs.
 pub struct BatchBase {
     base: Arc<dyn StateBase>,
-    reads: Mutex<StateMap>,
+    reads: Mutex<PartitionTables>,
 }
 
 impl BatchBase {
@@ -386,29 +404,38 @@ impl BatchBase {
         })
     }
 
-    /// Everything read so far.
-    pub fn reads(&self) -> StateMap {
-        self.reads.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    fn read_so_far(&self) -> std::sync::MutexGuard<'_, PartitionTables> {
+        self.reads.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Everything read, in order; the reads are taken (the batch's runs
+    /// are done).
+    pub fn take_reads(&self) -> StateMap {
+        StateMap::from_tables(std::mem::take(&mut *self.read_so_far()))
     }
 
     /// Whether any run has read a key yet (without copying the reads).
     pub fn has_reads(&self) -> bool {
-        !self
-            .reads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_empty()
+        self.read_so_far().values().any(|keys| !keys.is_empty())
     }
 }
 
 impl StateBase for BatchBase {
     fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
-        let mut reads = self.reads.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(known) = reads.lookup(tp, key) {
-            return Ok(known.cloned());
+        let mut reads = self.read_so_far();
+        if let Some(known) = reads.get(tp).and_then(|keys| keys.get(key)) {
+            return Ok(known.clone());
         }
         let value = self.base.get(tp, key)?;
-        reads.insert(tp, key.to_vec(), value.clone());
+        match reads.get_mut(tp) {
+            Some(keys) => {
+                keys.insert(key.to_vec(), value.clone());
+            }
+            None => {
+                let keys = KeyTable::from_iter([(key.to_vec(), value.clone())]);
+                reads.insert(tp.clone(), keys);
+            }
+        }
         Ok(value)
     }
 
@@ -458,11 +485,16 @@ pub struct RunState {
     base: Arc<dyn StateBase>,
     batch_time_ms: i64,
     limits: StateLimits,
-    /// The partition of each slice of the run's records, and where each
-    /// slice starts.
-    slices: Vec<(u32, TopicPartition)>,
+    /// Where each slice of the run's records starts, and the index of its
+    /// partition in `partitions`.
+    slices: Vec<(u32, usize)>,
+    partitions: Vec<TopicPartition>,
     records: usize,
-    writes: StateMap,
+    /// Per partition (as `partitions`), what the run wrote: the last
+    /// change of each key.
+    writes: Vec<KeyTable>,
+    /// Keys in `writes`, over all partitions.
+    keys_written: usize,
 }
 
 impl RunState {
@@ -472,22 +504,33 @@ impl RunState {
         batch_time_ms: i64,
         limits: StateLimits,
     ) -> RunState {
+        let mut partitions: Vec<TopicPartition> = Vec::new();
+        let mut slices = Vec::with_capacity(records.slices.len());
+        for s in &records.slices {
+            let tp = s.topic_partition();
+            let at = match partitions.iter().position(|p| *p == tp) {
+                Some(at) => at,
+                None => {
+                    partitions.push(tp);
+                    partitions.len() - 1
+                }
+            };
+            slices.push((s.first, at));
+        }
         RunState {
             base,
             batch_time_ms,
             limits,
-            slices: records
-                .slices
-                .iter()
-                .map(|s| (s.first, s.topic_partition()))
-                .collect(),
+            slices,
+            writes: vec![KeyTable::default(); partitions.len()],
+            partitions,
             records: records.len(),
-            writes: StateMap::default(),
+            keys_written: 0,
         }
     }
 
-    /// The partition of record `index`.
-    fn partition(&self, index: u32) -> Result<&TopicPartition, StateMisuse> {
+    /// The index (in `partitions`) of record `index`'s partition.
+    fn partition(&self, index: u32) -> Result<usize, StateMisuse> {
         if index as usize >= self.records {
             return Err(StateMisuse::NoSuchRecord {
                 index,
@@ -495,7 +538,7 @@ impl RunState {
             });
         }
         let at = self.slices.partition_point(|(first, _)| *first <= index);
-        Ok(&self.slices[at - 1].1)
+        Ok(self.slices[at - 1].1)
     }
 
     fn check_key(key: &[u8]) -> Result<(), StateMisuse> {
@@ -507,10 +550,10 @@ impl RunState {
 
     pub fn get(&self, index: u32, key: &[u8]) -> Result<Option<Vec<u8>>, StateCallError> {
         Self::check_key(key)?;
-        let tp = self.partition(index)?;
-        let value = match self.writes.lookup(tp, key) {
-            Some(written) => written.cloned(),
-            None => self.base.get(tp, key)?,
+        let p = self.partition(index)?;
+        let value = match self.writes[p].get(key) {
+            Some(written) => written.clone(),
+            None => self.base.get(&self.partitions[p], key)?,
         };
         Ok(value
             .filter(|v| !v.expired_at(self.batch_time_ms))
@@ -532,44 +575,50 @@ impl RunState {
             }
             .into());
         }
-        let tp = self.partition(index)?.clone();
-        self.check_room(&tp, &key)?;
-        self.base.writable()?;
-        self.writes.insert(
-            &tp,
+        let p = self.partition(index)?;
+        self.write(
+            p,
             key,
             Some(StateValue {
                 value,
                 expires_at_ms,
             }),
-        );
-        Ok(())
+        )
     }
 
     pub fn delete(&mut self, index: u32, key: Vec<u8>) -> Result<(), StateCallError> {
         Self::check_key(&key)?;
-        let tp = self.partition(index)?.clone();
-        self.check_room(&tp, &key)?;
-        self.base.writable()?;
-        self.writes.insert(&tp, key, None);
-        Ok(())
+        let p = self.partition(index)?;
+        self.write(p, key, None)
     }
 
-    /// Refuses a write to a key the run has not written yet once it has
-    /// written `max_keys_per_batch` keys (a key written again is free).
-    fn check_room(&self, tp: &TopicPartition, key: &[u8]) -> Result<(), StateMisuse> {
-        let full = self.writes.len() >= self.limits.max_keys_per_batch;
-        match full && self.writes.lookup(tp, key).is_none() {
-            true => Err(StateMisuse::TooManyKeys {
+    /// Keeps a change of `key` in partition `p`, refusing a key the run has
+    /// not written yet once it has written `max_keys_per_batch` keys (a key
+    /// written again is free).
+    fn write(
+        &mut self,
+        p: usize,
+        key: Vec<u8>,
+        value: Option<StateValue>,
+    ) -> Result<(), StateCallError> {
+        let keys = &mut self.writes[p];
+        let full = self.keys_written >= self.limits.max_keys_per_batch;
+        if full && !keys.contains_key(&key) {
+            return Err(StateMisuse::TooManyKeys {
                 limit: self.limits.max_keys_per_batch,
-            }),
-            false => Ok(()),
+            }
+            .into());
         }
+        self.base.writable()?;
+        if keys.insert(key, value).is_none() {
+            self.keys_written += 1;
+        }
+        Ok(())
     }
 
     /// What the run wrote, one change per key (the last).
     pub fn into_writes(self) -> StateMap {
-        self.writes
+        StateMap::from_tables(self.partitions.into_iter().zip(self.writes).collect())
     }
 }
 
@@ -661,7 +710,8 @@ mod tests {
         let writes = run.into_writes();
         assert_eq!(writes.len(), 2);
         // Only the read of partition 1's `k` reached the base.
-        assert_eq!(base.reads().len(), 1);
-        assert_eq!(base.reads().lookup(&tp(1), b"k"), Some(None));
+        let reads = base.take_reads();
+        assert_eq!(reads.len(), 1);
+        assert_eq!(reads.lookup(&tp(1), b"k"), Some(None));
     }
 }

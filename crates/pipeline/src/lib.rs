@@ -106,6 +106,35 @@ pub struct RunStats {
     pub rows: u64,
     pub dead_letters: u64,
     pub fenced: u64,
+    /// Keyed state since the process started (zero for a stateless module).
+    pub state: StateStats,
+}
+
+/// What keyed state cost a run: how many keys its batches read and wrote,
+/// and how many of the reads the cache could not answer.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct StateStats {
+    /// Distinct keys each committed batch read, summed over batches.
+    pub keys_read: u64,
+    /// Keys committed batches changed (each key once per batch).
+    pub keys_written: u64,
+    /// Reads of one key from the sink (the cache did not hold it).
+    pub sink_key_reads: u64,
+    /// Loads of a partition's whole state from the sink into the cache.
+    pub partitions_loaded: u64,
+    /// Time spent in those reads, in seconds.
+    pub sink_read_seconds: f64,
+}
+
+impl StateStats {
+    /// The share of keys read that the cache answered without reading the
+    /// key from the sink (1.0 when no key was read).
+    pub fn cache_hit_ratio(&self) -> f64 {
+        match self.keys_read {
+            0 => 1.0,
+            read => 1.0 - self.sink_key_reads.min(read) as f64 / read as f64,
+        }
+    }
 }
 
 pub struct Pipeline<Src: Source, S: Sink, V: Versions> {
@@ -298,7 +327,9 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
                 .commit_batch(batch, read.poll_ms, !shutdown.is_cancelled())
                 .await?;
         }
-        Ok(self.stats.clone())
+        let mut stats = self.stats.clone();
+        stats.state = self.parts.status.metrics().state_stats();
+        Ok(stats)
     }
 
     /// Warns, and says so, if the consumer group has assigned nothing for

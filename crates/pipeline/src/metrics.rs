@@ -287,6 +287,23 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
+    /// The keyed-state counters so far.
+    pub(crate) fn state_stats(&self) -> crate::StateStats {
+        let reads = |kind: &str| self.state_sink_reads.with_label_values(&[kind]).get();
+        let seconds = |kind: &str| {
+            self.state_sink_read_seconds
+                .with_label_values(&[kind])
+                .get_sample_sum()
+        };
+        crate::StateStats {
+            keys_read: self.state_keys_read.get(),
+            keys_written: self.state_keys_written.get(),
+            sink_key_reads: reads("key"),
+            partitions_loaded: reads("partition"),
+            sink_read_seconds: seconds("key") + seconds("partition"),
+        }
+    }
+
     /// Bytes the state cache holds now.
     pub(crate) fn state_cache_bytes(&self, bytes: usize) {
         self.state_cache_bytes.set(bytes as i64);

@@ -147,7 +147,7 @@ impl<T: Transform> Preparer<T> {
             output,
             dead_letters,
             output_digest,
-            state_reads: base.reads(),
+            state_reads: base.take_reads(),
             read_ms,
             transform_ms: transforming.elapsed().as_millis() as u64,
             usage,

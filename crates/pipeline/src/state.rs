@@ -17,7 +17,9 @@
 //! does, by batch time).
 
 use sluice_core::batch::TopicPartition;
-use sluice_core::state::{NoState, StateBase, StateError, StateMap, StateStore, StateValue};
+use sluice_core::state::{
+    KeyTable, NoState, PartitionTables, StateBase, StateError, StateMap, StateStore, StateValue,
+};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
@@ -39,9 +41,10 @@ pub(crate) struct KeptState {
 
 #[derive(Default)]
 struct Kept {
-    partitions: HashMap<TopicPartition, Cached>,
-    /// Writes of batches handed to the sink, not yet landed, oldest first.
-    pending: VecDeque<(String, StateMap)>,
+    partitions: HashMap<TopicPartition, Cached, foldhash::fast::RandomState>,
+    /// Writes of batches handed to the sink, not yet landed, oldest first
+    /// (hashed: every read of a batch prepared meanwhile looks here first).
+    pending: VecDeque<(String, PartitionTables)>,
     /// Bytes all partitions' cached keys take.
     bytes: usize,
 }
@@ -49,7 +52,7 @@ struct Kept {
 /// One partition's committed state, as far as it is cached.
 #[derive(Default)]
 struct Cached {
-    keys: HashMap<Vec<u8>, Option<StateValue>>,
+    keys: KeyTable,
     /// Every key of the partition is here: a key not here is absent.
     complete: bool,
     bytes: usize,
@@ -67,27 +70,27 @@ pub(crate) struct StoredSize {
 }
 
 impl StoredSize {
-    fn count(&mut self, key: &[u8], value: &Option<StateValue>, sign: isize) {
+    fn count(&mut self, key_len: usize, value: &Option<StateValue>, sign: isize) {
         if let Some(v) = value {
             self.keys = (self.keys as isize + sign) as usize;
-            self.bytes =
-                (self.bytes as isize + sign * (key.len() + v.value.len()) as isize) as usize;
+            self.bytes = (self.bytes as isize + sign * (key_len + v.value.len()) as isize) as usize;
         }
     }
 }
 
-fn entry_size(key: &[u8], value: &Option<StateValue>) -> usize {
-    key.len() + value.as_ref().map_or(0, StateValue::size) + ENTRY_OVERHEAD
+fn entry_size(key_len: usize, value: &Option<StateValue>) -> usize {
+    key_len + value.as_ref().map_or(0, StateValue::size) + ENTRY_OVERHEAD
 }
 
 impl Cached {
     fn put(&mut self, key: Vec<u8>, value: Option<StateValue>) -> isize {
-        let added = entry_size(&key, &value) as isize;
-        self.stored.count(&key, &value, 1);
-        let removed = match self.keys.insert(key.clone(), value) {
+        let key_len = key.len();
+        let added = entry_size(key_len, &value) as isize;
+        self.stored.count(key_len, &value, 1);
+        let removed = match self.keys.insert(key, value) {
             Some(old) => {
-                self.stored.count(&key, &old, -1);
-                entry_size(&key, &old) as isize
+                self.stored.count(key_len, &old, -1);
+                entry_size(key_len, &old) as isize
             }
             None => 0,
         };
@@ -149,9 +152,17 @@ impl KeptState {
     /// from now on build on them.
     pub(crate) fn committing(&self, batch_id: &str, writes: &StateMap) {
         if !writes.is_empty() {
+            let hashed: PartitionTables = writes
+                .0
+                .iter()
+                .map(|(tp, keys)| {
+                    let keys: KeyTable = keys.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                    (tp.clone(), keys)
+                })
+                .collect();
             self.kept()
                 .pending
-                .push_back((batch_id.to_string(), writes.clone()));
+                .push_back((batch_id.to_string(), hashed));
         }
     }
 
@@ -162,7 +173,7 @@ impl KeptState {
             return;
         };
         let (_, writes) = kept.pending.remove(at).expect("found");
-        for (tp, keys) in writes.0 {
+        for (tp, keys) in writes {
             let Some(cached) = kept.partitions.get_mut(&tp) else {
                 continue;
             };
@@ -193,7 +204,7 @@ impl KeptState {
                 kept.bytes -= cached.bytes;
             }
             for (_, writes) in kept.pending.iter_mut() {
-                writes.0.remove(tp);
+                writes.remove(tp);
             }
         }
         self.measured(&kept);
@@ -241,8 +252,8 @@ impl Kept {
     /// partition.
     fn known(&self, tp: &TopicPartition, key: &[u8]) -> Option<Option<StateValue>> {
         for (_, writes) in self.pending.iter().rev() {
-            if let Some(value) = writes.lookup(tp, key) {
-                return Some(value.cloned());
+            if let Some(value) = writes.get(tp).and_then(|keys| keys.get(key)) {
+                return Some(value.clone());
             }
         }
         let cached = self.partitions.get(tp)?;

@@ -135,6 +135,13 @@ pub trait SqlTx<S> {
     async fn rollback(self);
 }
 
+/// A batch to commit, with the scope numbers its state changes are
+/// written under.
+struct Batch<'a> {
+    commit: &'a Commit<'a>,
+    scopes: state::ScopeNumbers,
+}
+
 /// Which writes of a batch one transaction holds.
 #[derive(Debug, Clone, Copy)]
 enum Part {
@@ -231,6 +238,8 @@ impl<B: SqlBackend> SqlSink<B> {
 
     /// Commits one batch, or reports it fenced (see the module header).
     pub async fn commit(&self, c: &Commit<'_>) -> Result<CommitOutcome, SinkError> {
+        let scopes = self.state.scopes(&self.backend, c).await?;
+        let c = &Batch { commit: c, scopes };
         match self.guarantee {
             Guarantee::ExactlyOnce => self.in_transaction(c, Part::Everything).await,
             Guarantee::AtLeastOnce => {
@@ -251,11 +260,11 @@ impl<B: SqlBackend> SqlSink<B> {
 
     /// Writes `part` of the batch in one transaction; commits it unless
     /// fenced or failed.
-    async fn in_transaction(&self, c: &Commit<'_>, part: Part) -> Result<CommitOutcome, SinkError> {
+    async fn in_transaction(&self, c: &Batch<'_>, part: Part) -> Result<CommitOutcome, SinkError> {
         let mut tx = self.backend.begin().await?;
         let written = match part {
             Part::Everything => self.write_everything(&mut tx, c).await,
-            Part::Outputs => self.write_outputs(&mut tx, c).await,
+            Part::Outputs => self.write_outputs(&mut tx, c.commit).await,
             Part::Offsets => self.write_offsets(&mut tx, c).await,
         };
         match written {
@@ -273,12 +282,12 @@ impl<B: SqlBackend> SqlSink<B> {
     async fn write_everything(
         &self,
         tx: &mut B::Tx,
-        c: &Commit<'_>,
+        c: &Batch<'_>,
     ) -> Result<CommitOutcome, SinkError> {
         if let fenced @ CommitOutcome::Fenced { .. } = self.write_offsets(tx, c).await? {
             return Ok(fenced);
         }
-        self.write_outputs(tx, c).await
+        self.write_outputs(tx, c.commit).await
     }
 
     /// The offset compare-and-sets, then the lineage rows and the keyed
@@ -286,15 +295,16 @@ impl<B: SqlBackend> SqlSink<B> {
     async fn write_offsets(
         &self,
         tx: &mut B::Tx,
-        c: &Commit<'_>,
+        batch: &Batch<'_>,
     ) -> Result<CommitOutcome, SinkError> {
+        let c = batch.commit;
         for range in &c.plan.ranges {
             if let Some(fenced) = self.own.move_offset(tx, &c.plan.pipeline, range).await? {
                 return Ok(fenced);
             }
         }
         self.own.write_lineage(tx, c).await?;
-        self.state.write(tx, c).await?;
+        self.state.write(tx, c, &batch.scopes).await?;
         Ok(CommitOutcome::Committed)
     }
 

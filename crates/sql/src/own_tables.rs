@@ -4,7 +4,7 @@
 //! Owns their DDL and statements in every dialect. It must not commit: it
 //! only writes into the transaction it is handed.
 
-use super::dialect::{Dialect, InsertIgnore};
+use super::dialect::Dialect;
 use super::{Param, SqlTx};
 use crate::batch::{OffsetRange, now_ms};
 use crate::sink::{Commit, CommitOutcome, SinkError};
@@ -69,10 +69,7 @@ impl OwnTables {
                 "updated_at_ms",
             ],
         );
-        let ignoring_conflicts = |insert: String| match d.insert_ignore {
-            InsertIgnore::OnConflictDoNothing => format!("{insert} ON CONFLICT DO NOTHING"),
-            InsertIgnore::InsertIgnore => insert.replacen("INSERT", "INSERT IGNORE", 1),
-        };
+        let ignoring_conflicts = |insert: String| d.ignoring_conflicts(insert);
         let cas_insert = ignoring_conflicts(cas_insert);
         let insert_dead_letter = insert_into(
             &dead_letters,

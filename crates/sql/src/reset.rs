@@ -39,6 +39,8 @@ struct Names {
     ranges: String,
     dead_letters: String,
     state: String,
+    /// The state rows of one partition (placeholders 1 to 3).
+    scope_is: String,
     batch_state: String,
     d: &'static Dialect,
 }
@@ -51,7 +53,8 @@ impl Names {
             batches: table("batches")?,
             ranges: table("batch_ranges")?,
             dead_letters: table("dead_letters")?,
-            state: table("state")?,
+            state: table(crate::state::STATE_TABLE)?,
+            scope_is: crate::state::scope_is(d, &table(crate::state::SCOPES_TABLE)?),
             batch_state: table("batch_state")?,
             d,
         })
@@ -170,12 +173,8 @@ async fn settle_state(
     on_state: OnState,
 ) -> Result<u64, SinkError> {
     let sql = match on_state {
-        OnState::Refuse => format!(
-            "SELECT COUNT(*) FROM {} WHERE {}",
-            n.state,
-            n.partition_key(1)
-        ),
-        OnState::Clear => format!("DELETE FROM {} WHERE {}", n.state, n.partition_key(1)),
+        OnState::Refuse => format!("SELECT COUNT(*) FROM {} WHERE {}", n.state, n.scope_is),
+        OnState::Clear => format!("DELETE FROM {} WHERE {}", n.state, n.scope_is),
     };
     let query = sqlx::query(&sql)
         .bind(pipeline)

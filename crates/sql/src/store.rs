@@ -12,7 +12,7 @@ use crate::batch::{now_ms, sha256_hex};
 use crate::config::StoreConnection;
 use crate::section::SqlSinkFields;
 use crate::sink::SinkError;
-use crate::{Dialect, InsertIgnore, connect_any, text_at};
+use crate::{Dialect, connect_any, text_at};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sluice_core::error::Chain;
 use sluice_core::store::{Activation, ModuleStore, StoreError, Version};
@@ -72,10 +72,7 @@ impl Statements {
             listed(&["digest", "size", "component", "uploaded_at_ms"]),
             d.params(1, 4)
         );
-        let insert_module = match d.insert_ignore {
-            InsertIgnore::OnConflictDoNothing => format!("{insert_module} ON CONFLICT DO NOTHING"),
-            InsertIgnore::InsertIgnore => insert_module.replacen("INSERT", "INSERT IGNORE", 1),
-        };
+        let insert_module = d.ignoring_conflicts(insert_module);
         let (pipeline, version) = (c("pipeline"), c("version"));
         Ok(Statements {
             create_modules: format!(

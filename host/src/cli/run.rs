@@ -44,6 +44,19 @@ pub async fn run(args: Run) -> anyhow::Result<()> {
     if stats.fenced > 0 {
         summary += &format!(", {} fenced commits rolled back", stats.fenced);
     }
+    let state = stats.state;
+    if state.keys_read > 0 || state.keys_written > 0 {
+        summary += &format!(
+            "\nstate: {} keys read, {:.1}% from the cache ({} read from the sink key by key, \
+             {} partitions loaded whole, {:.0} ms reading the sink), {} keys written",
+            state.keys_read,
+            state.cache_hit_ratio() * 100.0,
+            state.sink_key_reads,
+            state.partitions_loaded,
+            state.sink_read_seconds * 1000.0,
+            state.keys_written
+        );
+    }
     // Rows are the stdout sink's output: keep the summary out of it.
     match config.sink.kind()? {
         sluice::sink::SinkKind::Stdout => eprintln!("{summary}"),

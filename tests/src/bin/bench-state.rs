@@ -21,7 +21,8 @@
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-state --bin handwritten-dedupe && \
 //!       SLUICE_BIN=target/release/sluice target/release/bench-state [IDS] [ROUNDS]`
-//! (`SLUICE_BENCH_SINKS=postgres` runs one sink kind).
+//! (`SLUICE_BENCH_SINKS=postgres` runs one sink kind; `SLUICE_BENCH_LOGS=DIR` keeps
+//! each run's log, at `SLUICE_TEST_LOG`).
 
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::*;
@@ -89,11 +90,30 @@ fn run_kafka(arm: Arm, name: &str, brokers: &str, dir: &TempDir, ids: usize) -> 
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+    keep_log(name, &run);
+    print_state_line(name, &run);
     if let Arm::Dedupe = arm {
         let rows = read_committed(brokers, &out, PARTITIONS).len();
         assert_eq!(rows, ids, "{name}: one record per distinct id");
     }
     bench::lineage_topic_rate(brokers, name)
+}
+
+/// With `SLUICE_BENCH_LOGS=DIR`, writes the run's log (at
+/// `SLUICE_TEST_LOG`) to `DIR/NAME.log`.
+fn keep_log(name: &str, out: &std::process::Output) {
+    if let Ok(dir) = std::env::var("SLUICE_BENCH_LOGS") {
+        std::fs::write(format!("{dir}/{name}.log"), &out.stderr).expect("write the log");
+    }
+}
+
+/// Prints the `state:` line of a stateful run's summary (keys read, the
+/// cache hit ratio, time reading the sink).
+fn print_state_line(name: &str, out: &std::process::Output) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    if let Some(line) = stdout.lines().find(|l| l.starts_with("state: ")) {
+        println!("  {name} {line}");
+    }
 }
 
 /// Runs `arm` into `db` to the end; its steady rate.
@@ -107,6 +127,8 @@ async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) ->
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    keep_log(name, &out);
+    print_state_line(name, &out);
     bench::lineage_rate(db).await.0
 }
 

@@ -67,3 +67,62 @@ async fn sqlite_has_no_schemas() {
 async fn awkward_values_and_nulls_round_trip() {
     s::values_round_trip(&open("values", "", s::VALUES).await, None).await;
 }
+
+/// State kept in the first layout (table `state`, keyed by pipeline, topic,
+/// partition and key) is refused while it holds rows, saying how to move
+/// it; the same table empty is left alone.
+#[tokio::test]
+async fn state_in_the_first_layout_is_refused_not_lost() {
+    let url = temp_db("old-state");
+    let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    sqlx::raw_sql(
+        "CREATE TABLE sluice_state (pipeline TEXT NOT NULL, topic TEXT NOT NULL, \
+         partition INTEGER NOT NULL, state_key BLOB NOT NULL, value BLOB, expires_at_ms INTEGER, \
+         PRIMARY KEY (pipeline, topic, partition, state_key))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let config = sink_config(&url, None, "", s::COUNTS);
+    super::open(&config).await.expect("an empty old table is no state");
+    sqlx::raw_sql("INSERT INTO sluice_state VALUES ('p', 't', 0, x'6b', x'31', NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let err = super::open(&config).await.err().expect("refused");
+    let said = err.to_string();
+    assert!(
+        said.contains("\"sluice_state\" holds keyed state") && said.contains("docs/state.md"),
+        "{said}"
+    );
+    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM sluice_state")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, 1, "the old state is left as it was");
+    // The move docs/state.md gives, then the state reads back.
+    sqlx::raw_sql(
+        "BEGIN; \
+         INSERT INTO sluice_state_scopes (pipeline, topic, partition) \
+           SELECT DISTINCT pipeline, topic, partition FROM sluice_state WHERE true \
+           ON CONFLICT DO NOTHING; \
+         INSERT INTO sluice_keyed_state (scope, state_key, value, expires_at_ms) \
+           SELECT s.scope, o.state_key, o.value, o.expires_at_ms \
+           FROM sluice_state o JOIN sluice_state_scopes s \
+             ON s.pipeline = o.pipeline AND s.topic = o.topic AND s.partition = o.partition; \
+         DROP TABLE sluice_state; \
+         COMMIT;",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    super::open(&config).await.expect("moved");
+    let store = crate::SqlStateStore::open(&config.store()).await.unwrap();
+    let tp = crate::batch::TopicPartition {
+        topic: "t".into(),
+        partition: 0,
+    };
+    use sluice_core::state::StateStore;
+    let value = store.get("p", &tp, b"k").await.unwrap().expect("moved");
+    assert_eq!(value.value, b"1");
+}
