@@ -82,10 +82,12 @@ pub type Keys = BTreeMap<Vec<u8>, Option<StateValue>>;
 
 /// The same, hashed: what is looked up per record while a batch runs
 /// (a [`Keys`] is built from it, in key order, once the runs are done).
-pub type KeyTable = std::collections::HashMap<Vec<u8>, Option<StateValue>, foldhash::fast::RandomState>;
+pub type KeyTable =
+    std::collections::HashMap<Vec<u8>, Option<StateValue>, foldhash::fast::RandomState>;
 
 /// Per partition, a [`KeyTable`].
-pub type PartitionTables = std::collections::HashMap<TopicPartition, KeyTable, foldhash::fast::RandomState>;
+pub type PartitionTables =
+    std::collections::HashMap<TopicPartition, KeyTable, foldhash::fast::RandomState>;
 
 /// Per partition, keys and their values: the shape of both what a batch
 /// wrote and what it read.
@@ -279,6 +281,11 @@ pub trait StateBase: Send + Sync {
     fn writable(&self) -> Result<(), StateError> {
         Ok(())
     }
+    /// A hint before the batch `records` runs: a base that reads keys from
+    /// a store one by one may read the records' own keys (what most
+    /// stateful modules key state by) in one round trip per partition.
+    /// It must not change what any read returns.
+    fn prefetch(&self, _records: &Records) {}
 }
 
 /// A base for a sink that keeps no keyed state: every state call fails,
@@ -315,6 +322,21 @@ pub trait StateStore: Send + Sync {
         tp: &TopicPartition,
         key: &[u8],
     ) -> Result<Option<StateValue>, StateError>;
+    /// The values of `keys` in `tp`, in their order (`None`: absent). This
+    /// default asks [`StateStore::get`] key by key; a store that can
+    /// answer many keys in one round trip does.
+    async fn get_many(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<StateValue>>, StateError> {
+        let mut values = Vec::with_capacity(keys.len());
+        for key in keys {
+            values.push(self.get(pipeline, tp, key).await?);
+        }
+        Ok(values)
+    }
     /// One page of `tp`'s keys in key order (expired ones too): at most
     /// `page.limit` keys starting with `page.prefix`, after `page.after`.
     /// This default loads the partition whole, up to [`SCAN_MAX_BYTES`]

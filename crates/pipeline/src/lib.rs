@@ -122,6 +122,9 @@ pub struct StateStats {
     pub sink_key_reads: u64,
     /// Loads of a partition's whole state from the sink into the cache.
     pub partitions_loaded: u64,
+    /// Reads of a batch's record keys in one round trip (a partition
+    /// larger than the cache), before the batch runs.
+    pub record_key_reads: u64,
     /// Time spent in those reads, in seconds.
     pub sink_read_seconds: f64,
 }

@@ -53,6 +53,18 @@ pub struct Metrics {
     state_partition_bytes: IntGaugeVec,
 }
 
+/// What one read of keyed state from the sink fetched.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SinkRead {
+    /// A partition's whole state, into the cache.
+    Partition,
+    /// One key a module read that the cache did not hold.
+    Key,
+    /// The keys of a batch's records the cache did not hold, before the
+    /// batch runs.
+    RecordKeys,
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Metrics::new("")
@@ -178,7 +190,7 @@ impl Metrics {
             state_sink_reads: IntCounterVec::new(
                 Opts::new(
                     "sluice_state_sink_reads_total",
-                    "Reads of keyed state from the sink, by what they fetched: `partition` (a partition's whole state into the cache) or `key` (one key the cache did not hold). Every other read was a cache hit.",
+                    "Reads of keyed state from the sink, by what they fetched: `partition` (a partition's whole state into the cache), `record_keys` (the keys of a batch's records the cache did not hold, in one round trip, before the batch runs, for a partition larger than the cache) or `key` (one key the module read that the cache did not hold). Every other read was a cache hit.",
                 ),
                 &["kind"],
             )
@@ -279,8 +291,12 @@ impl Metrics {
 
     /// The state cache read a partition whole (`whole`) or one key from
     /// the sink, in `took`.
-    pub(crate) fn state_sink_read(&self, whole: bool, took: std::time::Duration) {
-        let kind = if whole { "partition" } else { "key" };
+    pub(crate) fn state_sink_read(&self, read: SinkRead, took: std::time::Duration) {
+        let kind = match read {
+            SinkRead::Partition => "partition",
+            SinkRead::Key => "key",
+            SinkRead::RecordKeys => "record_keys",
+        };
         self.state_sink_reads.with_label_values(&[kind]).inc();
         self.state_sink_read_seconds
             .with_label_values(&[kind])
@@ -300,7 +316,8 @@ impl Metrics {
             keys_written: self.state_keys_written.get(),
             sink_key_reads: reads("key"),
             partitions_loaded: reads("partition"),
-            sink_read_seconds: seconds("key") + seconds("partition"),
+            record_key_reads: reads("record_keys"),
+            sink_read_seconds: seconds("key") + seconds("partition") + seconds("record_keys"),
         }
     }
 

@@ -135,6 +135,7 @@ impl<T: Transform> Preparer<T> {
     ) -> Result<Batch, PipelineError> {
         plan.settings = self.settings.clone();
         let transforming = Instant::now();
+        state.prefetch(&records);
         let base = BatchBase::new(state);
         let transformed = self.transform_batch(&plan, &records, &base);
         // Every run of the batch is done: each record's log lines once.

@@ -16,6 +16,8 @@
 //! It must not write state anywhere, and must not judge expiry (the run
 //! does, by batch time).
 
+use crate::metrics::SinkRead;
+use sluice_core::batch::Records;
 use sluice_core::batch::TopicPartition;
 use sluice_core::state::{
     KeyTable, NoState, PartitionTables, StateBase, StateError, StateMap, StateStore, StateValue,
@@ -223,7 +225,8 @@ impl KeptState {
                 drop(kept);
                 let started = Instant::now();
                 let loaded = self.handle.block_on(store.load(&self.pipeline, tp, room))?;
-                self.metrics.state_sink_read(true, started.elapsed());
+                self.metrics
+                    .state_sink_read(SinkRead::Partition, started.elapsed());
                 let mut kept = self.kept();
                 kept.cache_partition(tp, loaded);
                 self.measured(&kept);
@@ -234,7 +237,8 @@ impl KeptState {
         }
         let started = Instant::now();
         let value = self.handle.block_on(store.get(&self.pipeline, tp, key))?;
-        self.metrics.state_sink_read(false, started.elapsed());
+        self.metrics
+            .state_sink_read(SinkRead::Key, started.elapsed());
         let mut kept = self.kept();
         if let Some(cached) = kept.partitions.get_mut(tp) {
             let grew = cached.put(key.to_vec(), value.clone());
@@ -244,6 +248,95 @@ impl KeptState {
         }
         Ok(value)
     }
+}
+
+impl KeptState {
+    /// Before batch `records` runs: for each of its partitions whose state
+    /// is cached in part (too large for the budget), reads the records' keys
+    /// the cache cannot answer in one round trip and caches them, so a
+    /// module keyed by record key reads none of them key by key. Keys
+    /// written by a batch not yet landed are left out (its writes answer
+    /// them), so what is cached is committed state, as `get` caches it.
+    fn prefetch(&self, records: &Records) {
+        let Some(store) = self.store.as_ref() else {
+            return;
+        };
+        let keys = record_keys(records);
+        for (tp, keys) in keys {
+            let unknown: Vec<&[u8]> = {
+                let kept = self.kept();
+                match kept.partitions.get(&tp) {
+                    Some(cached) if !cached.complete => keys
+                        .into_iter()
+                        .filter(|key| kept.known(&tp, key).is_none())
+                        .collect(),
+                    _ => continue,
+                }
+            };
+            if unknown.is_empty() {
+                continue;
+            }
+            let started = Instant::now();
+            let read = self
+                .handle
+                .block_on(store.get_many(&self.pipeline, &tp, &unknown));
+            self.metrics
+                .state_sink_read(SinkRead::RecordKeys, started.elapsed());
+            // A failed read is left to the module's own reads, which retry
+            // through the batch's usual error path.
+            let Ok(values) = read else { continue };
+            let incoming: usize = unknown
+                .iter()
+                .zip(&values)
+                .map(|(key, value)| entry_size(key.len(), value))
+                .sum();
+            let mut kept = self.kept();
+            if incoming > self.budget / 2 {
+                continue;
+            }
+            kept.fit_budget(self.budget - incoming);
+            let Some(cached) = kept.partitions.get_mut(&tp) else {
+                continue;
+            };
+            let mut grew = 0isize;
+            for (key, value) in unknown.into_iter().zip(values) {
+                if !cached.keys.contains_key(key) {
+                    grew += cached.put(key.to_vec(), value);
+                }
+            }
+            kept.bytes = (kept.bytes as isize + grew) as usize;
+            self.measured(&kept);
+        }
+    }
+}
+
+/// Each partition's distinct record keys in `records` (records without a
+/// key left out), in batch order.
+fn record_keys(records: &Records) -> Vec<(TopicPartition, Vec<&[u8]>)> {
+    let mut by_partition: Vec<(TopicPartition, Vec<&[u8]>)> = Vec::new();
+    let mut seen =
+        std::collections::HashSet::<(usize, &[u8]), foldhash::fast::RandomState>::default();
+    for record in records.iter() {
+        let Some(key) = record.key else { continue };
+        let at = match by_partition
+            .iter()
+            .position(|(tp, _)| tp.partition == record.partition && tp.topic == record.topic)
+        {
+            Some(at) => at,
+            None => {
+                let tp = TopicPartition {
+                    topic: record.topic.to_string(),
+                    partition: record.partition,
+                };
+                by_partition.push((tp, Vec::new()));
+                by_partition.len() - 1
+            }
+        };
+        if seen.insert((at, key)) {
+            by_partition[at].1.push(key);
+        }
+    }
+    by_partition
 }
 
 impl Kept {
@@ -303,5 +396,43 @@ struct Live(Arc<KeptState>);
 impl StateBase for Live {
     fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
         self.0.get(tp, key)
+    }
+
+    fn prefetch(&self, records: &Records) {
+        self.0.prefetch(records)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::batch::OwnedRecord;
+
+    /// Record keys per partition, each once, in batch order; records
+    /// without a key have none to read ahead.
+    #[test]
+    fn record_keys_are_distinct_per_partition() {
+        let rec = |offset: i64, key: Option<&str>| OwnedRecord {
+            offset,
+            timestamp: 0,
+            key: key.map(|k| k.as_bytes().to_vec()),
+            value: None,
+            headers: Vec::new(),
+        };
+        let mut records = Records::default();
+        records.push_slice(
+            "t",
+            0,
+            &[rec(0, Some("b")), rec(1, Some("a")), rec(2, Some("b"))],
+        );
+        records.push_slice("t", 1, &[rec(0, Some("b")), rec(1, None)]);
+        let keys: Vec<(i32, Vec<&[u8]>)> = record_keys(&records)
+            .into_iter()
+            .map(|(tp, keys)| (tp.partition, keys))
+            .collect();
+        assert_eq!(
+            keys,
+            [(0, vec![&b"b"[..], &b"a"[..]]), (1, vec![&b"b"[..]])]
+        );
     }
 }

@@ -144,4 +144,28 @@ impl StateStore for RedisStateStore {
             .map_err(StateError::unreadable)?;
         stored.map(|s| StateValue::from_stored(&s)).transpose()
     }
+
+    /// One `HMGET` of the partition's hash.
+    async fn get_many(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<StateValue>>, StateError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let hash = StateKeys::new(&self.prefix, pipeline).state(tp);
+        let mut conn = self.conn.clone();
+        let stored: Vec<Option<Vec<u8>>> = redis::cmd("HMGET")
+            .arg(&hash)
+            .arg(keys)
+            .query_async(&mut conn)
+            .await
+            .map_err(StateError::unreadable)?;
+        stored
+            .iter()
+            .map(|s| s.as_deref().map(StateValue::from_stored).transpose())
+            .collect()
+    }
 }

@@ -1,7 +1,7 @@
 //! Test scenarios every SQL backend must pass, run by each backend's own
 //! `tests.rs` against its real database: fencing, write modes (with keys
 //! repeated inside one batch), identifiers from config, output that does not
-//! fit, dead letters, and the at-least-once split.
+//! fit, dead letters, the at-least-once split, and keyed state.
 //!
 //! Checks go through the sink's public API and single-value queries, so one
 //! scenario serves every dialect. It must not know any one backend.
@@ -11,6 +11,7 @@ use crate::batch::{OwnedRecord, Plan, Records, TopicPartition, single_partition_
 use crate::config::{PipelineConfig, SinkConfig};
 use crate::output::{Column, ColumnData, Output, TargetRows};
 use crate::sink::{Commit, CommitOutcome, DeadLetter, DeadLetterKind, SinkError};
+use sluice_core::state::{StateMap, StateValue};
 pub use sluice_core::testing::words_output;
 
 /// A sink config for `url` with the given `[[sink.targets]]` (and extra
@@ -101,6 +102,18 @@ pub async fn try_commit<B: SqlBackend>(
     output: &Output,
     dead_letters: &[DeadLetter],
 ) -> Result<CommitOutcome, SinkError> {
+    try_commit_reading(sink, from, until, output, dead_letters, &Default::default()).await
+}
+
+/// [`try_commit`] of a batch that read `state_reads` of its start state.
+async fn try_commit_reading<B: SqlBackend>(
+    sink: &SqlSink<B>,
+    from: i64,
+    until: i64,
+    output: &Output,
+    dead_letters: &[DeadLetter],
+    state_reads: &StateMap,
+) -> Result<CommitOutcome, SinkError> {
     let (plan, records) = batch(from, until);
     let digest = sluice_core::sink::digest(output, dead_letters);
     let c = Commit {
@@ -109,9 +122,86 @@ pub async fn try_commit<B: SqlBackend>(
         output,
         dead_letters,
         output_digest: &digest,
-        state_reads: &Default::default(),
+        state_reads,
     };
     sink.commit(&c).await
+}
+
+/// Keyed state through the batch transaction and back through the state
+/// store: sets (a key that is not UTF-8, a value with an expiry), the same
+/// key in two partitions (each its own scope), then a delete and an
+/// overwrite of keys the batch read with values; reads of one key, of many
+/// keys at once (repeated and missing ones too) and of a whole partition.
+pub async fn state_round_trip<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkConfig) {
+    use sluice_core::state::StateStore;
+    let store = crate::SqlStateStore::open(&config.store()).await.unwrap();
+    let tp = |partition: i32| TopicPartition {
+        topic: "t".into(),
+        partition,
+    };
+    let value = |v: &[u8], expires_at_ms: Option<i64>| {
+        Some(StateValue {
+            value: v.to_vec(),
+            expires_at_ms,
+        })
+    };
+    let odd = vec![0xff, 0x00, b'k'];
+    let mut first = Output::default();
+    let mut reads = StateMap::default();
+    for (p, key, v) in [
+        (0, b"a".to_vec(), value(b"1", None)),
+        (0, odd.clone(), value(b"2", Some(5))),
+        (1, b"a".to_vec(), value(b"other", None)),
+    ] {
+        first.state.insert(&tp(p), key.clone(), v);
+        reads.insert(&tp(p), key, None);
+    }
+    let landed = try_commit_reading(sink, 0, 2, &first, &[], &reads).await;
+    assert_eq!(landed.unwrap(), CommitOutcome::Committed);
+    let get = |p: i32, key: &[u8]| {
+        let (store, key) = (&store, key.to_vec());
+        async move { store.get("p", &tp(p), &key).await.unwrap() }
+    };
+    assert_eq!(get(0, b"a").await, value(b"1", None));
+    assert_eq!(get(0, &odd).await, value(b"2", Some(5)));
+    assert_eq!(get(1, b"a").await, value(b"other", None));
+    assert_eq!(get(2, b"a").await, None, "a partition never numbered");
+    let many = store
+        .get_many("p", &tp(0), &[b"a", b"missing", &odd, b"a"])
+        .await
+        .unwrap();
+    assert_eq!(
+        many,
+        [
+            value(b"1", None),
+            None,
+            value(b"2", Some(5)),
+            value(b"1", None)
+        ]
+    );
+
+    let mut second = Output::default();
+    second.state.insert(&tp(0), b"a".to_vec(), None);
+    second.state.insert(&tp(0), odd.clone(), value(b"3", None));
+    let mut reads = StateMap::default();
+    reads.insert(&tp(0), b"a".to_vec(), value(b"1", None));
+    reads.insert(&tp(0), odd.clone(), value(b"2", Some(5)));
+    let landed = try_commit_reading(sink, 2, 4, &second, &[], &reads).await;
+    assert_eq!(landed.unwrap(), CommitOutcome::Committed);
+    assert_eq!(get(0, b"a").await, None, "deleted");
+    assert_eq!(get(0, &odd).await, value(b"3", None), "overwritten");
+    let whole = store.load("p", &tp(0), 1 << 20).await.unwrap().unwrap();
+    assert_eq!(
+        whole,
+        [(
+            odd,
+            StateValue {
+                value: b"3".to_vec(),
+                expires_at_ms: None
+            }
+        )]
+    );
+    assert_eq!(get(1, b"a").await, value(b"other", None), "untouched");
 }
 
 async fn commit<B: SqlBackend>(

@@ -100,7 +100,11 @@ impl Scopes {
             d.params(1, 3)
         );
         Scopes {
-            select: format!("SELECT {} FROM {table} WHERE {}", c("scope"), partition_is(d)),
+            select: format!(
+                "SELECT {} FROM {table} WHERE {}",
+                c("scope"),
+                partition_is(d)
+            ),
             insert: d.ignoring_conflicts(insert),
             known: Mutex::default(),
         }
@@ -120,7 +124,12 @@ impl Scopes {
                 continue;
             }
             let known = (pipeline.to_string(), tp.clone());
-            let cached = self.known.lock().unwrap_or_else(|e| e.into_inner()).get(&known).copied();
+            let cached = self
+                .known
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&known)
+                .copied();
             let number = match cached {
                 Some(number) => number,
                 None => {
@@ -152,12 +161,15 @@ impl Scopes {
             return Ok(number);
         }
         backend.execute(&self.insert, &params).await?;
-        backend.query_i64(&self.select, &params).await?.ok_or_else(|| {
-            SinkError::database(
-                "numbering a partition's keyed state",
-                format!("no row in state_scopes for {tp} after inserting it"),
-            )
-        })
+        backend
+            .query_i64(&self.select, &params)
+            .await?
+            .ok_or_else(|| {
+                SinkError::database(
+                    "numbering a partition's keyed state",
+                    format!("no row in state_scopes for {tp} after inserting it"),
+                )
+            })
     }
 }
 
@@ -437,8 +449,12 @@ impl<'a> Changes<'a> {
 /// pool of its own.
 pub struct SqlStateStore {
     pool: AnyPool,
+    d: &'static Dialect,
     load: String,
     get: String,
+    /// `get` of many keys: this, then `IN (` and one placeholder a key
+    /// from the fourth.
+    get_in: String,
     /// A page from a key on (`>=` the prefix), in key order.
     scan_from: String,
     /// The same, past a key (`>` the page before's last).
@@ -456,7 +472,7 @@ impl SqlStateStore {
     /// Reads `store`'s state through `pool`.
     pub(crate) fn on(
         pool: AnyPool,
-        d: &Dialect,
+        d: &'static Dialect,
         store: &StoreConnection,
     ) -> Result<SqlStateStore, SinkError> {
         let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
@@ -488,6 +504,11 @@ impl SqlStateStore {
                 c("state_key"),
                 d.param(4)
             ),
+            get_in: format!(
+                "SELECT {listed} FROM {state} WHERE {partition_is} AND {} IN",
+                c("state_key"),
+            ),
+            d,
             reads: format!(
                 "SELECT {} FROM {} WHERE {} = {} AND {} = {}",
                 c("reads"),
@@ -522,6 +543,10 @@ impl SqlStateStore {
         }
     }
 }
+
+/// Keys one `get_many` query asks for (placeholders stay well under every
+/// database's limit).
+const GET_MANY_CHUNK: usize = 500;
 
 fn state_row(row: &sqlx::any::AnyRow) -> Result<(Vec<u8>, StateValue), StateError> {
     let corrupt = |e: sqlx::Error| StateError::Corrupt(format!("a state row: {e}"));
@@ -578,6 +603,35 @@ impl StateStore for SqlStateStore {
             .await
             .map_err(StateError::unreadable)?;
         row.map(|row| state_row(&row).map(|(_, v)| v)).transpose()
+    }
+
+    /// One query per [`GET_MANY_CHUNK`] keys.
+    async fn get_many(
+        &self,
+        pipeline: &str,
+        tp: &TopicPartition,
+        keys: &[&[u8]],
+    ) -> Result<Vec<Option<StateValue>>, StateError> {
+        let mut found: HashMap<Vec<u8>, StateValue> = HashMap::with_capacity(keys.len());
+        for chunk in keys.chunks(GET_MANY_CHUNK) {
+            let sql = format!("{} ({})", self.get_in, self.d.params(4, chunk.len()));
+            let mut query = sqlx::query(&sql)
+                .bind(pipeline.to_string())
+                .bind(tp.topic.clone())
+                .bind(tp.partition as i64);
+            for key in chunk {
+                query = query.bind(key.to_vec());
+            }
+            let rows = query
+                .fetch_all(&self.pool)
+                .await
+                .map_err(StateError::unreadable)?;
+            for row in &rows {
+                let (key, value) = state_row(row)?;
+                found.insert(key, value);
+            }
+        }
+        Ok(keys.iter().map(|key| found.get(*key).cloned()).collect())
     }
 
     /// Reads the page alone, in key order (bytes compare as bytes in all

@@ -48,10 +48,12 @@ pub async fn run(args: Run) -> anyhow::Result<()> {
     if state.keys_read > 0 || state.keys_written > 0 {
         summary += &format!(
             "\nstate: {} keys read, {:.1}% from the cache ({} read from the sink key by key, \
-             {} partitions loaded whole, {:.0} ms reading the sink), {} keys written",
+             {} batches' record keys read at once, {} partitions loaded whole, {:.0} ms reading \
+             the sink), {} keys written",
             state.keys_read,
             state.cache_hit_ratio() * 100.0,
             state.sink_key_reads,
+            state.record_key_reads,
             state.partitions_loaded,
             state.sink_read_seconds * 1000.0,
             state.keys_written

@@ -97,3 +97,10 @@ async fn awkward_values_and_nulls_round_trip() {
     let schema = "sluice_ut_values";
     s::values_round_trip(&open(schema, "", s::VALUES).await, Some(schema)).await;
 }
+
+#[tokio::test]
+async fn keyed_state_round_trips() {
+    let schema = "sluice_ut_state";
+    let sink = open(schema, "", s::COUNTS).await;
+    s::state_round_trip(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
+}

@@ -116,3 +116,10 @@ async fn awkward_values_reach_a_table_of_other_types_through_text_copy() {
         .unwrap();
     s::values_round_trip(&sink, Some(schema)).await;
 }
+
+#[tokio::test]
+async fn keyed_state_round_trips() {
+    let schema = "sluice_ut_state";
+    let sink = open(schema, "", s::COUNTS).await;
+    s::state_round_trip(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
+}

@@ -74,7 +74,9 @@ async fn awkward_values_and_nulls_round_trip() {
 #[tokio::test]
 async fn state_in_the_first_layout_is_refused_not_lost() {
     let url = temp_db("old-state");
-    let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc")).await.unwrap();
+    let pool = sqlx::SqlitePool::connect(&format!("{url}?mode=rwc"))
+        .await
+        .unwrap();
     sqlx::raw_sql(
         "CREATE TABLE sluice_state (pipeline TEXT NOT NULL, topic TEXT NOT NULL, \
          partition INTEGER NOT NULL, state_key BLOB NOT NULL, value BLOB, expires_at_ms INTEGER, \
@@ -84,7 +86,9 @@ async fn state_in_the_first_layout_is_refused_not_lost() {
     .await
     .unwrap();
     let config = sink_config(&url, None, "", s::COUNTS);
-    super::open(&config).await.expect("an empty old table is no state");
+    super::open(&config)
+        .await
+        .expect("an empty old table is no state");
     sqlx::raw_sql("INSERT INTO sluice_state VALUES ('p', 't', 0, x'6b', x'31', NULL)")
         .execute(&pool)
         .await
@@ -125,4 +129,11 @@ async fn state_in_the_first_layout_is_refused_not_lost() {
     use sluice_core::state::StateStore;
     let value = store.get("p", &tp, b"k").await.unwrap().expect("moved");
     assert_eq!(value.value, b"1");
+}
+
+#[tokio::test]
+async fn keyed_state_round_trips() {
+    let config = sink_config(&temp_db("state"), None, "", s::COUNTS);
+    let sink = super::open(&config).await.unwrap();
+    s::state_round_trip(&sink, &config).await;
 }
