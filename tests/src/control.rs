@@ -41,7 +41,9 @@ pub fn metric_sample(scrape: &str, name: &str, labels: &[&str]) -> f64 {
             metric == name && labels.iter().all(|label| rest.contains(label))
         })
         .map(|(_, value)| value.parse::<f64>().expect("a sample value"))
-        .sum()
+        .sum::<f64>()
+        // An empty float sum is -0.0.
+        + 0.0
 }
 
 /// A free port for a control API, and its base URL.

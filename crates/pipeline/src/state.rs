@@ -145,7 +145,10 @@ impl KeptState {
     /// What the next batch's runs read its start state from.
     pub(crate) fn base(self: &Arc<Self>) -> Arc<dyn StateBase> {
         match self.store {
-            Some(_) => Arc::new(Live(Arc::clone(self))),
+            Some(_) => Arc::new(Live {
+                kept: Arc::clone(self),
+                batch: std::sync::OnceLock::new(),
+            }),
             None => Arc::new(NoState(self.unsupported.clone())),
         }
     }
@@ -212,8 +215,15 @@ impl KeptState {
         self.measured(&kept);
     }
 
-    /// The start-state value of `key` in `tp` for a batch prepared now.
-    fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+    /// The start-state value of `key` in `tp` for a batch prepared now,
+    /// whose record keys are `batch` (read ahead in one round trip the first
+    /// time a key of `tp` is not cached).
+    fn get(
+        &self,
+        tp: &TopicPartition,
+        key: &[u8],
+        batch: Option<&BatchKeys>,
+    ) -> Result<Option<StateValue>, StateError> {
         let store = self.store.as_ref().expect("a live base has a store");
         {
             let kept = self.kept();
@@ -235,6 +245,12 @@ impl KeptState {
                 }
             }
         }
+        if let Some(keys) = batch.and_then(|b| b.take(tp)) {
+            self.read_ahead(tp, keys);
+            if let Some(known) = self.kept().known(tp, key) {
+                return Ok(known);
+            }
+        }
         let started = Instant::now();
         let value = self.handle.block_on(store.get(&self.pipeline, tp, key))?;
         self.metrics
@@ -251,92 +267,124 @@ impl KeptState {
 }
 
 impl KeptState {
-    /// Before batch `records` runs: for each of its partitions whose state
-    /// is cached in part (too large for the budget), reads the records' keys
-    /// the cache cannot answer in one round trip and caches them, so a
-    /// module keyed by record key reads none of them key by key. Keys
-    /// written by a batch not yet landed are left out (its writes answer
-    /// them), so what is cached is committed state, as `get` caches it.
-    fn prefetch(&self, records: &Records) {
+    /// Reads those of `keys` (a batch's record keys in `tp`) the cache
+    /// cannot answer in one round trip and caches them, making room first.
+    /// Keys written by a batch not yet landed are left out (its writes
+    /// answer them), so what is cached is committed state, as `get` caches
+    /// it. A failed read is left to the module's own reads, which retry
+    /// through the batch's usual error path.
+    fn read_ahead(&self, tp: &TopicPartition, keys: Vec<&[u8]>) {
         let Some(store) = self.store.as_ref() else {
             return;
         };
-        let keys = record_keys(records);
-        for (tp, keys) in keys {
-            let unknown: Vec<&[u8]> = {
-                let kept = self.kept();
-                match kept.partitions.get(&tp) {
-                    Some(cached) if !cached.complete => keys
-                        .into_iter()
-                        .filter(|key| kept.known(&tp, key).is_none())
-                        .collect(),
-                    _ => continue,
-                }
-            };
-            if unknown.is_empty() {
-                continue;
+        let unknown: Vec<&[u8]> = {
+            let kept = self.kept();
+            match kept.partitions.get(tp) {
+                Some(cached) if !cached.complete => keys
+                    .into_iter()
+                    .filter(|key| kept.known(tp, key).is_none())
+                    .collect(),
+                _ => return,
             }
-            let started = Instant::now();
-            let read = self
-                .handle
-                .block_on(store.get_many(&self.pipeline, &tp, &unknown));
-            self.metrics
-                .state_sink_read(SinkRead::RecordKeys, started.elapsed());
-            // A failed read is left to the module's own reads, which retry
-            // through the batch's usual error path.
-            let Ok(values) = read else { continue };
-            let incoming: usize = unknown
-                .iter()
-                .zip(&values)
-                .map(|(key, value)| entry_size(key.len(), value))
-                .sum();
-            let mut kept = self.kept();
-            if incoming > self.budget / 2 {
-                continue;
-            }
-            kept.fit_budget(self.budget - incoming);
-            let Some(cached) = kept.partitions.get_mut(&tp) else {
-                continue;
-            };
-            let mut grew = 0isize;
-            for (key, value) in unknown.into_iter().zip(values) {
-                if !cached.keys.contains_key(key) {
-                    grew += cached.put(key.to_vec(), value);
-                }
-            }
-            kept.bytes = (kept.bytes as isize + grew) as usize;
-            self.measured(&kept);
+        };
+        if unknown.is_empty() {
+            return;
         }
+        let started = Instant::now();
+        let read = self
+            .handle
+            .block_on(store.get_many(&self.pipeline, tp, &unknown));
+        self.metrics
+            .state_sink_read(SinkRead::RecordKeys, started.elapsed());
+        let Ok(values) = read else { return };
+        let incoming: usize = unknown
+            .iter()
+            .zip(&values)
+            .map(|(key, value)| entry_size(key.len(), value))
+            .sum();
+        if incoming > self.budget / 2 {
+            return;
+        }
+        let mut kept = self.kept();
+        kept.fit_budget(self.budget - incoming);
+        let Some(cached) = kept.partitions.get_mut(tp) else {
+            return;
+        };
+        let mut grew = 0isize;
+        for (key, value) in unknown.into_iter().zip(values) {
+            if !cached.keys.contains_key(key) {
+                grew += cached.put(key.to_vec(), value);
+            }
+        }
+        kept.bytes = (kept.bytes as isize + grew) as usize;
+        self.measured(&kept);
+    }
+
+    /// Whether `tp`'s state is cached in part (too large for the budget).
+    fn partly_cached(&self, tp: &TopicPartition) -> bool {
+        self.kept()
+            .partitions
+            .get(tp)
+            .is_some_and(|cached| !cached.complete)
     }
 }
 
-/// Each partition's distinct record keys in `records` (records without a
-/// key left out), in batch order.
-fn record_keys(records: &Records) -> Vec<(TopicPartition, Vec<&[u8]>)> {
-    let mut by_partition: Vec<(TopicPartition, Vec<&[u8]>)> = Vec::new();
-    let mut seen =
-        std::collections::HashSet::<(usize, &[u8]), foldhash::fast::RandomState>::default();
-    for record in records.iter() {
-        let Some(key) = record.key else { continue };
-        let at = match by_partition
-            .iter()
-            .position(|(tp, _)| tp.partition == record.partition && tp.topic == record.topic)
-        {
-            Some(at) => at,
-            None => {
-                let tp = TopicPartition {
-                    topic: record.topic.to_string(),
-                    partition: record.partition,
-                };
-                by_partition.push((tp, Vec::new()));
-                by_partition.len() - 1
-            }
-        };
-        if seen.insert((at, key)) {
-            by_partition[at].1.push(key);
+/// A batch's record keys, copied before it runs: read ahead in one round
+/// trip per partition, before the batch runs for a partition cached in
+/// part, or at its first key the cache cannot answer for one that stops
+/// being cached whole while the batch runs (a commit landing beside it
+/// outgrew the budget).
+struct BatchKeys {
+    slices: Vec<(TopicPartition, std::ops::Range<usize>)>,
+    key_lengths: Vec<i32>,
+    keys: Vec<u8>,
+    /// Partitions whose keys were read ahead already.
+    taken: Mutex<Vec<TopicPartition>>,
+}
+
+impl BatchKeys {
+    fn of(records: &Records) -> BatchKeys {
+        BatchKeys {
+            slices: records
+                .slices
+                .iter()
+                .map(|s| {
+                    let first = s.first as usize;
+                    (s.topic_partition(), first..first + s.count as usize)
+                })
+                .collect(),
+            key_lengths: records.key_lengths.clone(),
+            keys: records.keys.clone(),
+            taken: Mutex::default(),
         }
     }
-    by_partition
+
+    /// `tp`'s distinct record keys, the first time they are asked for.
+    fn take(&self, tp: &TopicPartition) -> Option<Vec<&[u8]>> {
+        let mut taken = self.taken.lock().unwrap_or_else(|e| e.into_inner());
+        if taken.contains(tp) {
+            return None;
+        }
+        taken.push(tp.clone());
+        drop(taken);
+        let mut seen = std::collections::HashSet::<&[u8], foldhash::fast::RandomState>::default();
+        let mut at = 0usize;
+        let mut keys = Vec::new();
+        for (slice, records) in &self.slices {
+            for i in records.clone() {
+                let len = self.key_lengths[i];
+                if len < 0 {
+                    continue;
+                }
+                let key = &self.keys[at..at + len as usize];
+                at += len as usize;
+                if slice == tp && seen.insert(key) {
+                    keys.push(key);
+                }
+            }
+        }
+        Some(keys)
+    }
 }
 
 impl Kept {
@@ -390,16 +438,32 @@ impl Kept {
     }
 }
 
-/// The base batches prepared now read through.
-struct Live(Arc<KeptState>);
+/// The base a batch prepared now reads through.
+struct Live {
+    kept: Arc<KeptState>,
+    /// The batch's record keys (set by `prefetch`, before it runs).
+    batch: std::sync::OnceLock<BatchKeys>,
+}
 
 impl StateBase for Live {
     fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
-        self.0.get(tp, key)
+        self.kept.get(tp, key, self.batch.get())
     }
 
     fn prefetch(&self, records: &Records) {
-        self.0.prefetch(records)
+        // No partition's state asked for yet: a stateless module (or a
+        // first batch, which loads what it reads) copies nothing.
+        if self.kept.kept().partitions.is_empty() {
+            return;
+        }
+        let batch = self.batch.get_or_init(|| BatchKeys::of(records));
+        for (tp, _) in &batch.slices {
+            if self.kept.partly_cached(tp)
+                && let Some(keys) = batch.take(tp)
+            {
+                self.kept.read_ahead(tp, keys);
+            }
+        }
     }
 }
 
@@ -408,10 +472,10 @@ mod tests {
     use super::*;
     use sluice_core::batch::OwnedRecord;
 
-    /// Record keys per partition, each once, in batch order; records
-    /// without a key have none to read ahead.
+    /// Record keys per partition, each once, in batch order, and only the
+    /// first time; records without a key have none to read ahead.
     #[test]
-    fn record_keys_are_distinct_per_partition() {
+    fn record_keys_are_taken_once_distinct_per_partition() {
         let rec = |offset: i64, key: Option<&str>| OwnedRecord {
             offset,
             timestamp: 0,
@@ -423,16 +487,16 @@ mod tests {
         records.push_slice(
             "t",
             0,
-            &[rec(0, Some("b")), rec(1, Some("a")), rec(2, Some("b"))],
+            &[rec(0, Some("b")), rec(1, None), rec(2, Some("a"))],
         );
-        records.push_slice("t", 1, &[rec(0, Some("b")), rec(1, None)]);
-        let keys: Vec<(i32, Vec<&[u8]>)> = record_keys(&records)
-            .into_iter()
-            .map(|(tp, keys)| (tp.partition, keys))
-            .collect();
-        assert_eq!(
-            keys,
-            [(0, vec![&b"b"[..], &b"a"[..]]), (1, vec![&b"b"[..]])]
-        );
+        records.push_slice("t", 1, &[rec(0, Some("c")), rec(1, Some("c"))]);
+        let batch = BatchKeys::of(&records);
+        let tp = |partition| TopicPartition {
+            topic: "t".into(),
+            partition,
+        };
+        assert_eq!(batch.take(&tp(1)), Some(vec![&b"c"[..]]));
+        assert_eq!(batch.take(&tp(1)), None, "once");
+        assert_eq!(batch.take(&tp(0)), Some(vec![&b"b"[..], &b"a"[..]]));
     }
 }
