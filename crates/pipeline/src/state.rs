@@ -268,7 +268,8 @@ impl KeptState {
 
 impl KeptState {
     /// Reads those of `keys` (a batch's record keys in `tp`) the cache
-    /// cannot answer in one round trip and caches them, making room first.
+    /// cannot answer in one round trip and caches them, making room first
+    /// (what is read is dropped if it alone is over the budget).
     /// Keys written by a batch not yet landed are left out (its writes
     /// answer them), so what is cached is committed state, as `get` caches
     /// it. A failed read is left to the module's own reads, which retry
@@ -302,7 +303,7 @@ impl KeptState {
             .zip(&values)
             .map(|(key, value)| entry_size(key.len(), value))
             .sum();
-        if incoming > self.budget / 2 {
+        if incoming > self.budget {
             return;
         }
         let mut kept = self.kept();
