@@ -39,6 +39,10 @@ pub(crate) struct KeptState {
     handle: tokio::runtime::Handle,
     kept: Mutex<Kept>,
     metrics: crate::Metrics,
+    /// Whether the module reads state by record key, as far as the last
+    /// key the cache could not answer tells: then a batch's record keys
+    /// are read ahead before it runs (see [`BatchKeys`]).
+    record_keyed: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -122,6 +126,7 @@ impl KeptState {
             handle: tokio::runtime::Handle::current(),
             kept: Mutex::default(),
             metrics,
+            record_keyed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -246,9 +251,16 @@ impl KeptState {
             }
         }
         if let Some(keys) = batch.and_then(|b| b.take(tp)) {
-            self.read_ahead(tp, keys);
-            if let Some(known) = self.kept().known(tp, key) {
-                return Ok(known);
+            // Read ahead only for a module that reads by record key (this
+            // key is one); else the record keys would only crowd the cache.
+            let record_keyed = keys.contains(&key);
+            self.record_keyed
+                .store(record_keyed, std::sync::atomic::Ordering::Relaxed);
+            if record_keyed {
+                self.read_ahead(tp, keys);
+                if let Some(known) = self.kept().known(tp, key) {
+                    return Ok(known);
+                }
             }
         }
         let started = Instant::now();
@@ -330,11 +342,11 @@ impl KeptState {
     }
 }
 
-/// A batch's record keys, copied before it runs: read ahead in one round
-/// trip per partition, before the batch runs for a partition cached in
-/// part, or at its first key the cache cannot answer for one that stops
-/// being cached whole while the batch runs (a commit landing beside it
-/// outgrew the budget).
+/// A batch's record keys, copied before it runs, for a partition whose
+/// state is larger than the cache: read in one round trip at the batch's
+/// first key of the partition the cache cannot answer, if that key is one
+/// of them (the module reads state by record key); and then, for the
+/// batches after, before they run.
 struct BatchKeys {
     slices: Vec<(TopicPartition, std::ops::Range<usize>)>,
     key_lengths: Vec<i32>,
@@ -458,6 +470,13 @@ impl StateBase for Live {
             return;
         }
         let batch = self.batch.get_or_init(|| BatchKeys::of(records));
+        if !self
+            .kept
+            .record_keyed
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
         for (tp, _) in &batch.slices {
             if self.kept.partly_cached(tp)
                 && let Some(keys) = batch.take(tp)
