@@ -60,8 +60,7 @@ pub(crate) enum SinkRead {
     Partition,
     /// One key a module read that the cache did not hold.
     Key,
-    /// The keys of a batch's records the cache did not hold, before the
-    /// batch runs.
+    /// The keys of a batch's records the cache did not hold, read ahead.
     RecordKeys,
 }
 
@@ -190,7 +189,7 @@ impl Metrics {
             state_sink_reads: IntCounterVec::new(
                 Opts::new(
                     "sluice_state_sink_reads_total",
-                    "Reads of keyed state from the sink, by what they fetched: `partition` (a partition's whole state into the cache), `record_keys` (the keys of a batch's records the cache did not hold, in one round trip, before the batch runs, for a partition larger than the cache) or `key` (one key the module read that the cache did not hold). Every other read was a cache hit.",
+                    "Reads of keyed state from the sink, by what they fetched: `partition` (a partition's whole state into the cache), `record_keys` (the keys of a batch's records the cache did not hold, read ahead in one round trip, for a partition larger than the cache) or `key` (one key the module read that the cache did not hold). Every other read was a cache hit.",
                 ),
                 &["kind"],
             )
