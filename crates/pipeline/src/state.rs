@@ -184,14 +184,7 @@ impl KeptState {
         };
         let (_, writes) = kept.pending.remove(at).expect("found");
         for (tp, keys) in writes {
-            let Some(cached) = kept.partitions.get_mut(&tp) else {
-                continue;
-            };
-            let mut grew = 0isize;
-            for (key, value) in keys {
-                grew += cached.put(key, value);
-            }
-            kept.bytes = (kept.bytes as isize + grew) as usize;
+            kept.cache(&tp, keys);
         }
         kept.fit_budget(self.budget);
         self.measured(&kept);
@@ -268,9 +261,7 @@ impl KeptState {
         self.metrics
             .state_sink_read(SinkRead::Key, started.elapsed());
         let mut kept = self.kept();
-        if let Some(cached) = kept.partitions.get_mut(tp) {
-            let grew = cached.put(key.to_vec(), value.clone());
-            kept.bytes = (kept.bytes as isize + grew) as usize;
+        if kept.cache(tp, [(key.to_vec(), value.clone())]) {
             kept.fit_budget(self.budget);
             self.measured(&kept);
         }
@@ -320,16 +311,16 @@ impl KeptState {
         }
         let mut kept = self.kept();
         kept.fit_budget(self.budget - incoming);
-        let Some(cached) = kept.partitions.get_mut(tp) else {
+        let Some(cached) = kept.partitions.get(tp) else {
             return;
         };
-        let mut grew = 0isize;
-        for (key, value) in unknown.into_iter().zip(values) {
-            if !cached.keys.contains_key(key) {
-                grew += cached.put(key.to_vec(), value);
-            }
-        }
-        kept.bytes = (kept.bytes as isize + grew) as usize;
+        let fresh: Vec<(Vec<u8>, Option<StateValue>)> = unknown
+            .into_iter()
+            .zip(values)
+            .filter(|(key, _)| !cached.keys.contains_key(*key))
+            .map(|(key, value)| (key.to_vec(), value))
+            .collect();
+        kept.cache(tp, fresh);
         self.measured(&kept);
     }
 
@@ -401,6 +392,24 @@ impl BatchKeys {
 }
 
 impl Kept {
+    /// Puts `entries` into `tp`'s cache, counting their bytes; false (and
+    /// nothing kept) if `tp` is not cached.
+    fn cache(
+        &mut self,
+        tp: &TopicPartition,
+        entries: impl IntoIterator<Item = (Vec<u8>, Option<StateValue>)>,
+    ) -> bool {
+        let Some(cached) = self.partitions.get_mut(tp) else {
+            return false;
+        };
+        let grew: isize = entries
+            .into_iter()
+            .map(|(key, value)| cached.put(key, value))
+            .sum();
+        self.bytes = (self.bytes as isize + grew) as usize;
+        true
+    }
+
     /// What is known of `key` in `tp` without asking the sink: a pending
     /// write (newest first), a cached value, or absent from a complete
     /// partition.

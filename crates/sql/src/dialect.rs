@@ -162,6 +162,25 @@ impl Dialect {
         }
     }
 
+    /// `pipeline = $a AND topic = $b AND partition = $c` (sluice's own
+    /// tables' columns), placeholders from `first` (numbered in order of
+    /// appearance: MySQL's `?` are positional).
+    pub fn partition_is(&self, first: usize) -> String {
+        let c = |name: &str| {
+            self.ident(name)
+                .expect("sluice's own column names are valid")
+        };
+        format!(
+            "{} = {} AND {} = {} AND {} = {}",
+            c("pipeline"),
+            self.param(first),
+            c("topic"),
+            self.param(first + 1),
+            c("partition"),
+            self.param(first + 2)
+        )
+    }
+
     /// Placeholders `first..first+n` (1-based), comma separated.
     pub fn params(&self, first: usize, n: usize) -> String {
         (first..first + n)

@@ -39,18 +39,8 @@ impl OwnTables {
         let ranges = table("batch_ranges")?;
         let dead_letters = table("dead_letters")?;
         let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
-        let (pipeline, topic, partition, next) =
-            (c("pipeline"), c("topic"), c("partition"), c("next_offset"));
-        // Placeholders are numbered in order of appearance (MySQL's `?` are
-        // positional).
-        let key = |first: usize| {
-            format!(
-                "{pipeline} = {} AND {topic} = {} AND {partition} = {}",
-                d.param(first),
-                d.param(first + 1),
-                d.param(first + 2)
-            )
-        };
+        let next = c("next_offset");
+        let key = |first: usize| d.partition_is(first);
         let insert_into = |table: &str, cols: &[&str]| {
             let quoted: Vec<String> = cols.iter().map(|n| c(n)).collect();
             format!(

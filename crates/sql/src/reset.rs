@@ -72,15 +72,7 @@ impl Names {
 
     /// `pipeline = $a AND topic = $b AND partition = $c`, from placeholder `a`.
     fn partition_key(&self, a: usize) -> String {
-        format!(
-            "{} = {} AND {} = {} AND {} = {}",
-            self.c("pipeline"),
-            self.p(a),
-            self.c("topic"),
-            self.p(a + 1),
-            self.c("partition"),
-            self.p(a + 2)
-        )
+        self.d.partition_is(a)
     }
 }
 

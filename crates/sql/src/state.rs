@@ -103,7 +103,7 @@ impl Scopes {
             select: format!(
                 "SELECT {} FROM {table} WHERE {}",
                 c("scope"),
-                partition_is(d)
+                d.partition_is(1)
             ),
             insert: d.ignoring_conflicts(insert),
             known: Mutex::default(),
@@ -173,28 +173,15 @@ impl Scopes {
     }
 }
 
-/// `pipeline = $1 AND topic = $2 AND partition = $3`.
-fn partition_is(d: &Dialect) -> String {
-    let c = |name: &str| d.ident(name).expect("sluice's own column names are valid");
-    format!(
-        "{} = {} AND {} = {} AND {} = {}",
-        c("pipeline"),
-        d.param(1),
-        c("topic"),
-        d.param(2),
-        c("partition"),
-        d.param(3)
-    )
-}
-
 /// `scope = (the scope of $1, $2, $3)`: the rows of one pipeline's input
 /// partition in the state table (none if it was never numbered).
 pub(crate) fn scope_is(d: &Dialect, scopes: &str) -> String {
+    let scope = d
+        .ident("scope")
+        .expect("sluice's own column names are valid");
     format!(
-        "{} = (SELECT {} FROM {scopes} WHERE {})",
-        d.ident("scope").expect("valid"),
-        d.ident("scope").expect("valid"),
-        partition_is(d)
+        "{scope} = (SELECT {scope} FROM {scopes} WHERE {})",
+        d.partition_is(1)
     )
 }
 
