@@ -91,6 +91,15 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    // `sluice build` of a JavaScript project runs this binary, under
+    // another name, as componentize-js's pre-initializer.
+    if args
+        .first()
+        .is_some_and(|argv0| sluice::plugin_build::is_js_pre_init(argv0))
+    {
+        let status = sluice::plugin_build::js_pre_init_main(&args[1..]);
+        return std::process::ExitCode::from(status as u8);
+    }
     if args.get(1).map(String::as_str) == Some(sluice::runtime::WORKER_SUBCOMMAND) {
         let status = sluice::runtime::worker_main(&args[2..]);
         return std::process::ExitCode::from(status as u8);

@@ -7,23 +7,31 @@
 //! files come from its module, out of `sdk/<language>/template`), and
 //! where toolchains are looked for. The WIT and the language SDKs are
 //! compiled into this binary and staged into a fresh directory under the
-//! project's `.sluice-build/` for every build (removed after it), so a
-//! project needs only its own sources and always builds against the
-//! contract of the host that builds it. It must not run or validate
-//! modules: `sluice test` and the runtime do that.
+//! project's `.sluice-build/` for every build (removed after it; the Rust
+//! SDK is the exception, kept in `.sluice-build/rust-sdk/` so the paths
+//! cargo compiles in stay the same), so a project needs only its own
+//! sources and always builds against the contract of the host that builds
+//! it. The same sources give the same bytes in every language but Python
+//! (docs/languages.md, "Reproducible builds"). It must not run or validate
+//! transforms: `sluice test` and the runtime do that (`js_pre_init` runs
+//! componentize-js's engine at build time, only to snapshot it).
 //!
 //! One module per language (`rust`, `c`, `go`, `python`, `js`: its SDK
-//! staged, its toolchain's steps) and `toolchain`, which finds and runs
-//! the tools.
+//! staged, its toolchain's steps; `js_pre_init`, the deterministic
+//! snapshot step componentize-js runs) and `toolchain`, which finds and
+//! runs the tools.
 
 mod adapter_realloc;
 mod c;
 mod go;
 mod js;
+mod js_pre_init;
 mod python;
 mod rust;
 mod toolchain;
 
+pub use js_pre_init::pre_init_main as js_pre_init_main;
+pub use js_pre_init::{PRE_INIT_NAME as JS_PRE_INIT_NAME, is_pre_init as is_js_pre_init};
 pub use toolchain::toolchains_dir;
 
 use serde::Deserialize;

@@ -458,6 +458,30 @@ fn new_build_and_test_work_from_an_empty_directory() {
     assert!(!ok && err.contains("sluice-plugin.toml"), "{err}");
 }
 
+/// The same sources build to the same bytes: one project made twice, in
+/// two directories, each built with `sluice build`. Python is the
+/// exception (docs/languages.md, "Reproducible builds"): componentize-py
+/// snapshots its interpreter with the host's randomness and the times and
+/// inodes of the standard library it unpacks, and offers no way around it.
+#[test]
+fn the_same_sources_build_to_the_same_bytes() {
+    let dir = TempDir::new("reproducible");
+    for lang in ["rust", "c", "js", "go"] {
+        let digests: Vec<String> = ["first", "second"]
+            .iter()
+            .map(|place| {
+                let project = dir.path().join(place).join(format!("same-{lang}"));
+                std::fs::create_dir_all(project.parent().unwrap()).unwrap();
+                sluice_ok(&["new", "--lang", lang, project.to_str().unwrap()]);
+                sluice_ok(&["build", project.to_str().unwrap()]);
+                let module = project.join(format!("dist/same-{lang}.wasm"));
+                sluice::batch::sha256_hex(&std::fs::read(module).expect("built"))
+            })
+            .collect();
+        assert_eq!(digests[0], digests[1], "{lang}: two builds of one source");
+    }
+}
+
 /// `sluice test` as a pipeline would run a sample: `--batch-size` in
 /// several batches carrying keyed state from each to the next (the counts
 /// equal one batch's), the fuel and memory every run used, limits as flags

@@ -1,6 +1,7 @@
 //! JavaScript plugins: componentize-js through Node, the project's `.js`
-//! files and the SDK staged side by side. It must not look for tools
-//! itself (`toolchain` does).
+//! files and the SDK staged side by side, this binary as its
+//! pre-initializer (`js_pre_init`: the same sources give the same
+//! bytes). It must not look for tools itself (`toolchain` does).
 
 use super::toolchain::{find_tool, run, toolchains_dir};
 use super::{BuildError, io, write};
@@ -50,15 +51,16 @@ pub(super) fn build_js(
     let sources = stage.join("js");
     copy_js_sources(dir, dir, &sources)?;
     write(&sources.join("sluice.js"), JS_SDK)?;
+    let pre_init = link_pre_init(stage)?;
     let script = stage.join("build.mjs");
     write(
         &script,
         &format!(
             "import {{ componentize }} from {:?};\n\
              import {{ writeFile }} from 'node:fs/promises';\n\
-             const [source, wit, out] = process.argv.slice(2);\n\
+             const [source, wit, out, wizerBin] = process.argv.slice(2);\n\
              const {{ component }} = await componentize({{ sourcePath: source, witPath: wit, \
-             worldName: 'transform', disableFeatures: ['http', 'fetch-event'] }});\n\
+             worldName: 'transform', disableFeatures: ['http', 'fetch-event'], wizerBin }});\n\
              await writeFile(out, component);\n",
             package.join("src/componentize.js").display().to_string()
         ),
@@ -69,8 +71,21 @@ pub(super) fn build_js(
         .arg(sources.join(entry))
         .arg(stage.join("wit"))
         .arg(out)
+        .arg(&pre_init)
         .current_dir(stage);
     run("componentize-js", command)
+}
+
+/// A link to this binary named as the pre-initializer (`js_pre_init`),
+/// which componentize-js runs instead of its own wizer so that the same
+/// sources build to the same bytes.
+fn link_pre_init(stage: &Path) -> Result<std::path::PathBuf, BuildError> {
+    let this = std::env::current_exe().map_err(io(Path::new("/proc/self/exe")))?;
+    let link = stage.join("bin").join(super::JS_PRE_INIT_NAME);
+    let dir = stage.join("bin");
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    std::os::unix::fs::symlink(&this, &link).map_err(io(&link))?;
+    Ok(link)
 }
 
 /// Copies every `.js`/`.mjs` file under `from` (not `node_modules`, `dist`

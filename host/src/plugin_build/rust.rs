@@ -23,13 +23,27 @@ pub(super) const TEMPLATE: &[(&str, &str)] = &[
     ),
 ];
 const RUST_SDK_VERSION: &str = "0.1.0";
+/// Where the SDK is staged, under the project.
+const RUST_SDK_STAGE: &str = ".sluice-build/rust-sdk/sluice-plugin";
+
+/// Writes `text` to `path` unless it holds it already (a rewrite would
+/// make cargo build the SDK again), through a rename, so a build reading
+/// it at the same time sees the old file or the new one.
+fn write_if_changed(path: &Path, text: &str) -> Result<(), BuildError> {
+    if std::fs::read(path).is_ok_and(|held| held == text.as_bytes()) {
+        return Ok(());
+    }
+    let fresh = path.with_extension(format!("new-{}", std::process::id()));
+    write(&fresh, text)?;
+    std::fs::rename(&fresh, path).map_err(super::io(path))
+}
 
 /// cargo for `wasm32-unknown-unknown` (no WASI) with `sluice-plugin`
 /// patched to the SDK staged from this binary, then `wasm-tools component
 /// new` around the core module.
 pub(super) fn build_rust(
     dir: &Path,
-    stage: &Path,
+    _stage: &Path,
     manifest: &str,
     out: &Path,
 ) -> Result<(), BuildError> {
@@ -46,10 +60,14 @@ pub(super) fn build_rust(
             looked: "PATH and ~/.cargo/bin".into(),
             install: "cargo install wasm-tools --locked".into(),
         })?;
-    let sdk = stage.join("rust/sluice-plugin");
-    write(&sdk.join("src/lib.rs"), RUST_SDK)?;
-    write(&sdk.join("wit/sluice.wit"), WIT)?;
-    write(
+    // Not in the build's own stage: at one place per project, rewritten
+    // only when this binary's SDK differs, so cargo reuses its build and
+    // the paths compiled into the module (panic locations) are the same
+    // in every build: the same sources give the same bytes.
+    let sdk = dir.join(RUST_SDK_STAGE);
+    write_if_changed(&sdk.join("src/lib.rs"), RUST_SDK)?;
+    write_if_changed(&sdk.join("wit/sluice.wit"), WIT)?;
+    write_if_changed(
         &sdk.join("Cargo.toml"),
         &format!(
             "[package]\nname = \"sluice-plugin\"\nversion = \"{RUST_SDK_VERSION}\"\n\
