@@ -251,22 +251,29 @@ export class Output {
     for (const c of names) {
       if (!KINDS.includes(columns[c])) throw new Error(`column ${c}: kind ${columns[c]} is not one of ${KINDS}`);
     }
-    this.targets.push({ name, names, kinds: names.map((c) => columns[c]), values: names.map(() => []), rows: 0 });
+    this.targets.push({ name, names, known: new Set(names), kinds: names.map((c) => columns[c]), values: names.map(() => []), rows: 0 });
     this.byName.set(name, this.targets.length - 1);
     return this.targets.length - 1;
   }
   /** Adds a row: an object by column name, or an array in declared order;
    * null or undefined is null. */
   row(target, values) {
+    // Plain loops, no closures or intermediate arrays: in an interpreter
+    // (SpiderMonkey compiled to Wasm runs without a JIT) each one costs.
     const t = this.targets[target];
-    const row = Array.isArray(values) ? values : t.names.map((n) => values[n]);
-    if (!Array.isArray(values)) {
-      for (const n of Object.keys(values)) {
-        if (!t.names.includes(n)) throw new Error(`target ${t.name} has no column ${n}`);
+    const columns = t.values;
+    const width = columns.length;
+    if (Array.isArray(values)) {
+      if (values.length !== width) throw new Error(`target ${t.name} takes ${width} values, got ${values.length}`);
+      for (let i = 0; i < width; i++) columns[i].push(values[i]);
+    } else {
+      const names = Object.keys(values);
+      for (let i = 0; i < names.length; i++) {
+        if (!t.known.has(names[i])) throw new Error(`target ${t.name} has no column ${names[i]}`);
       }
+      const declared = t.names;
+      for (let i = 0; i < width; i++) columns[i].push(values[declared[i]]);
     }
-    if (row.length !== t.names.length) throw new Error(`target ${t.name} takes ${t.names.length} values, got ${row.length}`);
-    row.forEach((v, i) => t.values[i].push(v));
     t.rows += 1;
   }
   /** Makes `record` a dead letter with `reason`. */
@@ -288,28 +295,51 @@ export class Output {
 const isNull = (v) => v === null || v === undefined;
 
 function column(name, kind, values) {
-  let nulls = new Uint8Array(values.map((v) => (isNull(v) ? 1 : 0)));
-  if (!nulls.includes(1)) nulls = new Uint8Array();
+  const n = values.length;
+  let nulls = new Uint8Array(n);
+  let anyNull = false;
+  for (let i = 0; i < n; i++) {
+    if (isNull(values[i])) {
+      nulls[i] = 1;
+      anyNull = true;
+    }
+  }
+  if (!anyNull) nulls = new Uint8Array();
   let data;
   if (kind === 'int64') {
-    data = { tag: 'int64', val: BigInt64Array.from(values, (v) => (isNull(v) ? 0n : BigInt(v))) };
+    const val = new BigInt64Array(n);
+    for (let i = 0; i < n; i++) if (!nulls[i]) val[i] = BigInt(values[i]);
+    data = { tag: 'int64', val };
   } else if (kind === 'float64') {
-    data = { tag: 'float64', val: Float64Array.from(values, (v) => (isNull(v) ? 0 : Number(v))) };
+    const val = new Float64Array(n);
+    for (let i = 0; i < n; i++) if (!nulls[i]) val[i] = Number(values[i]);
+    data = { tag: 'float64', val };
   } else if (kind === 'bool') {
-    data = { tag: 'boolean', val: Uint8Array.from(values, (v) => (v ? 1 : 0)) };
+    const val = new Uint8Array(n);
+    for (let i = 0; i < n; i++) if (values[i]) val[i] = 1;
+    data = { tag: 'boolean', val };
   } else {
-    const parts = values.map((v) => (isNull(v) ? new Uint8Array() : typeof v === 'string' ? encoder.encode(v) : new Uint8Array(v)));
-    const lengths = Uint32Array.from(parts, (p) => p.length);
-    const bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+    const parts = new Array(n);
+    const lengths = new Uint32Array(n);
+    let total = 0;
+    for (let i = 0; i < n; i++) {
+      const v = values[i];
+      const p = isNull(v) ? EMPTY : typeof v === 'string' ? encoder.encode(v) : new Uint8Array(v);
+      parts[i] = p;
+      lengths[i] = p.length;
+      total += p.length;
+    }
+    const bytes = new Uint8Array(total);
     let at = 0;
-    for (const p of parts) {
-      bytes.set(p, at);
-      at += p.length;
+    for (let i = 0; i < n; i++) {
+      bytes.set(parts[i], at);
+      at += parts[i].length;
     }
     data = { tag: kind === 'text' ? 'text' : 'bytes', val: { lengths, data: bytes } };
   }
   return { name, nulls, data };
 }
+const EMPTY = new Uint8Array();
 
 /** The `init` and `process` exports around a transform class, whose
  * constructor takes the params (parsed JSON) and whose `process(batch, out)`

@@ -87,7 +87,7 @@ class Context:
     seed: int
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """One input record. `key` and `value` are bytes or None."""
 
@@ -270,7 +270,8 @@ class Batch:
                 key, key_at = _take(raw.keys, raw.key_lengths[i], key_at)
                 value, value_at = _take(raw.values, raw.value_lengths[i], value_at)
                 headers = []
-                for h in range(header_at, header_at + raw.header_counts[i]):
+                count = raw.header_counts[i]
+                for h in range(header_at, header_at + count):
                     n = raw.header_name_lengths[h]
                     name = raw.header_names[name_at : name_at + n].decode("utf-8", "replace")
                     name_at += n
@@ -278,7 +279,7 @@ class Batch:
                         raw.header_values, raw.header_value_lengths[h], header_value_at
                     )
                     headers.append((name, hv))
-                header_at += raw.header_counts[i]
+                header_at += count
                 yield Record(
                     i, s.topic, s.partition, raw.offsets[i], raw.timestamps[i], key, value, headers
                 )
@@ -291,12 +292,22 @@ def _take(data: bytes, length: int, at: int):
 
 
 class _Target:
+    # Rows are kept row after row in one flat list (one `extend` per row,
+    # in C) and cut into columns once, when the batch's output is made.
+    __slots__ = ("name", "names", "known", "kinds", "width", "flat", "rows")
+
     def __init__(self, name: str, columns):
         self.name = name
         self.names = [c for c, _ in columns]
+        self.known = frozenset(self.names)
         self.kinds = [k for _, k in columns]
-        self.values = [[] for _ in columns]
+        self.width = len(self.names)
+        self.flat = []
         self.rows = 0
+
+    def columns(self):
+        """Each column's values, in declared order."""
+        return [self.flat[i :: self.width] for i in range(self.width)]
 
 
 class Output:
@@ -325,14 +336,17 @@ class Output:
         null."""
         t = self._targets[target]
         if named:
-            unknown = set(named) - set(t.names)
-            if unknown:
-                raise ValueError(f"target {t.name!r} has no column {sorted(unknown)[0]!r}")
-            values = tuple(named.get(n) for n in t.names)
-        if len(values) != len(t.names):
-            raise ValueError(f"target {t.name!r} takes {len(t.names)} values, got {len(values)}")
-        for column, value in zip(t.values, values):
-            column.append(value)
+            # Every column named (the common case): no set arithmetic.
+            if len(named) == len(t.names) and t.known.issuperset(named):
+                values = [named[n] for n in t.names]
+            else:
+                unknown = named.keys() - t.known
+                if unknown:
+                    raise ValueError(f"target {t.name!r} has no column {sorted(unknown)[0]!r}")
+                values = [named.get(n) for n in t.names]
+        if len(values) != t.width:
+            raise ValueError(f"target {t.name!r} takes {t.width} values, got {len(values)}")
+        t.flat.extend(values)
         t.rows += 1
 
     def reject(self, record: Record, reason: str) -> None:
@@ -344,7 +358,7 @@ class Output:
             _wit.TargetRows(
                 t.name,
                 t.rows,
-                [_column(n, k, v) for n, k, v in zip(t.names, t.kinds, t.values)],
+                [_column(n, k, v) for n, k, v in zip(t.names, t.kinds, t.columns())],
             )
             for t in self._targets
         ]
@@ -352,20 +366,31 @@ class Output:
 
 
 def _column(name: str, kind: str, values: list):
-    nulls = bytes(1 if v is None else 0 for v in values)
-    if not any(nulls):
-        nulls = b""
+    # A column without nulls (the common case) is converted by map, in C.
+    has_nulls = None in values
+    nulls = bytes(1 if v is None else 0 for v in values) if has_nulls else b""
     if kind == "int64":
-        data = _wit.ColumnData_Int64([0 if v is None else int(v) for v in values])
+        ints = [0 if v is None else int(v) for v in values] if has_nulls else list(map(int, values))
+        data = _wit.ColumnData_Int64(ints)
     elif kind == "float64":
-        data = _wit.ColumnData_Float64([0.0 if v is None else float(v) for v in values])
+        floats = (
+            [0.0 if v is None else float(v) for v in values]
+            if has_nulls
+            else list(map(float, values))
+        )
+        data = _wit.ColumnData_Float64(floats)
     elif kind == "bool":
-        data = _wit.ColumnData_Boolean(bytes(1 if v else 0 for v in values))
+        data = _wit.ColumnData_Boolean(bytes(map(bool, values)))
     else:
-        encoded = [
-            b"" if v is None else (v.encode() if isinstance(v, str) else bytes(v)) for v in values
-        ]
-        var = _wit.VarColumn([len(b) for b in encoded], b"".join(encoded))
+        try:
+            # All text (the common case of a text column): encoded in C.
+            encoded = list(map(str.encode, values))
+        except TypeError:
+            encoded = [
+                b"" if v is None else (v.encode() if isinstance(v, str) else bytes(v))
+                for v in values
+            ]
+        var = _wit.VarColumn(list(map(len, encoded)), b"".join(encoded))
         data = _wit.ColumnData_Text(var) if kind == "text" else _wit.ColumnData_Bytes(var)
     return _wit.Column(name, nulls, data)
 

@@ -1,8 +1,11 @@
 //! The conformance transform in every language, measured in one run: the
 //! toolchain's build time, the component's size, the host's compile time,
 //! instantiate + init time, and ns/record over 10,000-record batches, with
-//! each language's ratio to the Rust plugin. Prints the table for
-//! BENCHMARKS.md.
+//! each language's ratio to the Rust plugin; and the Python transform
+//! under native CPython on the same records (`tests/bench/python_native.py`:
+//! the same SDK and transform with the host stubbed), for the ratio of
+//! Python in Wasm to native Python and the SDK's share of the native time.
+//! Prints the table for BENCHMARKS.md.
 //!
 //! Usage: `bench-languages [ROUNDS]` (default 5 rounds per language, rounds
 //! interleaved across languages; medians are printed). Needs the
@@ -51,13 +54,68 @@ fn main() {
         batch_timeout_ms: 600_000,
         ..LimitsConfig::default()
     });
+    let samples = dir.path().join("records.jsonl");
+    write_records(&samples);
+    let mut native_ns = Vec::new();
     for round in 0..rounds {
         for lang in &mut languages {
             measure(lang, &limits, &plan, &records);
         }
+        native_ns.push(native_python(&samples, false).0);
         eprintln!("round {} of {rounds} done", round + 1);
     }
     print_table(&languages);
+    let wasm_ns = median(&languages[2].ns_per_record);
+    let native = median(&native_ns);
+    let (_, profile) = native_python(&samples, true);
+    println!(
+        "\nPython in Wasm {wasm_ns:.0} ns/record, native CPython {native:.0} ns/record \
+         (same SDK, transform and records): {:.2}×\n{profile}",
+        wasm_ns / native
+    );
+}
+
+/// The batch's records as `python_native.py` reads them.
+fn write_records(path: &Path) {
+    let text = |bytes: &Option<Vec<u8>>| {
+        bytes
+            .as_deref()
+            .map(|b| String::from_utf8(b.to_vec()).expect("the records are UTF-8"))
+    };
+    let lines: Vec<String> = owned_records()
+        .iter()
+        .map(|r| serde_json::json!({"key": text(&r.key), "value": text(&r.value)}).to_string())
+        .collect();
+    std::fs::write(path, lines.join("\n") + "\n").expect("write records");
+}
+
+/// The Python conformance transform under native CPython: its best
+/// ns/record over 5 runs, and (with `profile`) what it printed about the
+/// SDK's share.
+fn native_python(samples: &Path, profile: bool) -> (f64, String) {
+    let mut command = Command::new("python3");
+    command
+        .arg(repo_root().join("tests/bench/python_native.py"))
+        .arg(repo_root().join("sdk/python/conformance"))
+        .arg(repo_root().join("sdk/python"))
+        .arg(samples)
+        .arg("5");
+    if profile {
+        command.arg("--profile");
+    }
+    let out = command.output().expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    let ns = printed
+        .lines()
+        .find_map(|l| l.strip_prefix("ns_per_record "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("python_native.py prints ns_per_record");
+    (ns, printed)
 }
 
 /// The Rust plugin, rebuilt from a clean package to time its build.
@@ -121,7 +179,11 @@ fn language(name: &'static str, module: PathBuf, build_s: f64) -> Language {
 /// 10,000 records like the conformance sample's: objects with text, a
 /// score and a user; every 50th is not JSON, every 20th is filtered.
 fn batch() -> (Plan, Records) {
-    let owned: Vec<OwnedRecord> = (0..BATCH)
+    single_partition_batch("bench", "bench", &owned_records(), 1_700_000_000_000)
+}
+
+fn owned_records() -> Vec<OwnedRecord> {
+    (0..BATCH)
         .map(|i| {
             let value = match i {
                 i if i % 50 == 7 => "not json".to_string(),
@@ -142,8 +204,7 @@ fn batch() -> (Plan, Records) {
                 headers: Vec::new(),
             }
         })
-        .collect();
-    single_partition_batch("bench", "bench", &owned, 1_700_000_000_000)
+        .collect()
 }
 
 /// One round: compile (no cache), 20 instantiations, 5 batches.
