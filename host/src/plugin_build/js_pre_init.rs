@@ -8,6 +8,9 @@
 //!
 //! - random (secure and insecure) from fixed seeds, a wall clock fixed at
 //!   the epoch, a monotonic clock that moves 1 µs per reading;
+//! - file times read as zero, devices and inodes numbered in the order the
+//!   engine first sees them (`stable_file_stats`): the build writes the
+//!   files it reads just before, so theirs are new every time;
 //! - the work directory componentize-js made (`--dir`) is seen by the
 //!   engine as `/sluice-js/sources`, the project's stage (`--mapdir /::`)
 //!   as `/`, and the arguments on stdin say those paths instead of the
