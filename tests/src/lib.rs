@@ -631,8 +631,8 @@ impl RunSummary {
 /// Opens the pipeline's SQLite database.
 pub async fn sqlite(path: &Path) -> sqlx::SqlitePool {
     let url = format!("sqlite://{}", path.display());
-    sqlx::sqlite::SqlitePoolOptions::new()
-        .max_connections(1)
+    // No idle reaper: sqlx 0.8.6's can spin at exit (sluice_sql::pool).
+    sluice::sink::sql::pool::pool_options::<sqlx::Sqlite>(1)
         .connect(&url)
         .await
         .expect("open sqlite")

@@ -33,8 +33,8 @@ pub enum SinkDb {
 async fn connect(url: &str) -> AnyPool {
     static DRIVERS: Once = Once::new();
     DRIVERS.call_once(sqlx::any::install_default_drivers);
-    sqlx::any::AnyPoolOptions::new()
-        .max_connections(2)
+    // No idle reaper: sqlx 0.8.6's can spin at exit (sluice_sql::pool).
+    sluice::sink::sql::pool::pool_options::<sqlx::Any>(2)
         .connect(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"))

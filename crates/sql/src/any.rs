@@ -9,7 +9,7 @@
 use super::{Dialect, MYSQL, POSTGRES, SQLITE};
 use crate::config::StoreConnection;
 use crate::sink::{SinkError, SinkKind, redact_url};
-use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::any::AnyRow;
 use sqlx::{AnyPool, Row};
 use std::sync::Once;
 use std::time::Duration;
@@ -32,8 +32,7 @@ pub async fn connect_any(sink: &StoreConnection) -> Result<(AnyPool, &'static Di
     };
     // One connection for SQLite: an in-memory database is per connection.
     let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };
-    let pool = AnyPoolOptions::new()
-        .max_connections(connections)
+    let pool = crate::pool::pool_options::<sqlx::Any>(connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect(&any_url(&sink.url))
         .await

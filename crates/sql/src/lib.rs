@@ -44,6 +44,7 @@ mod lineage;
 mod multirow;
 pub mod mysql;
 mod own_tables;
+pub mod pool;
 pub mod postgres;
 pub mod reset;
 #[cfg(test)]

@@ -28,8 +28,7 @@ impl MysqlConfig {
             .map_err(|e| SinkError::Config(format!("bad MySQL URL `{}`: {e}", redact_url(url))))?
             .charset("utf8mb4");
         let seconds = lock_timeout_ms.div_ceil(1000).max(1);
-        let pool = MySqlPoolOptions::new()
-            .max_connections(2)
+        let pool = crate::pool::pool_options::<sqlx::MySql>(2)
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _| Box::pin(bound_waits(conn, seconds)));
         Ok(MysqlConfig { options, pool })

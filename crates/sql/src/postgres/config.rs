@@ -29,9 +29,8 @@ impl PostgresConfig {
                 ("lock_timeout", timeout.as_str()),
                 ("idle_in_transaction_session_timeout", timeout.as_str()),
             ]);
-        let pool = PgPoolOptions::new()
-            .max_connections(2)
-            .acquire_timeout(Duration::from_secs(10));
+        let pool =
+            crate::pool::pool_options::<sqlx::Postgres>(2).acquire_timeout(Duration::from_secs(10));
         Ok(PostgresConfig { options, pool })
     }
 }

@@ -60,8 +60,7 @@ async fn connect(
     }
     .start();
     loop {
-        let tried = sqlx::sqlite::SqlitePoolOptions::new()
-            .max_connections(1)
+        let tried = crate::pool::pool_options::<sqlx::Sqlite>(1)
             .connect_with(options.clone())
             .await;
         match tried {
