@@ -81,9 +81,9 @@ pub(super) fn build_js(
 /// sources build to the same bytes.
 fn link_pre_init(stage: &Path) -> Result<std::path::PathBuf, BuildError> {
     let this = std::env::current_exe().map_err(io(Path::new("/proc/self/exe")))?;
-    let link = stage.join("bin").join(super::JS_PRE_INIT_NAME);
     let dir = stage.join("bin");
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let link = dir.join(super::JS_PRE_INIT_NAME);
     std::os::unix::fs::symlink(&this, &link).map_err(io(&link))?;
     Ok(link)
 }
