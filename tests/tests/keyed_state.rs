@@ -1096,6 +1096,77 @@ async fn a_module_built_against_0_1_0_runs_unchanged() {
     assert_verified(&config);
 }
 
+/// Expired state does not stay stored: keys whose expiry passed (tally's
+/// dedupe mode, each key expiring 1 ms of record time after its record)
+/// are removed by a later batch of their partition, on every sink kind that
+/// keeps state. `sluice state scan` shows only keys written since, the
+/// run's summary counts what it removed, and `verify` still replays every
+/// batch (what a batch removes is not part of its result).
+#[tokio::test(flavor = "multi_thread")]
+async fn expired_state_is_removed_by_later_batches() {
+    let name = "state_expiry";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    let keyed = |tag: &str, n: usize| -> Vec<Produce> {
+        (0..n)
+            .map(|i| Produce {
+                partition: 0,
+                key: Some(format!("{tag}{i}")),
+                value: "-".into(),
+            })
+            .collect()
+    };
+    produce(brokers, name, &keyed("old", 300));
+    let dir = TempDir::new(name);
+    let server = redis_server::RedisServer::start(name);
+    let base = || tally::config(name, brokers, 1000).module_param("dedupe_ttl_ms", 1);
+    for sub in ["sqlite", "postgres", "mysql", "redis", "kafka"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+    }
+    let mut configs = Vec::new();
+    for (db, sub) in [
+        (SinkDb::Sqlite(dir.path().join("expiry.db")), "sqlite"),
+        (SinkDb::fresh_postgres(name).await, "postgres"),
+        (SinkDb::fresh_mysql(name).await, "mysql"),
+    ] {
+        configs.push(db.configure(base()).write(&dir.path().join(sub)));
+    }
+    configs.push(tally::redis_config(base(), &server.url()).write(&dir.path().join("redis")));
+    configs.push(kafka_once(base(), name).write(&dir.path().join("kafka")));
+    // What a run's summary says it removed.
+    let removed_by = |config: &std::path::Path| -> u64 {
+        let out = run_until_caught_up(config, std::time::Duration::from_secs(300));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        stdout
+            .split(", ")
+            .find_map(|part| part.trim().strip_suffix(" expired keys removed"))
+            .map_or(0, |n| n.trim().parse().expect("a count"))
+    };
+    let first: Vec<u64> = configs.iter().map(|c| removed_by(c)).collect();
+    produce(brokers, name, &keyed("new", 50));
+    for (config, first) in configs.iter().zip(first) {
+        let removed = removed_by(config);
+        let path = config.to_str().unwrap();
+        let partition = format!("{name}:0");
+        let scanned = sluice_ok(&["state", "scan", path, "--partition", &partition, "--limit", "0", "--json"]);
+        let keys: Vec<String> = scanned
+            .lines()
+            .map(|l| {
+                let line: serde_json::Value = serde_json::from_str(l).unwrap();
+                line["key"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert!(
+            !keys.is_empty() && keys.iter().all(|k| k.starts_with("new")),
+            "{path}: {removed} removed, still stored: {keys:?}"
+        );
+        // Every key was written once: what is not stored was removed.
+        assert_eq!(first + removed + keys.len() as u64, 350, "{path}");
+        assert_verified(config);
+    }
+}
+
 /// `sluice_state_partition_keys` and `sluice_state_partition_bytes` give,
 /// per owned partition, the keys its state keeps and their keys' and
 /// values' bytes, as the recomputation says.

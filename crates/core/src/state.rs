@@ -286,6 +286,20 @@ pub trait StateBase: Send + Sync {
     /// stateful modules key state by) in one round trip per partition.
     /// It must not change what any read returns.
     fn prefetch(&self, _records: &Records) {}
+    /// Keys of `partitions` stored with a value expired at `batch_time_ms`
+    /// that the batch, writing `written`, leaves alone: the batch deletes
+    /// them with its own changes, so expired state does not stay stored.
+    /// Which expired keys a batch takes (any, all or none) changes no
+    /// read: an expired key reads as absent. So it is not part of the
+    /// batch's result or digest, and a replay takes none (the default).
+    fn expired(
+        &self,
+        _partitions: &[TopicPartition],
+        _batch_time_ms: i64,
+        _written: &StateMap,
+    ) -> StateMap {
+        StateMap::default()
+    }
 }
 
 /// A base for a sink that keeps no keyed state: every state call fails,

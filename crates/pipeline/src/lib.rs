@@ -118,6 +118,9 @@ pub struct StateStats {
     pub keys_read: u64,
     /// Keys committed batches changed (each key once per batch).
     pub keys_written: u64,
+    /// Expired keys committed batches removed (besides their modules'
+    /// changes).
+    pub keys_expired: u64,
     /// Reads of one key from the sink (the cache did not hold it).
     pub sink_key_reads: u64,
     /// Loads of a partition's whole state from the sink into the cache.

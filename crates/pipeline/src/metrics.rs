@@ -46,6 +46,7 @@ pub struct Metrics {
     stalled: IntGauge,
     state_keys_read: IntCounter,
     state_keys_written: IntCounter,
+    state_keys_expired: IntCounter,
     state_sink_reads: IntCounterVec,
     state_sink_read_seconds: HistogramVec,
     state_cache_bytes: IntGauge,
@@ -184,7 +185,11 @@ impl Metrics {
             ),
             state_keys_written: counter(
                 "sluice_state_keys_written_total",
-                "Keys committed batches changed (set or deleted; each key once per batch).",
+                "Keys committed batches' modules changed (set or deleted; each key once per batch).",
+            ),
+            state_keys_expired: counter(
+                "sluice_state_keys_expired_total",
+                "Expired keys committed batches removed from the stored state (besides their modules' changes).",
             ),
             state_sink_reads: IntCounterVec::new(
                 Opts::new(
@@ -223,7 +228,7 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 25] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 26] = [
             Box::new(self.records_in.clone()),
             Box::new(self.rows_out.clone()),
             Box::new(self.dead_letters.clone()),
@@ -244,6 +249,7 @@ impl Metrics {
             Box::new(self.stalled.clone()),
             Box::new(self.state_keys_read.clone()),
             Box::new(self.state_keys_written.clone()),
+            Box::new(self.state_keys_expired.clone()),
             Box::new(self.state_sink_reads.clone()),
             Box::new(self.state_sink_read_seconds.clone()),
             Box::new(self.state_cache_bytes.clone()),
@@ -267,8 +273,10 @@ impl Metrics {
         }
         self.records_in.inc_by(batch.records.len() as u64);
         self.state_keys_read.inc_by(batch.state_reads.len() as u64);
+        let expired = batch.state_expired as u64;
         self.state_keys_written
-            .inc_by(batch.output.state.len() as u64);
+            .inc_by(batch.output.state.len() as u64 - expired);
+        self.state_keys_expired.inc_by(expired);
         for target in &batch.output.targets {
             self.rows_out
                 .with_label_values(&[target.target.as_str()])
@@ -313,6 +321,7 @@ impl Metrics {
         crate::StateStats {
             keys_read: self.state_keys_read.get(),
             keys_written: self.state_keys_written.get(),
+            keys_expired: self.state_keys_expired.get(),
             sink_key_reads: reads("key"),
             partitions_loaded: reads("partition"),
             record_key_reads: reads("record_keys"),

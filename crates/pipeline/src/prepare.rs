@@ -45,12 +45,28 @@ pub struct Batch {
     /// The keyed state the batch's runs read, as the batch started: what
     /// a replay of it needs (empty for a module that keeps no state).
     pub state_reads: StateMap,
+    /// How many of the deletions in `output.state` are not the module's
+    /// but expired keys the batch removes (see [`sweep`]).
+    pub state_expired: usize,
     /// Time spent taking the records from the source's buffers.
     pub read_ms: u64,
     /// Time spent in the transform (retries and bisection included).
     pub transform_ms: u64,
     /// What the transform's runs used (retries and bisection included).
     pub usage: BatchUsage,
+}
+
+/// Adds to `output`'s state changes the deletion of the keys in the
+/// batch's partitions that `state` finds expired at the batch time and the
+/// module left alone, after the digest: they are not part of the batch's
+/// result (an expired key reads as absent either way), only what keeps
+/// expired state from staying stored. Returns how many.
+fn sweep(plan: &Plan, state: &dyn StateBase, output: &mut Output) -> usize {
+    let partitions: Vec<_> = plan.ranges.iter().map(|r| r.topic_partition()).collect();
+    let expired = state.expired(&partitions, plan.batch_time_ms, &output.state);
+    let count = expired.len();
+    output.state.overlay(expired);
+    count
 }
 
 /// Plans and transforms batches of one pipeline.
@@ -136,12 +152,13 @@ impl<T: Transform> Preparer<T> {
         plan.settings = self.settings.clone();
         let transforming = Instant::now();
         state.prefetch(&records);
-        let base = BatchBase::new(state);
+        let base = BatchBase::new(Arc::clone(&state));
         let transformed = self.transform_batch(&plan, &records, &base);
         // Every run of the batch is done: each record's log lines once.
         let usage = self.transform.settle(&plan.batch_id);
-        let (output, dead_letters) = transformed?;
+        let (mut output, dead_letters) = transformed?;
         let output_digest = digest(&output, &dead_letters);
+        let state_expired = sweep(&plan, state.as_ref(), &mut output);
         Ok(Batch {
             plan,
             records,
@@ -149,6 +166,7 @@ impl<T: Transform> Preparer<T> {
             dead_letters,
             output_digest,
             state_reads: base.take_reads(),
+            state_expired,
             read_ms,
             transform_ms: transforming.elapsed().as_millis() as u64,
             usage,

@@ -13,8 +13,11 @@
 //! cache is dropped whenever its offsets may have moved elsewhere (fenced,
 //! revoked, restarted): it is read again from the sink.
 //!
-//! It must not write state anywhere, and must not judge expiry (the run
-//! does, by batch time).
+//! It must not write state anywhere, and must not judge what a run reads
+//! as expired (the run does, by batch time). It only names the expired
+//! keys a batch may remove besides its module's changes
+//! ([`StateBase::expired`]): keys it holds whose committed value expired
+//! and that no batch in flight changes.
 
 use crate::metrics::SinkRead;
 use sluice_core::batch::Records;
@@ -28,6 +31,12 @@ use std::time::Instant;
 
 /// What a cached key costs besides its bytes, roughly (map entry, vectors).
 const ENTRY_OVERHEAD: usize = 64;
+/// How often, in batch time, a partition's cached keys are searched for
+/// expired ones, at most (a search reads them all).
+const SWEEP_EVERY_MS: i64 = 1_000;
+/// Most expired keys a batch removes per partition: the rest go with the
+/// next batches, so one batch's commit stays short.
+const MAX_EXPIRED_PER_BATCH: usize = 10_000;
 
 /// The pipeline's keyed state cache.
 pub(crate) struct KeptState {
@@ -65,6 +74,10 @@ struct Cached {
     /// Keys with a value (not known absent), and their keys' and values'
     /// bytes: the partition's stored state, when `complete`.
     stored: StoredSize,
+    /// No cached value expires before this (`None`: none expires).
+    earliest_expiry: Option<i64>,
+    /// The batch time of the last search for expired keys.
+    swept_at: Option<i64>,
 }
 
 /// How much state a partition keeps: keys with a value, and the bytes of
@@ -89,11 +102,22 @@ fn entry_size(key_len: usize, value: &Option<StateValue>) -> usize {
 }
 
 impl Cached {
+    /// Caches `value` under `key` (in a complete partition an absent key
+    /// is simply not kept); returns how many bytes the cache grew by.
     fn put(&mut self, key: Vec<u8>, value: Option<StateValue>) -> isize {
         let key_len = key.len();
-        let added = entry_size(key_len, &value) as isize;
-        self.stored.count(key_len, &value, 1);
-        let removed = match self.keys.insert(key, value) {
+        if let Some(at) = value.as_ref().and_then(|v| v.expires_at_ms) {
+            self.earliest_expiry = Some(self.earliest_expiry.map_or(at, |e| e.min(at)));
+        }
+        let (old, added) = match (value, self.complete) {
+            (None, true) => (self.keys.remove(&key), 0),
+            (value, _) => {
+                let added = entry_size(key_len, &value) as isize;
+                self.stored.count(key_len, &value, 1);
+                (self.keys.insert(key, value), added)
+            }
+        };
+        let removed = match old {
             Some(old) => {
                 self.stored.count(key_len, &old, -1);
                 entry_size(key_len, &old) as isize
@@ -102,6 +126,36 @@ impl Cached {
         };
         self.bytes = (self.bytes as isize + added - removed) as usize;
         added - removed
+    }
+
+    /// Up to [`MAX_EXPIRED_PER_BATCH`] keys cached with a value expired at
+    /// `batch_time_ms`, leaving out those `changed` says another change is
+    /// on its way for; none if no value can have expired yet or the last
+    /// search was less than [`SWEEP_EVERY_MS`] of batch time ago.
+    fn expired(&mut self, batch_time_ms: i64, changed: impl Fn(&[u8]) -> bool) -> Vec<Vec<u8>> {
+        let can_have = self.earliest_expiry.is_some_and(|at| at <= batch_time_ms);
+        let searched_lately = self
+            .swept_at
+            .is_some_and(|at| batch_time_ms.saturating_sub(at) < SWEEP_EVERY_MS);
+        if !can_have || searched_lately {
+            return Vec::new();
+        }
+        let mut found = Vec::new();
+        let mut earliest = None;
+        for (key, value) in &self.keys {
+            let Some(at) = value.as_ref().and_then(|v| v.expires_at_ms) else {
+                continue;
+            };
+            if at <= batch_time_ms && found.len() < MAX_EXPIRED_PER_BATCH && !changed(key) {
+                found.push(key.clone());
+            } else {
+                earliest = Some(earliest.map_or(at, |e: i64| e.min(at)));
+            }
+        }
+        self.earliest_expiry = earliest;
+        // A full take: the next batch searches again.
+        self.swept_at = (found.len() < MAX_EXPIRED_PER_BATCH).then_some(batch_time_ms);
+        found
     }
 }
 
@@ -174,6 +228,41 @@ impl KeptState {
                 .pending
                 .push_back((batch_id.to_string(), hashed));
         }
+    }
+
+    /// The keys of `partitions` a batch at `batch_time_ms` that writes
+    /// `written` removes as expired (see [`StateBase::expired`]): cached
+    /// keys whose committed value has expired and that neither it nor a
+    /// batch not yet landed changes. Keys the cache does not hold are
+    /// left where they are until a batch writes them.
+    fn expired(
+        &self,
+        partitions: &[TopicPartition],
+        batch_time_ms: i64,
+        written: &StateMap,
+    ) -> StateMap {
+        let mut expired = StateMap::default();
+        let mut kept = self.kept();
+        let Kept {
+            partitions: cached,
+            pending,
+            ..
+        } = &mut *kept;
+        for tp in partitions {
+            let Some(cached) = cached.get_mut(tp) else {
+                continue;
+            };
+            let changed = |key: &[u8]| {
+                written.lookup(tp, key).is_some()
+                    || pending
+                        .iter()
+                        .any(|(_, w)| w.get(tp).is_some_and(|keys| keys.contains_key(key)))
+            };
+            for key in cached.expired(batch_time_ms, changed) {
+                expired.insert(tp, key, None);
+            }
+        }
+        expired
     }
 
     /// Batch `batch_id` landed: its writes are committed state now.
@@ -472,6 +561,15 @@ impl StateBase for Live {
         self.kept.get(tp, key, self.batch.get())
     }
 
+    fn expired(
+        &self,
+        partitions: &[TopicPartition],
+        batch_time_ms: i64,
+        written: &StateMap,
+    ) -> StateMap {
+        self.kept.expired(partitions, batch_time_ms, written)
+    }
+
     fn prefetch(&self, records: &Records) {
         // No partition's state asked for yet: a stateless module (or a
         // first batch, which loads what it reads) copies nothing.
@@ -527,5 +625,41 @@ mod tests {
         assert_eq!(batch.take(&tp(1)), Some(vec![&b"c"[..]]));
         assert_eq!(batch.take(&tp(1)), None, "once");
         assert_eq!(batch.take(&tp(0)), Some(vec![&b"b"[..], &b"a"[..]]));
+    }
+
+    /// Expired keys are found once their expiry passed, not while another
+    /// change to them is on its way, at most once per [`SWEEP_EVERY_MS`]
+    /// of batch time; once removed from a complete partition they are not
+    /// kept as absent.
+    #[test]
+    fn expired_keys_are_found_by_batch_time_and_removed_from_the_cache() {
+        let value = |expires_at_ms| {
+            Some(StateValue {
+                value: b"v".to_vec(),
+                expires_at_ms,
+            })
+        };
+        let mut cached = Cached {
+            complete: true,
+            ..Cached::default()
+        };
+        cached.put(b"never".to_vec(), value(None));
+        cached.put(b"at10".to_vec(), value(Some(10)));
+        cached.put(b"at20".to_vec(), value(Some(20)));
+        cached.put(b"at5000".to_vec(), value(Some(5_000)));
+        let nothing_changed = |_: &[u8]| false;
+        assert!(cached.expired(9, nothing_changed).is_empty(), "none yet");
+        let mut found = cached.expired(20, |key: &[u8]| key == b"at20");
+        assert_eq!(found, vec![b"at10".to_vec()], "at20 is being changed");
+        // The batch that removes at10 lands.
+        assert!(cached.put(b"at10".to_vec(), None) < 0);
+        assert_eq!((cached.keys.len(), cached.stored.keys), (3, 3));
+        assert!(cached.expired(999, nothing_changed).is_empty(), "too soon");
+        found = cached.expired(1_020, nothing_changed);
+        assert_eq!(found, vec![b"at20".to_vec()]);
+        assert_eq!(cached.earliest_expiry, Some(5_000));
+        cached.put(b"at20".to_vec(), None);
+        assert!(cached.expired(2_100, nothing_changed).is_empty());
+        assert_eq!(cached.expired(5_000, nothing_changed), vec![b"at5000".to_vec()]);
     }
 }

@@ -26,7 +26,8 @@
 //!
 //! It must not commit a batch: it only writes into the transaction it is
 //! handed. Reads never write: an expired key is left where it is (it reads
-//! as absent by batch time) until a batch writes or deletes it.
+//! as absent by batch time) until a batch writes or deletes it (the host
+//! has batches delete the expired keys it finds, as any other change).
 
 use super::dialect::Dialect;
 use super::{Param, SqlBackend, SqlTx, Target, TypedColumn};

@@ -58,6 +58,9 @@ pub async fn run(args: Run) -> anyhow::Result<()> {
             state.sink_read_seconds * 1000.0,
             state.keys_written
         );
+        if state.keys_expired > 0 {
+            summary += &format!(", {} expired keys removed", state.keys_expired);
+        }
     }
     // Rows are the stdout sink's output: keep the summary out of it.
     match config.sink.kind()? {
