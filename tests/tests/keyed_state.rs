@@ -487,6 +487,118 @@ async fn a_state_value_over_the_limit_is_a_dead_letter() {
     }
 }
 
+/// A partition's keyed state is bounded by `limits.max_state_partition_mib`:
+/// the batch that would take it past the limit is not committed and the
+/// pipeline stops, naming the partition and the limit; the state kept is
+/// within it; raising the limit and starting again finishes the input with
+/// every row once. 40 records each keep 100 KB under a key of their own
+/// (4 MB) against a limit of 2 MiB and a cache of 1 MiB, so the partition
+/// is measured both held whole and, once it outgrows the cache, in the
+/// sink. On SQLite, Postgres, MariaDB and Redis.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_partition_over_its_state_limit_stops_the_pipeline_and_loses_nothing() {
+    let name = "state_full";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 1);
+    let records: Vec<Produce> = (0..40)
+        .map(|i| Produce {
+            partition: 0,
+            key: Some(format!("k{i:02}")),
+            value: "big".into(),
+        })
+        .collect();
+    produce(brokers, name, &records);
+    let dir = TempDir::new(name);
+    let server = redis_server::RedisServer::start(name);
+    let limited = |mib: i64| {
+        tally::config(name, brokers, 5)
+            .module_param("big", 100_000)
+            .field("limits", "state_cache_mib", 1)
+            .field("limits", "max_state_partition_mib", mib)
+    };
+    let db = SinkDb::Sqlite(dir.path().join("full.db"));
+    let (postgres, mysql) = (
+        SinkDb::fresh_postgres(name).await,
+        SinkDb::fresh_mysql(name).await,
+    );
+    let configs = [
+        (
+            dir.path().join("sqlite"),
+            db.configure(limited(2)),
+            db.configure(limited(8)),
+        ),
+        (
+            dir.path().join("postgres"),
+            postgres.configure(limited(2)),
+            postgres.configure(limited(8)),
+        ),
+        (
+            dir.path().join("mysql"),
+            mysql.configure(limited(2)),
+            mysql.configure(limited(8)),
+        ),
+        (
+            dir.path().join("redis"),
+            tally::redis_config(limited(2), &server.url()),
+            tally::redis_config(limited(8), &server.url()),
+        ),
+    ];
+    let partition = format!("{name}:0");
+    // Each key's bytes and its value's, as `sluice state scan` shows them.
+    let kept = |config: &std::path::Path| -> Vec<usize> {
+        let path = config.to_str().unwrap();
+        let scanned = sluice_ok(&[
+            "state",
+            "scan",
+            path,
+            "--partition",
+            &partition,
+            "--limit",
+            "0",
+            "--json",
+        ]);
+        scanned
+            .lines()
+            .map(|l| {
+                let line: serde_json::Value = serde_json::from_str(l).unwrap();
+                line["key"].as_str().unwrap().len() + line["value"].as_str().unwrap().len()
+            })
+            .collect()
+    };
+    for (sub, tight, roomy) in configs {
+        std::fs::create_dir_all(&sub).unwrap();
+        let config = tight.write(&sub);
+        let out = run_until_caught_up(&config, std::time::Duration::from_secs(300));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{config:?} ran past its limit: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("{name}[0]"))
+                && stderr.contains("limits.max_state_partition_mib"),
+            "{stderr}"
+        );
+        let sizes = kept(&config);
+        let bytes: usize = sizes.iter().sum();
+        assert!(
+            !sizes.is_empty() && bytes <= 2 << 20,
+            "{config:?}: {bytes} bytes kept"
+        );
+        let config = roomy.write(&sub);
+        run_ok(&config);
+        let sizes = kept(&config);
+        assert_eq!(sizes, vec![3 + 100_000; 40], "{config:?}");
+    }
+    let SinkDb::Sqlite(path) = &db else {
+        unreachable!()
+    };
+    let pool = sqlite(path).await;
+    let rows = sqlite_count(&pool, "SELECT COUNT(*) FROM tallies").await;
+    let offsets = sqlite_count(&pool, "SELECT COUNT(DISTINCT \"offset\") FROM tallies").await;
+    assert_eq!((rows, offsets), (40, 40));
+}
+
 /// A batch may write at most `limits.max_state_keys_per_batch` distinct
 /// keys: the record whose write is one key more is a `contract` dead letter
 /// naming the limit, and the batch commits as if it never came (a key
@@ -1137,7 +1249,11 @@ async fn expired_state_is_removed_by_later_batches() {
     let removed_by = |config: &std::path::Path| -> u64 {
         let out = run_until_caught_up(config, std::time::Duration::from_secs(300));
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         stdout
             .split(", ")
             .find_map(|part| part.trim().strip_suffix(" expired keys removed"))
@@ -1149,7 +1265,16 @@ async fn expired_state_is_removed_by_later_batches() {
         let removed = removed_by(config);
         let path = config.to_str().unwrap();
         let partition = format!("{name}:0");
-        let scanned = sluice_ok(&["state", "scan", path, "--partition", &partition, "--limit", "0", "--json"]);
+        let scanned = sluice_ok(&[
+            "state",
+            "scan",
+            path,
+            "--partition",
+            &partition,
+            "--limit",
+            "0",
+            "--json",
+        ]);
         let keys: Vec<String> = scanned
             .lines()
             .map(|l| {

@@ -92,6 +92,9 @@ pub struct Limits {
     pub max_state_keys_per_batch: usize,
     /// The host's keyed-state cache budget, in bytes.
     pub state_cache_bytes: usize,
+    /// Most keyed state one input partition may keep, in bytes (`None`:
+    /// no limit).
+    pub max_state_partition_bytes: Option<usize>,
 }
 
 /// Poison records a batch may always have, whatever its size: a batch of
@@ -142,6 +145,9 @@ impl Limits {
             max_state_value_bytes: (c.max_state_value_kib.get() as usize) << 10,
             max_state_keys_per_batch: c.max_state_keys_per_batch.get() as usize,
             state_cache_bytes: (c.state_cache_mib.get() as usize) << 20,
+            max_state_partition_bytes: c
+                .max_state_partition_mib
+                .map(|mib| (mib.get() as usize) << 20),
         }
     }
 

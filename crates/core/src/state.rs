@@ -262,6 +262,18 @@ pub enum StateError {
          whole to scan it: look keys up one by one (`sluice state get`)"
     )]
     TooLargeToScan { partition: String, max_mib: usize },
+    /// A batch would take a partition's state past
+    /// `limits.max_state_partition_mib`: fatal, it is not committed.
+    #[error(
+        "a batch would take the keyed state of {partition} to {bytes} bytes, over \
+         `limits.max_state_partition_mib` ({limit} bytes); nothing of it was committed. Raise \
+         the limit, or have the module expire or delete keys, and start the pipeline again"
+    )]
+    PartitionFull {
+        partition: String,
+        bytes: usize,
+        limit: usize,
+    },
 }
 
 impl StateError {
@@ -373,6 +385,38 @@ pub trait StateStore: Send + Sync {
         keys.sort_by(|a, b| a.0.cmp(&b.0));
         keys.truncate(page.limit);
         Ok(keys)
+    }
+    /// How much state `tp` keeps (expired keys too). This default loads
+    /// the partition whole; a store that can count where it keeps the
+    /// state does.
+    async fn size(&self, pipeline: &str, tp: &TopicPartition) -> Result<StateSize, StateError> {
+        let keys = self.load(pipeline, tp, usize::MAX).await?;
+        let mut size = StateSize::default();
+        for (key, value) in keys.unwrap_or_default() {
+            size.count(key.len(), &Some(value), 1);
+        }
+        Ok(size)
+    }
+}
+
+/// How much state a partition keeps: keys with a value, and the bytes of
+/// those keys and values (what `limits.max_state_partition_mib` bounds).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StateSize {
+    pub keys: usize,
+    pub bytes: usize,
+}
+
+impl StateSize {
+    /// Counts `value` under a key of `key_len` bytes in (`sign` 1) or out
+    /// (`sign` -1); an absent value counts nothing.
+    pub fn count(&mut self, key_len: usize, value: &Option<StateValue>, sign: isize) {
+        if let Some(v) = value {
+            self.keys = self.keys.saturating_add_signed(sign);
+            self.bytes = self
+                .bytes
+                .saturating_add_signed(sign * (key_len + v.value.len()) as isize);
+        }
     }
 }
 

@@ -55,7 +55,7 @@ use picker::RangePicker;
 use sluice_core::contract::OutputContract;
 use sluice_core::sink::{Commit, Sink, SinkError};
 use sluice_core::source::{PollSignals, Source, SourceError};
-use sluice_core::state::StateBase;
+use sluice_core::state::{StateBase, StateError};
 use sluice_core::transform::{ModuleAtFault, RunError, Transform};
 use sluice_core::versions::{Swap, Versions};
 use std::cell::Cell;
@@ -82,6 +82,10 @@ pub enum PipelineError {
         ranges: String,
         error: RunError,
     },
+    /// Keyed state the batch cannot commit with: a partition over its
+    /// limit, or the state store unreachable while checking it.
+    #[error(transparent)]
+    State(#[from] StateError),
 }
 
 /// How the loop runs.
@@ -241,6 +245,7 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             &options.pipeline,
             sink.state_store(),
             preparer.transform().limits().state_cache_bytes,
+            preparer.transform().limits().max_state_partition_bytes,
             status.metrics().clone(),
         );
         let parts = Parts {
@@ -542,7 +547,8 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
         let parts = &self.parts;
         parts
             .state
-            .committing(&batch.plan.batch_id, &batch.output.state);
+            .committing(&batch.plan.batch_id, &batch.output.state)
+            .await?;
         let (preparer, picker) = (&*parts.preparer, &parts.picker);
         let wait = parts.options.batch_interval;
         let state = parts.state.base();

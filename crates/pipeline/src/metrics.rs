@@ -366,7 +366,7 @@ impl Metrics {
         &self,
         partitions: &[(
             &sluice_core::batch::TopicPartition,
-            crate::state::StoredSize,
+            sluice_core::state::StateSize,
         )],
     ) {
         self.state_partition_keys.reset();

@@ -23,7 +23,8 @@ use crate::metrics::SinkRead;
 use sluice_core::batch::Records;
 use sluice_core::batch::TopicPartition;
 use sluice_core::state::{
-    KeyTable, NoState, PartitionTables, StateBase, StateError, StateMap, StateStore, StateValue,
+    KeyTable, NoState, PartitionTables, StateBase, StateError, StateMap, StateSize, StateStore,
+    StateValue,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -48,6 +49,8 @@ pub(crate) struct KeptState {
     handle: tokio::runtime::Handle,
     kept: Mutex<Kept>,
     metrics: crate::Metrics,
+    /// `limits.max_state_partition_mib`, in bytes.
+    max_partition_bytes: Option<usize>,
     /// Whether the module reads state by record key, as far as the last
     /// key the cache could not answer tells: then a batch's record keys
     /// are read ahead before it runs (see [`BatchKeys`]).
@@ -59,9 +62,22 @@ struct Kept {
     partitions: HashMap<TopicPartition, Cached, foldhash::fast::RandomState>,
     /// Writes of batches handed to the sink, not yet landed, oldest first
     /// (hashed: every read of a batch prepared meanwhile looks here first).
-    pending: VecDeque<(String, PartitionTables)>,
+    pending: VecDeque<Pending>,
     /// Bytes all partitions' cached keys take.
     bytes: usize,
+    /// With a partition limit, the committed state bytes of partitions
+    /// the cache does not hold whole, measured in the sink once and kept
+    /// up with each landed batch's growth.
+    measured: HashMap<TopicPartition, usize, foldhash::fast::RandomState>,
+}
+
+/// A batch handed to the sink, not landed yet.
+struct Pending {
+    batch_id: String,
+    writes: PartitionTables,
+    /// With a partition limit, the bytes its writes add to each partition
+    /// they change (negative: remove).
+    growth: HashMap<TopicPartition, isize>,
 }
 
 /// One partition's committed state, as far as it is cached.
@@ -73,28 +89,11 @@ struct Cached {
     bytes: usize,
     /// Keys with a value (not known absent), and their keys' and values'
     /// bytes: the partition's stored state, when `complete`.
-    stored: StoredSize,
+    stored: StateSize,
     /// No cached value expires before this (`None`: none expires).
     earliest_expiry: Option<i64>,
     /// The batch time of the last search for expired keys.
     swept_at: Option<i64>,
-}
-
-/// How much state a partition keeps: keys with a value, and the bytes of
-/// those keys and values.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct StoredSize {
-    pub keys: usize,
-    pub bytes: usize,
-}
-
-impl StoredSize {
-    fn count(&mut self, key_len: usize, value: &Option<StateValue>, sign: isize) {
-        if let Some(v) = value {
-            self.keys = (self.keys as isize + sign) as usize;
-            self.bytes = (self.bytes as isize + sign * (key_len + v.value.len()) as isize) as usize;
-        }
-    }
 }
 
 fn entry_size(key_len: usize, value: &Option<StateValue>) -> usize {
@@ -161,12 +160,14 @@ impl Cached {
 
 impl KeptState {
     /// The cache over `store` (`None`: the sink keeps no state), within
-    /// `budget` bytes. Must be created inside the Tokio runtime the store
-    /// uses.
+    /// `budget` bytes, refusing batches that take a partition past
+    /// `max_partition_bytes`. Must be created inside the Tokio runtime the
+    /// store uses.
     pub(crate) fn new(
         pipeline: &str,
         store: Option<Arc<dyn StateStore>>,
         budget: usize,
+        max_partition_bytes: Option<usize>,
         metrics: crate::Metrics,
     ) -> Arc<KeptState> {
         Arc::new(KeptState {
@@ -177,6 +178,7 @@ impl KeptState {
                           module"
                 .to_string(),
             budget,
+            max_partition_bytes,
             handle: tokio::runtime::Handle::current(),
             kept: Mutex::default(),
             metrics,
@@ -192,7 +194,7 @@ impl KeptState {
     /// partition it holds whole.
     fn measured(&self, kept: &Kept) {
         self.metrics.state_cache_bytes(kept.bytes);
-        let whole: Vec<(&TopicPartition, StoredSize)> = kept
+        let whole: Vec<(&TopicPartition, StateSize)> = kept
             .partitions
             .iter()
             .filter(|(_, c)| c.complete)
@@ -213,21 +215,99 @@ impl KeptState {
     }
 
     /// Batch `batch_id` goes to the sink with `writes`: batches prepared
-    /// from now on build on them.
-    pub(crate) fn committing(&self, batch_id: &str, writes: &StateMap) {
-        if !writes.is_empty() {
-            let hashed: PartitionTables = writes
-                .0
-                .iter()
-                .map(|(tp, keys)| {
-                    let keys: KeyTable = keys.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-                    (tp.clone(), keys)
-                })
-                .collect();
-            self.kept()
-                .pending
-                .push_back((batch_id.to_string(), hashed));
+    /// from now on build on them. With a partition limit, writes that take
+    /// a partition past it are refused ([`StateError::PartitionFull`]),
+    /// and the batch must not be committed.
+    pub(crate) async fn committing(
+        &self,
+        batch_id: &str,
+        writes: &StateMap,
+    ) -> Result<(), StateError> {
+        if writes.is_empty() {
+            return Ok(());
         }
+        let growth = match (self.max_partition_bytes, &self.store) {
+            (Some(limit), Some(store)) => self.growth_within(store.as_ref(), writes, limit).await?,
+            _ => HashMap::new(),
+        };
+        let hashed: PartitionTables = writes
+            .0
+            .iter()
+            .map(|(tp, keys)| {
+                let keys: KeyTable = keys.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+                (tp.clone(), keys)
+            })
+            .collect();
+        self.kept().pending.push_back(Pending {
+            batch_id: batch_id.to_string(),
+            writes: hashed,
+            growth,
+        });
+        Ok(())
+    }
+
+    /// The bytes `writes` add to each partition they change, if none goes
+    /// past `limit` with them (its committed state, plus what batches not
+    /// yet landed add, plus this). A batch that does not grow a partition
+    /// passes even over the limit (it may be what brings it back under).
+    /// Old values the cache cannot give are read from the sink in one
+    /// round trip per partition; a partition not held whole is measured
+    /// in the sink the first time.
+    async fn growth_within(
+        &self,
+        store: &dyn StateStore,
+        writes: &StateMap,
+        limit: usize,
+    ) -> Result<HashMap<TopicPartition, isize>, StateError> {
+        let stored = |key: &[u8], value: &Option<StateValue>| {
+            value
+                .as_ref()
+                .map_or(0, |v| (key.len() + v.value.len()) as isize)
+        };
+        let mut growth = HashMap::new();
+        for (tp, keys) in &writes.0 {
+            let mut delta: isize = keys.iter().map(|(k, v)| stored(k, v)).sum();
+            let mut unknown = Vec::new();
+            let committed = {
+                let kept = self.kept();
+                for key in keys.keys() {
+                    match kept.known(tp, key) {
+                        Some(old) => delta -= stored(key, &old),
+                        None => unknown.push(key.as_slice()),
+                    }
+                }
+                kept.committed_bytes(tp)
+            };
+            if !unknown.is_empty() {
+                let olds = store.get_many(&self.pipeline, tp, &unknown).await?;
+                delta -= unknown
+                    .iter()
+                    .zip(&olds)
+                    .map(|(k, old)| stored(k, old))
+                    .sum::<isize>();
+            }
+            let committed = match committed {
+                Some(bytes) => bytes,
+                None => {
+                    let bytes = store.size(&self.pipeline, tp).await?.bytes;
+                    self.kept().measured.insert(tp.clone(), bytes);
+                    bytes
+                }
+            };
+            let in_flight: isize = (self.kept().pending.iter())
+                .filter_map(|p| p.growth.get(tp))
+                .sum();
+            let after = committed as isize + in_flight + delta;
+            if delta > 0 && after > limit as isize {
+                return Err(StateError::PartitionFull {
+                    partition: tp.to_string(),
+                    bytes: after as usize,
+                    limit,
+                });
+            }
+            growth.insert(tp.clone(), delta);
+        }
+        Ok(growth)
     }
 
     /// The keys of `partitions` a batch at `batch_time_ms` that writes
@@ -256,7 +336,7 @@ impl KeptState {
                 written.lookup(tp, key).is_some()
                     || pending
                         .iter()
-                        .any(|(_, w)| w.get(tp).is_some_and(|keys| keys.contains_key(key)))
+                        .any(|p| p.writes.get(tp).is_some_and(|keys| keys.contains_key(key)))
             };
             for key in cached.expired(batch_time_ms, changed) {
                 expired.insert(tp, key, None);
@@ -268,12 +348,17 @@ impl KeptState {
     /// Batch `batch_id` landed: its writes are committed state now.
     pub(crate) fn landed(&self, batch_id: &str) {
         let mut kept = self.kept();
-        let Some(at) = kept.pending.iter().position(|(id, _)| id == batch_id) else {
+        let Some(at) = kept.pending.iter().position(|p| p.batch_id == batch_id) else {
             return;
         };
-        let (_, writes) = kept.pending.remove(at).expect("found");
-        for (tp, keys) in writes {
+        let landed = kept.pending.remove(at).expect("found");
+        for (tp, keys) in landed.writes {
             kept.cache(&tp, keys);
+        }
+        for (tp, delta) in landed.growth {
+            if let Some(bytes) = kept.measured.get_mut(&tp) {
+                *bytes = bytes.saturating_add_signed(delta);
+            }
         }
         kept.fit_budget(self.budget);
         self.measured(&kept);
@@ -283,7 +368,7 @@ impl KeptState {
     /// so is the cache of `partitions`, read again from the sink when next
     /// asked.
     pub(crate) fn abandoned(&self, batch_id: &str, partitions: &[TopicPartition]) {
-        self.kept().pending.retain(|(id, _)| id != batch_id);
+        self.kept().pending.retain(|p| p.batch_id != batch_id);
         self.forget(partitions);
     }
 
@@ -295,8 +380,10 @@ impl KeptState {
             if let Some(cached) = kept.partitions.remove(tp) {
                 kept.bytes -= cached.bytes;
             }
-            for (_, writes) in kept.pending.iter_mut() {
-                writes.remove(tp);
+            kept.measured.remove(tp);
+            for pending in kept.pending.iter_mut() {
+                pending.writes.remove(tp);
+                pending.growth.remove(tp);
             }
         }
         self.measured(&kept);
@@ -503,8 +590,8 @@ impl Kept {
     /// write (newest first), a cached value, or absent from a complete
     /// partition.
     fn known(&self, tp: &TopicPartition, key: &[u8]) -> Option<Option<StateValue>> {
-        for (_, writes) in self.pending.iter().rev() {
-            if let Some(value) = writes.get(tp).and_then(|keys| keys.get(key)) {
+        for pending in self.pending.iter().rev() {
+            if let Some(value) = pending.writes.get(tp).and_then(|keys| keys.get(key)) {
                 return Some(value.clone());
             }
         }
@@ -512,6 +599,15 @@ impl Kept {
         match cached.keys.get(key) {
             Some(value) => Some(value.clone()),
             None => cached.complete.then_some(None),
+        }
+    }
+
+    /// The committed state bytes of `tp`, if known: held whole, or
+    /// measured.
+    fn committed_bytes(&self, tp: &TopicPartition) -> Option<usize> {
+        match self.partitions.get(tp) {
+            Some(cached) if cached.complete => Some(cached.stored.bytes),
+            _ => self.measured.get(tp).copied(),
         }
     }
 
@@ -660,6 +756,9 @@ mod tests {
         assert_eq!(cached.earliest_expiry, Some(5_000));
         cached.put(b"at20".to_vec(), None);
         assert!(cached.expired(2_100, nothing_changed).is_empty());
-        assert_eq!(cached.expired(5_000, nothing_changed), vec![b"at5000".to_vec()]);
+        assert_eq!(
+            cached.expired(5_000, nothing_changed),
+            vec![b"at5000".to_vec()]
+        );
     }
 }

@@ -35,7 +35,7 @@ use crate::batch::TopicPartition;
 use crate::config::{ColumnType, StoreConnection, TargetConfig};
 use crate::section::{SqlTargetFields, WriteMode};
 use crate::sink::{Commit, SinkError};
-use sluice_core::state::{ScanPage, StateError, StateMap, StateStore, StateValue};
+use sluice_core::state::{ScanPage, StateError, StateMap, StateSize, StateStore, StateValue};
 use sqlx::{AnyPool, Row};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -447,6 +447,8 @@ pub struct SqlStateStore {
     scan_from: String,
     /// The same, past a key (`>` the page before's last).
     scan_after: String,
+    /// A partition's keys and their keys' and values' bytes.
+    size: String,
     reads: String,
 }
 
@@ -483,7 +485,21 @@ impl SqlStateStore {
                 key = c("state_key"),
             )
         };
+        // Sums as 64-bit integers on every database (MariaDB's are decimal).
+        let integer = match d {
+            d if std::ptr::eq(d, &super::POSTGRES) => "BIGINT",
+            d if std::ptr::eq(d, &super::MYSQL) => "SIGNED",
+            _ => "INTEGER",
+        };
+        let size = format!(
+            "SELECT CAST(COUNT(*) AS {integer}), \
+             CAST(COALESCE(SUM(LENGTH({}) + LENGTH({})), 0) AS {integer}) \
+             FROM {state} WHERE {partition_is}",
+            c("state_key"),
+            c("value"),
+        );
         Ok(SqlStateStore {
+            size,
             scan_from: page(">="),
             scan_after: page(">"),
             load: format!("SELECT {listed} FROM {state} WHERE {partition_is}"),
@@ -574,6 +590,25 @@ impl StateStore for SqlStateStore {
             entries.push((key, value));
         }
         Ok(Some(entries))
+    }
+
+    /// One aggregate query.
+    async fn size(&self, pipeline: &str, tp: &TopicPartition) -> Result<StateSize, StateError> {
+        let row = sqlx::query(&self.size)
+            .bind(pipeline.to_string())
+            .bind(tp.topic.clone())
+            .bind(tp.partition as i64)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(StateError::unreadable)?;
+        let at = |i: usize| -> Result<usize, StateError> {
+            let n: i64 = row.try_get(i).map_err(StateError::unreadable)?;
+            Ok(n as usize)
+        };
+        Ok(StateSize {
+            keys: at(0)?,
+            bytes: at(1)?,
+        })
     }
 
     async fn get(

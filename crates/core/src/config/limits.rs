@@ -99,6 +99,15 @@ pub struct LimitsConfig {
     /// sink as the module asks for it (slower, same result).
     #[serde(default = "default_state_cache_mib")]
     pub state_cache_mib: Bounded<1, 65_536>,
+    /// Most keyed state one input partition may keep, in MiB (its keys'
+    /// and values' bytes, as `sluice_state_partition_bytes` counts them;
+    /// unset: no limit). A batch that would take a partition past it is
+    /// not committed and the pipeline stops, naming the partition: raise
+    /// the limit, or have the module expire or delete keys, and start it
+    /// again. Nothing is lost or dead-lettered: which record tips a
+    /// partition over depends on every earlier one, not on the record.
+    #[serde(default)]
+    pub max_state_partition_mib: Option<Bounded<1>>,
 }
 
 /// What to do with records that fail the module on their own.
@@ -126,6 +135,7 @@ impl Default for LimitsConfig {
             max_state_value_kib: default_max_state_value_kib(),
             max_state_keys_per_batch: default_max_state_keys_per_batch(),
             state_cache_mib: default_state_cache_mib(),
+            max_state_partition_mib: None,
         }
     }
 }
@@ -149,6 +159,9 @@ impl LimitsConfig {
         self.max_state_keys_per_batch
             .check("limits.max_state_keys_per_batch")?;
         self.state_cache_mib.check("limits.state_cache_mib")?;
+        if let Some(partition) = self.max_state_partition_mib {
+            partition.check("limits.max_state_partition_mib")?;
+        }
         let share = self.max_poison_share;
         if !(share > 0.0 && share <= 1.0) {
             return Err(ConfigError::Invalid(format!(
