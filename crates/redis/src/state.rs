@@ -13,7 +13,7 @@ use redis::aio::ConnectionManager;
 use sluice_core::batch::TopicPartition;
 use sluice_core::config::StoreConnection;
 use sluice_core::sink::SinkError;
-use sluice_core::state::{StateError, StateMap, StateStore, StateValue};
+use sluice_core::state::{StateError, StateMap, StateSize, StateStore, StateValue};
 
 /// A batch's state changes as commit-script operations: the hash keys
 /// (for `KEYS`) and per change the key's index among them, `s`et or
@@ -143,6 +143,31 @@ impl StateStore for RedisStateStore {
             .await
             .map_err(StateError::unreadable)?;
         stored.map(|s| StateValue::from_stored(&s)).transpose()
+    }
+
+    /// Counted inside Redis by a script (one call, the host holds nothing
+    /// of the partition; Redis is busy for the length of the hash). The
+    /// stored tag and expiry are not the value's bytes (see
+    /// [`StateValue::to_stored`]).
+    async fn size(&self, pipeline: &str, tp: &TopicPartition) -> Result<StateSize, StateError> {
+        const SIZE: &str = r"
+            local keys, bytes = 0, 0
+            for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+              local stored = redis.call('HGET', KEYS[1], field)
+              local head = 1
+              if string.byte(stored, 1) == 2 then head = 9 end
+              keys = keys + 1
+              bytes = bytes + #field + #stored - head
+            end
+            return {keys, bytes}";
+        let hash = StateKeys::new(&self.prefix, pipeline).state(tp);
+        let mut conn = self.conn.clone();
+        let (keys, bytes): (usize, usize) = redis::Script::new(SIZE)
+            .key(&hash)
+            .invoke_async(&mut conn)
+            .await
+            .map_err(StateError::unreadable)?;
+        Ok(StateSize { keys, bytes })
     }
 
     /// One `HMGET` of the partition's hash.

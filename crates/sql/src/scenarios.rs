@@ -202,6 +202,14 @@ pub async fn state_round_trip<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkCon
         )]
     );
     assert_eq!(get(1, b"a").await, value(b"other", None), "untouched");
+    let size = |p: i32| {
+        let store = &store;
+        async move { store.size("p", &tp(p)).await.unwrap() }
+    };
+    let of = |keys, bytes| sluice_core::state::StateSize { keys, bytes };
+    assert_eq!(size(0).await, of(1, 3 + 1), "the odd key and \"3\"");
+    assert_eq!(size(1).await, of(1, 1 + 5));
+    assert_eq!(size(2).await, of(0, 0), "a partition never numbered");
 }
 
 async fn commit<B: SqlBackend>(
