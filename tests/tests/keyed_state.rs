@@ -43,6 +43,26 @@ fn produce_keyed_input(brokers: &str, topic: &str, rng: &mut impl rand::Rng) -> 
     sent
 }
 
+/// Every key `sluice state scan --json` shows of `partition` (`topic:p`),
+/// one JSON object each.
+fn scan_state(config: &std::path::Path, partition: &str) -> Vec<serde_json::Value> {
+    let path = config.to_str().unwrap();
+    let args = [
+        "state",
+        "scan",
+        path,
+        "--partition",
+        partition,
+        "--limit",
+        "0",
+        "--json",
+    ];
+    sluice_ok(&args)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
 /// `verify` replays every batch of `config`'s pipeline alike; returns how
 /// many.
 fn assert_verified(config: &std::path::Path) -> usize {
@@ -546,23 +566,9 @@ async fn a_partition_over_its_state_limit_stops_the_pipeline_and_loses_nothing()
     let partition = format!("{name}:0");
     // Each key's bytes and its value's, as `sluice state scan` shows them.
     let kept = |config: &std::path::Path| -> Vec<usize> {
-        let path = config.to_str().unwrap();
-        let scanned = sluice_ok(&[
-            "state",
-            "scan",
-            path,
-            "--partition",
-            &partition,
-            "--limit",
-            "0",
-            "--json",
-        ]);
-        scanned
-            .lines()
-            .map(|l| {
-                let line: serde_json::Value = serde_json::from_str(l).unwrap();
-                line["key"].as_str().unwrap().len() + line["value"].as_str().unwrap().len()
-            })
+        scan_state(config, &partition)
+            .iter()
+            .map(|line| line["key"].as_str().unwrap().len() + line["value"].as_str().unwrap().len())
             .collect()
     };
     for (sub, tight, roomy) in configs {
@@ -1264,23 +1270,9 @@ async fn expired_state_is_removed_by_later_batches() {
     for (config, first) in configs.iter().zip(first) {
         let removed = removed_by(config);
         let path = config.to_str().unwrap();
-        let partition = format!("{name}:0");
-        let scanned = sluice_ok(&[
-            "state",
-            "scan",
-            path,
-            "--partition",
-            &partition,
-            "--limit",
-            "0",
-            "--json",
-        ]);
-        let keys: Vec<String> = scanned
-            .lines()
-            .map(|l| {
-                let line: serde_json::Value = serde_json::from_str(l).unwrap();
-                line["key"].as_str().unwrap().to_string()
-            })
+        let keys: Vec<String> = scan_state(config, &format!("{name}:0"))
+            .iter()
+            .map(|line| line["key"].as_str().unwrap().to_string())
             .collect();
         assert!(
             !keys.is_empty() && keys.iter().all(|k| k.starts_with("new")),

@@ -530,10 +530,11 @@ async fn six_instances_through_rolling_restart_scale_up_and_faults_land_every_re
 
 /// Tansu keeps a static member that closed (no LeaveGroup, as KIP-345
 /// has it) in the group for good: Kafka removes it after its session
-/// timeout and hands its partitions over; here, 20 s past a 6 s timeout,
-/// the one member left still owns only its own share. When this fails
-/// the broker is fixed: give the static scale-out test the scale-down
-/// (now a test of dynamic members of its own); update docs/operations.md.
+/// timeout and hands its partitions over; here, for 20 s past a 6 s
+/// timeout, the one member left never owns more than its own share. When
+/// this fails the broker is fixed: give the static scale-out test the
+/// scale-down (now a test of dynamic members of its own); update
+/// docs/operations.md.
 #[test]
 fn broker_defect_a_departed_static_member_is_never_expired() {
     use rdkafka::consumer::Consumer;
@@ -552,12 +553,16 @@ fn broker_defect_a_departed_static_member_is_never_expired() {
     }
     group.truncate(1);
     let left = Instant::now();
+    // The most the member left owns at any moment: a rebalance of its own
+    // (its session lapsing on a busy broker) may leave it with none for a
+    // while, which says nothing about the departed members.
+    let mut most = owned(&group[0]);
     while left.elapsed() < Duration::from_secs(20) {
         let _ = group[0].poll(Duration::from_millis(10));
+        most = most.max(owned(&group[0]));
     }
     assert_eq!(
-        owned(&group[0]),
-        2,
+        most, 2,
         "the departed static members' partitions were handed over: the broker defect is gone"
     );
 }

@@ -570,6 +570,10 @@ columns = { n = "integer" }
                 "`limits.max_output_mib` must be at least 1 (it is 0)",
             ),
             (
+                with("limits", "max_state_partition_mib = 0"),
+                "`limits.max_state_partition_mib` must be at least 1 (it is 0)",
+            ),
+            (
                 with("limits", "compile_timeout_ms = 99"),
                 "`limits.compile_timeout_ms` = 99 is outside",
             ),
