@@ -12,7 +12,6 @@ use crate::sink::{SinkError, SinkKind, redact_url};
 use sqlx::any::AnyRow;
 use sqlx::{AnyPool, Row};
 use std::sync::Once;
-use std::time::Duration;
 
 /// Opens a small pool on the sink's database (it must exist: the sink or
 /// an earlier run created it).
@@ -33,7 +32,7 @@ pub async fn connect_any(sink: &StoreConnection) -> Result<(AnyPool, &'static Di
     // One connection for SQLite: an in-memory database is per connection.
     let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };
     let pool = crate::pool::pool_options::<sqlx::Any>(connections)
-        .acquire_timeout(Duration::from_secs(10))
+        .acquire_timeout(crate::pool::ACQUIRE_TIMEOUT)
         .connect(&any_url(&sink.url))
         .await
         .map_err(|e| SinkError::connecting(&redact_url(&sink.url), e))?;

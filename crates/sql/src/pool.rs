@@ -5,6 +5,12 @@
 
 use sqlx::Database;
 use sqlx::pool::PoolOptions;
+use std::time::Duration;
+
+/// How long the Postgres, MySQL and state-store pools wait for a
+/// connection before the statement fails (and the caller's retry policy
+/// takes over). The SQLite sink keeps sqlx's default.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A pool of at most `connections`, with no background reaper.
 ///

@@ -6,7 +6,6 @@
 use crate::sink::{SinkError, redact_url};
 use sqlx::mysql::{MySqlConnectOptions, MySqlConnection, MySqlPoolOptions};
 use std::str::FromStr;
-use std::time::Duration;
 
 /// How the MySQL sink connects.
 #[derive(Debug, Clone)]
@@ -29,7 +28,7 @@ impl MysqlConfig {
             .charset("utf8mb4");
         let seconds = lock_timeout_ms.div_ceil(1000).max(1);
         let pool = crate::pool::pool_options::<sqlx::MySql>(2)
-            .acquire_timeout(Duration::from_secs(10))
+            .acquire_timeout(crate::pool::ACQUIRE_TIMEOUT)
             .after_connect(move |conn, _| Box::pin(bound_waits(conn, seconds)));
         Ok(MysqlConfig { options, pool })
     }

@@ -7,7 +7,6 @@
 use crate::sink::{SinkError, redact_url};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use std::str::FromStr;
-use std::time::Duration;
 
 /// How the Postgres sink connects.
 #[derive(Debug, Clone)]
@@ -29,8 +28,8 @@ impl PostgresConfig {
                 ("lock_timeout", timeout.as_str()),
                 ("idle_in_transaction_session_timeout", timeout.as_str()),
             ]);
-        let pool =
-            crate::pool::pool_options::<sqlx::Postgres>(2).acquire_timeout(Duration::from_secs(10));
+        let pool = crate::pool::pool_options::<sqlx::Postgres>(2)
+            .acquire_timeout(crate::pool::ACQUIRE_TIMEOUT);
         Ok(PostgresConfig { options, pool })
     }
 }
