@@ -596,13 +596,14 @@ async fn a_partition_over_its_state_limit_stops_the_pipeline_and_loses_nothing()
         let sizes = kept(&config);
         assert_eq!(sizes, vec![3 + 100_000; 40], "{config:?}");
     }
-    let SinkDb::Sqlite(path) = &db else {
-        unreachable!()
-    };
-    let pool = sqlite(path).await;
-    let rows = sqlite_count(&pool, "SELECT COUNT(*) FROM tallies").await;
-    let offsets = sqlite_count(&pool, "SELECT COUNT(DISTINCT \"offset\") FROM tallies").await;
-    assert_eq!((rows, offsets), (40, 40));
+    for db in [&db, &postgres, &mysql] {
+        let (tallies, offset) = (db.table("tallies"), db.ident("offset"));
+        let rows = db.scalar(&format!("SELECT COUNT(*) FROM {tallies}")).await;
+        let offsets = db
+            .scalar(&format!("SELECT COUNT(DISTINCT {offset}) FROM {tallies}"))
+            .await;
+        assert_eq!((rows, offsets), (Some(40), Some(40)), "{}", db.url());
+    }
 }
 
 /// A batch may write at most `limits.max_state_keys_per_batch` distinct

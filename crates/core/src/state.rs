@@ -408,14 +408,20 @@ pub struct StateSize {
 }
 
 impl StateSize {
+    /// The bytes `value` under a key of `key_len` bytes counts for (0 if
+    /// absent): the key's and the value's, not its expiry.
+    pub fn bytes_of(key_len: usize, value: &Option<StateValue>) -> usize {
+        value.as_ref().map_or(0, |v| key_len + v.value.len())
+    }
+
     /// Counts `value` under a key of `key_len` bytes in (`sign` 1) or out
     /// (`sign` -1); an absent value counts nothing.
     pub fn count(&mut self, key_len: usize, value: &Option<StateValue>, sign: isize) {
-        if let Some(v) = value {
+        if value.is_some() {
             self.keys = self.keys.saturating_add_signed(sign);
             self.bytes = self
                 .bytes
-                .saturating_add_signed(sign * (key_len + v.value.len()) as isize);
+                .saturating_add_signed(sign * Self::bytes_of(key_len, value) as isize);
         }
     }
 }

@@ -62,8 +62,7 @@ pub struct Batch {
 /// result (an expired key reads as absent either way), only what keeps
 /// expired state from staying stored. Returns how many.
 fn sweep(plan: &Plan, state: &dyn StateBase, output: &mut Output) -> usize {
-    let partitions: Vec<_> = plan.ranges.iter().map(|r| r.topic_partition()).collect();
-    let expired = state.expired(&partitions, plan.batch_time_ms, &output.state);
+    let expired = state.expired(&plan.partitions(), plan.batch_time_ms, &output.state);
     let count = expired.len();
     output.state.overlay(expired);
     count

@@ -259,16 +259,13 @@ impl KeptState {
         writes: &StateMap,
         limit: usize,
     ) -> Result<HashMap<TopicPartition, isize>, StateError> {
-        let stored = |key: &[u8], value: &Option<StateValue>| {
-            value
-                .as_ref()
-                .map_or(0, |v| (key.len() + v.value.len()) as isize)
-        };
+        let stored =
+            |key: &[u8], value: &Option<StateValue>| StateSize::bytes_of(key.len(), value) as isize;
         let mut growth = HashMap::new();
         for (tp, keys) in &writes.0 {
             let mut delta: isize = keys.iter().map(|(k, v)| stored(k, v)).sum();
             let mut unknown = Vec::new();
-            let committed = {
+            let (committed, in_flight) = {
                 let kept = self.kept();
                 for key in keys.keys() {
                     match kept.known(tp, key) {
@@ -276,7 +273,8 @@ impl KeptState {
                         None => unknown.push(key.as_slice()),
                     }
                 }
-                kept.committed_bytes(tp)
+                let in_flight: isize = (kept.pending.iter()).filter_map(|p| p.growth.get(tp)).sum();
+                (kept.committed_bytes(tp), in_flight)
             };
             if !unknown.is_empty() {
                 let olds = store.get_many(&self.pipeline, tp, &unknown).await?;
@@ -294,9 +292,6 @@ impl KeptState {
                     bytes
                 }
             };
-            let in_flight: isize = (self.kept().pending.iter())
-                .filter_map(|p| p.growth.get(tp))
-                .sum();
             let after = committed as isize + in_flight + delta;
             if delta > 0 && after > limit as isize {
                 return Err(StateError::PartitionFull {
