@@ -197,6 +197,64 @@ async fn mysql_state_survives_sigkill_cycles_exactly_once() {
     state_survives_sigkills(SinkDb::fresh_mysql(name).await, name).await;
 }
 
+/// The kill loop with expiring state (tally's dedupe mode, each key
+/// expiring 1 ms of record time after its record, so every record reads
+/// its key as absent and passes with n = 1) on SQLite: every record's row
+/// exactly once, against the `read_committed` input; every key still
+/// stored is one of its partition's keys, with its value, and the key of
+/// each partition's last record (written by the partition's last batch,
+/// which no later batch swept) is stored; the batches that removed expired
+/// keys replay alike in `verify`.
+#[tokio::test(flavor = "multi_thread")]
+async fn expiring_state_survives_sigkill_cycles_exactly_once() {
+    let dir = TempDir::new("state-expiry-crash");
+    let db = SinkDb::Sqlite(dir.path().join("crash.db"));
+    let name = "state_expiry_crash";
+    let run = kill_stateful(
+        name,
+        0xe4b1,
+        |c| db.configure(c).module_param("dedupe_ttl_ms", 1),
+        async || db.committed_batches().await,
+    )
+    .await;
+    let input = read_committed(&run.broker.brokers, name, PARTITIONS);
+    let stored = tally::stored(&db, name).await;
+    let rows: Vec<tally::Tally> = input
+        .iter()
+        .map(|r| {
+            let key = r.key.clone().unwrap_or_default().into_bytes();
+            (r.partition as i64, r.offset, key, 1)
+        })
+        .collect();
+    assert_eq!(stored.rows.len(), rows.len(), "{name}: row count");
+    assert!(stored.rows == rows, "{name}: rows differ from the input");
+    for ((partition, key), n) in &stored.state {
+        assert_eq!(*n, 1, "{name}: {partition} {key:?}");
+        assert!(
+            run.expected.state.contains_key(&(*partition, key.clone())),
+            "{name}: {partition} {key:?} was never written"
+        );
+    }
+    for p in 0..PARTITIONS as i64 {
+        let last = input
+            .iter()
+            .rfind(|r| r.partition as i64 == p)
+            .expect("input");
+        let key = last.key.clone().unwrap_or_default().into_bytes();
+        assert!(
+            stored.state.contains_key(&(p, key)),
+            "{name}: last key of {p}"
+        );
+    }
+    db.assert_contiguous_lineage(name).await;
+    run.verified(name);
+    println!(
+        "{name}: {} of {} keys still stored",
+        stored.state.len(),
+        run.expected.state.len()
+    );
+}
+
 /// The kill loop on a sink that keeps its state in `[state]` (a SQLite
 /// file here), with the offsets: the counts kept there equal the
 /// recomputation after 20-odd SIGKILLs, and `verify` replays every batch
