@@ -99,15 +99,15 @@ pub struct LimitsConfig {
     /// sink as the module asks for it (slower, same result).
     #[serde(default = "default_state_cache_mib")]
     pub state_cache_mib: Bounded<1, 65_536>,
-    /// Most keyed state one input partition may keep, in MiB (its keys'
-    /// and values' bytes, as `sluice_state_partition_bytes` counts them;
-    /// unset: no limit). A batch that would take a partition past it is
+    /// Most keyed state one input partition may keep, in MiB (1 to
+    /// 1048576; its keys' and values' bytes, as
+    /// `sluice_state_partition_bytes` counts them; unset: no limit). A batch that would take a partition past it is
     /// not committed and the pipeline stops, naming the partition: raise
     /// the limit, or have the module expire or delete keys, and start it
     /// again. Nothing is lost or dead-lettered: which record tips a
     /// partition over depends on every earlier one, not on the record.
     #[serde(default)]
-    pub max_state_partition_mib: Option<Bounded<1>>,
+    pub max_state_partition_mib: Option<Bounded<1, 1_048_576>>,
 }
 
 /// What to do with records that fail the module on their own.

@@ -571,7 +571,11 @@ columns = { n = "integer" }
             ),
             (
                 with("limits", "max_state_partition_mib = 0"),
-                "`limits.max_state_partition_mib` must be at least 1 (it is 0)",
+                "`limits.max_state_partition_mib` = 0 is outside 1..=1048576",
+            ),
+            (
+                with("limits", "max_state_partition_mib = 1048577"),
+                "`limits.max_state_partition_mib` = 1048577 is outside 1..=1048576",
             ),
             (
                 with("limits", "compile_timeout_ms = 99"),
