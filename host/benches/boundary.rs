@@ -112,6 +112,7 @@ fn native_identity(records: &Records) -> Output {
             ],
         }],
         rejections: vec![],
+        late: Vec::new(),
         state: Default::default(),
     }
 }
@@ -169,6 +170,7 @@ fn native_json_filter(records: &Records) -> Output {
             ],
         }],
         rejections: vec![],
+        late: Vec::new(),
         state: Default::default(),
     }
 }

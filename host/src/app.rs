@@ -55,7 +55,7 @@ struct ConfiguredModule {
 fn load_configured(config: &PipelineConfig) -> Result<ConfiguredModule, AppError> {
     load_module(
         &config.module.path,
-        Limits::from_config(&config.limits),
+        Limits::from_config(&config.limits).with_event_time(&config.event_time),
         config.params_json(),
         config.module.cache_dir.as_deref(),
     )

@@ -8,8 +8,8 @@
 use crate::backends::SECTIONS;
 use crate::config::section::fields_of;
 use crate::config::{
-    ControlConfig, LimitsConfig, ModuleConfig, PipelineConfig, Place, SinkConfig, SourceConfig,
-    StateConfig, TargetConfig,
+    ControlConfig, EventTimeConfig, LimitsConfig, ModuleConfig, PipelineConfig, Place, SinkConfig,
+    SourceConfig, StateConfig, TargetConfig,
 };
 use crate::sink::kafka::section::KafkaTargetConfig;
 use crate::sink::redis::section::RedisCommandConfig;
@@ -45,6 +45,10 @@ fn tables() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         (
             "limits",
             fields_of::<LimitsConfig>().iter().copied().collect(),
+        ),
+        (
+            "event_time",
+            fields_of::<EventTimeConfig>().iter().copied().collect(),
         ),
         (
             "control",

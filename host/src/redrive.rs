@@ -210,7 +210,8 @@ async fn active_preparer(
         digest: digest.clone(),
         source,
     };
-    let runtime = Arc::new(Runtime::new(Limits::from_config(&config.limits)).map_err(module_err)?);
+    let limits = Limits::from_config(&config.limits).with_event_time(&config.event_time);
+    let runtime = Arc::new(Runtime::new(limits).map_err(module_err)?);
     let module = tokio::task::block_in_place(|| {
         runtime.load(&component, config.module.cache_dir.as_deref())
     })

@@ -34,22 +34,22 @@ func collectGarbageFromNowOn() {
 	debug.SetGCPercent(100)
 }
 
-//go:wasmimport sluice:plugin/log@0.1.1 write
+//go:wasmimport sluice:plugin/log@0.1.2 write
 func logWrite(level uint32, message string)
 
 // get: func(index: u32, key: list<u8>) -> option<list<u8>>. The result
 // goes to a 12-byte block: discriminant (u8) at 0, the list at 4.
 //
-//go:wasmimport sluice:plugin/state@0.1.1 get
+//go:wasmimport sluice:plugin/state@0.1.2 get
 func stateGetImport(index uint32, key string, result unsafe.Pointer)
 
 // set: func(index: u32, key: list<u8>, value: list<u8>, expires-at-ms:
 // option<s64>); the option flattens to a discriminant and an s64.
 //
-//go:wasmimport sluice:plugin/state@0.1.1 set
+//go:wasmimport sluice:plugin/state@0.1.2 set
 func stateSetImport(index uint32, key string, value string, hasExpiry uint32, expiresAtMs int64)
 
-//go:wasmimport sluice:plugin/state@0.1.1 delete
+//go:wasmimport sluice:plugin/state@0.1.2 delete
 func stateDeleteImport(index uint32, key string)
 
 // stateGet calls `get`. The host allocates the value through cabi_realloc

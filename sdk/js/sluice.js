@@ -18,8 +18,8 @@
 // world: the host gives the module a fixed clock (Date.now() is the batch
 // time), seeded Math.random(), no files and no network.
 
-import { write } from 'sluice:plugin/log@0.1.1';
-import * as stateImport from 'sluice:plugin/state@0.1.1';
+import { write } from 'sluice:plugin/log@0.1.2';
+import * as stateImport from 'sluice:plugin/state@0.1.2';
 
 const KINDS = ['int64', 'float64', 'text', 'bytes', 'bool'];
 // ignoreBOM keeps a leading BOM, as the other SDKs' text does.

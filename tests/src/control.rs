@@ -374,6 +374,26 @@ pub fn sluice_ok(args: &[&str]) -> String {
     stdout
 }
 
+/// `verify` replays every batch of `config`'s pipeline alike; returns how
+/// many.
+pub fn assert_verified(config: &std::path::Path) -> usize {
+    let out = sluice_ok(&["verify", config.to_str().unwrap()]);
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("verified "))
+        .unwrap_or_else(|| panic!("no verify summary: {out}"));
+    let batches: usize = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        line.contains(&format!("{batches} match, 0 differ")) && batches > 0,
+        "{out}"
+    );
+    batches
+}
+
 /// Every dead letter `sluice dead-letters list CONFIG --json --limit 0`
 /// prints, parsed.
 pub fn listed_dead_letters(config: &str) -> Vec<serde_json::Value> {

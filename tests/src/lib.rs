@@ -19,6 +19,7 @@ pub mod scenarios;
 pub mod sinks;
 pub mod tally;
 pub mod tls;
+pub mod windows;
 
 pub use config::{PipelineToml, Target};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};

@@ -11,7 +11,7 @@
 //!
 //! Each test owns its topic, database (schema) and pipeline.
 
-use sluice_tests::control::sluice_ok;
+use sluice_tests::control::{assert_verified, sluice_ok};
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::tally::{self, Expected};
 use sluice_tests::*;
@@ -61,26 +61,6 @@ fn scan_state(config: &std::path::Path, partition: &str) -> Vec<serde_json::Valu
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect()
-}
-
-/// `verify` replays every batch of `config`'s pipeline alike; returns how
-/// many.
-fn assert_verified(config: &std::path::Path) -> usize {
-    let out = sluice_ok(&["verify", config.to_str().unwrap()]);
-    let line = out
-        .lines()
-        .find(|l| l.starts_with("verified "))
-        .unwrap_or_else(|| panic!("no verify summary: {out}"));
-    let batches: usize = line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{line}"));
-    assert!(
-        line.contains(&format!("{batches} match, 0 differ")) && batches > 0,
-        "{out}"
-    );
-    batches
 }
 
 /// A stateful pipeline after the kill loop, and what an independent

@@ -14,6 +14,7 @@
 //! - [`source`], [`transform`], [`sink`], [`versions`]: the traits the batch
 //!   loop consumes and the errors it acts on.
 //! - [`state`]: keyed state: a batch's writes and reads, a run's view.
+//! - [`event_time`]: watermarks, timers and late records, kept as state.
 //! - [`store`]: the state store traits (module store, lineage reader).
 //! - [`dead_letters`]: stored dead letters, listing and redriving them.
 //! - [`reset`]: what `sluice reset` moves and reports, whatever the sink.
@@ -28,6 +29,7 @@ pub mod contract;
 pub mod cursor;
 pub mod dead_letters;
 pub mod error;
+pub mod event_time;
 pub mod limits;
 pub mod output;
 pub mod reset;

@@ -34,6 +34,10 @@ pub struct ReplaySettings {
     /// existed read as the default: none reached it).
     #[serde(default = "default_state_keys_per_batch")]
     pub max_state_keys_per_batch: u64,
+    /// `event_time.allowed_lateness_ms` (batches recorded before event
+    /// time existed read as 0: none moved a watermark).
+    #[serde(default)]
+    pub allowed_lateness_ms: i64,
 }
 
 fn default_state_value_kib() -> u64 {
@@ -66,6 +70,9 @@ impl ReplaySettings {
             max_output_bytes: (self.max_output_mib as usize) << 20,
             max_state_value_bytes: (self.max_state_value_kib as usize) << 10,
             max_state_keys_per_batch: self.max_state_keys_per_batch as usize,
+            event_time: crate::event_time::EventTimeSettings {
+                allowed_lateness_ms: self.allowed_lateness_ms,
+            },
             ..current.clone()
         }
     }
@@ -95,6 +102,8 @@ pub struct Limits {
     /// Most keyed state one input partition may keep, in bytes (`None`:
     /// no limit).
     pub max_state_partition_bytes: Option<usize>,
+    /// How event time is judged (`[event_time]`).
+    pub event_time: crate::event_time::EventTimeSettings,
 }
 
 /// Poison records a batch may always have, whatever its size: a batch of
@@ -148,6 +157,17 @@ impl Limits {
             max_state_partition_bytes: c
                 .max_state_partition_mib
                 .map(|mib| (mib.get() as usize) << 20),
+            event_time: Default::default(),
+        }
+    }
+
+    /// These limits, with event time judged as `config` says.
+    pub fn with_event_time(self, config: &crate::config::EventTimeConfig) -> Limits {
+        Limits {
+            event_time: crate::event_time::EventTimeSettings {
+                allowed_lateness_ms: config.allowed_lateness_ms.get() as i64,
+            },
+            ..self
         }
     }
 
@@ -172,6 +192,7 @@ impl Limits {
             on_poison,
             max_state_value_kib: (self.max_state_value_bytes >> 10) as u64,
             max_state_keys_per_batch: self.max_state_keys_per_batch as u64,
+            allowed_lateness_ms: self.event_time.allowed_lateness_ms,
         }
     }
 
@@ -195,6 +216,7 @@ impl Limits {
         crate::state::StateLimits {
             max_value_bytes: self.max_state_value_bytes,
             max_keys_per_batch: self.max_state_keys_per_batch,
+            event_time: self.event_time,
         }
     }
 

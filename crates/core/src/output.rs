@@ -11,6 +11,9 @@ use sha2::{Digest, Sha256};
 pub struct Output {
     pub targets: Vec<TargetRows>,
     pub rejections: Vec<Rejection>,
+    /// Records the module found late (behind the watermark, for a closed
+    /// window): dead letters of kind `late`.
+    pub late: Vec<Rejection>,
     /// The keyed state the batch changed: per partition, each key's new
     /// value or its deletion.
     pub state: crate::state::StateMap,
@@ -278,11 +281,13 @@ impl Output {
                 _ => self.targets.push(t),
             }
         }
+        let remap = |r: Rejection| Rejection {
+            index: index_map[r.index as usize] as u32,
+            reason: r.reason,
+        };
         self.rejections
-            .extend(other.rejections.into_iter().map(|r| Rejection {
-                index: index_map[r.index as usize] as u32,
-                reason: r.reason,
-            }));
+            .extend(other.rejections.into_iter().map(remap));
+        self.late.extend(other.late.into_iter().map(remap));
         self.state.overlay(other.state);
     }
 
@@ -500,6 +505,7 @@ mod tests {
                 }],
             }],
             rejections: vec![],
+            late: Vec::new(),
             state: Default::default(),
         }
     }
@@ -530,6 +536,7 @@ mod tests {
                 }],
             }],
             rejections: vec![],
+            late: Vec::new(),
             state: Default::default(),
         }
     }

@@ -178,11 +178,14 @@ pub enum DeadLetterKind {
     /// UTF-8, a column with more or fewer values than rows, a target or
     /// column the sink does not declare, a type that does not fit.
     Contract,
+    /// The module found it late: behind its partition's watermark, for a
+    /// window already closed.
+    Late,
 }
 
 impl DeadLetterKind {
     /// Every kind, in the order they are documented.
-    pub const ALL: [DeadLetterKind; 8] = [
+    pub const ALL: [DeadLetterKind; 9] = [
         DeadLetterKind::Rejected,
         DeadLetterKind::Trap,
         DeadLetterKind::Fuel,
@@ -191,6 +194,7 @@ impl DeadLetterKind {
         DeadLetterKind::NonFinite,
         DeadLetterKind::Output,
         DeadLetterKind::Contract,
+        DeadLetterKind::Late,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -203,6 +207,7 @@ impl DeadLetterKind {
             DeadLetterKind::NonFinite => "non-finite",
             DeadLetterKind::Output => "output",
             DeadLetterKind::Contract => "contract",
+            DeadLetterKind::Late => "late",
         }
     }
 }
@@ -238,6 +243,7 @@ pub async fn commit_all_but_rows<S: Sink>(
     let no_rows = Output {
         targets: Vec::new(),
         rejections: c.output.rejections.clone(),
+        late: c.output.late.clone(),
         state: c.output.state.clone(),
     };
     state
@@ -350,7 +356,8 @@ pub fn digest(output: &Output, dead_letters: &[DeadLetter]) -> String {
     let dead: Vec<(usize, &str, Option<&str>)> = dead_letters
         .iter()
         .map(|d| {
-            let reason = (d.kind == DeadLetterKind::Rejected).then_some(d.reason.as_str());
+            let by_module = matches!(d.kind, DeadLetterKind::Rejected | DeadLetterKind::Late);
+            let reason = by_module.then_some(d.reason.as_str());
             (d.index, d.kind.as_str(), reason)
         })
         .collect();

@@ -13,6 +13,10 @@
 //! over recorded reads.
 
 use crate::batch::{Records, TopicPartition};
+use crate::event_time::{
+    self, EventTimeSettings, FiredTimer, HOST_KEY_BYTE, LateRecord, MAX_TIMER_KEY_BYTES,
+    PartitionClock, RunClock, Timer, WATERMARK_KEY,
+};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -537,6 +541,8 @@ pub struct StateLimits {
     pub max_value_bytes: usize,
     /// Most distinct keys one run may write or delete.
     pub max_keys_per_batch: usize,
+    /// How event time is judged.
+    pub event_time: EventTimeSettings,
 }
 
 /// A state call that breaks the limits: the record it was made for is at
@@ -555,6 +561,10 @@ pub enum StateMisuse {
     TooManyKeys { limit: usize },
     #[error("state call for record {index}, but the batch has {records} records")]
     NoSuchRecord { index: u32, records: usize },
+    #[error("state keys starting with the byte 0xFF are the host's (watermarks, timers)")]
+    HostKey,
+    #[error("timer key of {0} bytes is over the limit of {MAX_TIMER_KEY_BYTES} bytes")]
+    TimerKeyTooLong(usize),
 }
 
 /// Why a state call failed.
@@ -581,6 +591,20 @@ pub struct RunState {
     writes: Vec<KeyTable>,
     /// Keys in `writes`, over all partitions.
     keys_written: usize,
+    /// The records' Kafka timestamps: their event times unless the module
+    /// sets others.
+    timestamps: Vec<i64>,
+    /// Event time, from the run's first `time` call on.
+    clock: Option<RunClock>,
+}
+
+/// What a run leaves besides its output rows: its state changes (the
+/// watermarks it moved and the timers it fired among them) and the
+/// records it found late.
+#[derive(Debug, Default)]
+pub struct RunWrites {
+    pub state: StateMap,
+    pub late: Vec<LateRecord>,
 }
 
 impl RunState {
@@ -612,6 +636,8 @@ impl RunState {
             partitions,
             records: records.len(),
             keys_written: 0,
+            timestamps: records.timestamps.clone(),
+            clock: None,
         }
     }
 
@@ -628,9 +654,10 @@ impl RunState {
     }
 
     fn check_key(key: &[u8]) -> Result<(), StateMisuse> {
-        match key.len() > MAX_KEY_BYTES {
-            true => Err(StateMisuse::KeyTooLong(key.len())),
-            false => Ok(()),
+        match key {
+            _ if key.len() > MAX_KEY_BYTES => Err(StateMisuse::KeyTooLong(key.len())),
+            [HOST_KEY_BYTE, ..] => Err(StateMisuse::HostKey),
+            _ => Ok(()),
         }
     }
 
@@ -702,9 +729,217 @@ impl RunState {
         Ok(())
     }
 
-    /// What the run wrote, one change per key (the last).
-    pub fn into_writes(self) -> StateMap {
-        StateMap::from_tables(self.partitions.into_iter().zip(self.writes).collect())
+    /// What the run wrote, one change per key (the last), with the
+    /// watermarks it moved; and the records it found late.
+    pub fn finish(mut self) -> RunWrites {
+        let mut late = Vec::new();
+        if let Some(clock) = self.clock.take() {
+            for (p, partition) in clock.partitions.iter().enumerate() {
+                let moved = self
+                    .highest(&clock, p)
+                    .map_or(partition.started, |highest| {
+                        PartitionClock {
+                            highest: Some(highest),
+                            ..partition.clone()
+                        }
+                        .moved(self.limits.event_time)
+                    });
+                if let Some(watermark) = moved.filter(|_| moved != partition.started) {
+                    let value = event_time::encode_watermark(watermark);
+                    self.host_write(p, WATERMARK_KEY.to_vec(), Some(value));
+                }
+            }
+            late = clock.late;
+        }
+        RunWrites {
+            state: StateMap::from_tables(self.partitions.into_iter().zip(self.writes).collect()),
+            late,
+        }
+    }
+
+    /// A change the host makes (a watermark, a fired timer's removal): no
+    /// limit of the module's applies.
+    fn host_write(&mut self, p: usize, key: Vec<u8>, value: Option<Vec<u8>>) {
+        let value = value.map(|value| StateValue {
+            value,
+            expires_at_ms: None,
+        });
+        if self.writes[p].insert(key, value).is_none() {
+            self.keys_written += 1;
+        }
+    }
+
+    /// The run's event time, made at the first call that needs it: the
+    /// starting watermark of every partition of the run is read then.
+    fn clock(&mut self) -> Result<&mut RunClock, StateCallError> {
+        if self.clock.is_none() {
+            let mut partitions = Vec::with_capacity(self.partitions.len());
+            for (p, tp) in self.partitions.iter().enumerate() {
+                let stored = self.base.get(tp, WATERMARK_KEY)?;
+                let started = stored
+                    .map(|v| event_time::decode_watermark(&v.value))
+                    .transpose()?;
+                let index = self
+                    .slices
+                    .iter()
+                    .find(|(_, at)| *at == p)
+                    .expect("a slice")
+                    .0;
+                partitions.push(PartitionClock {
+                    started,
+                    highest: None,
+                    index,
+                    running: None,
+                    before: 0,
+                });
+            }
+            self.clock = Some(RunClock {
+                partitions,
+                times: std::mem::take(&mut self.timestamps),
+                late: Vec::new(),
+            });
+        }
+        Ok(self.clock.as_mut().expect("made above"))
+    }
+
+    /// The highest event time of the run's records of partition `p`.
+    fn highest(&self, clock: &RunClock, p: usize) -> Option<i64> {
+        let ends = self.slices.iter().skip(1).map(|(first, _)| *first);
+        let ends = ends.chain([self.records as u32]);
+        (self.slices.iter().zip(ends))
+            .filter(|((_, at), _)| *at == p)
+            .flat_map(|((first, _), end)| clock.times[*first as usize..end as usize].iter())
+            .copied()
+            .max()
+    }
+
+    /// The watermark of record `index`'s partition just before it: as
+    /// the batch started, moved by the partition's records before it in
+    /// the batch. So which records are late does not depend on where
+    /// batches begin and end. Cheap when asked in record order.
+    pub fn watermark(&mut self, index: u32) -> Result<Option<i64>, StateCallError> {
+        let p = self.partition(index)?;
+        let settings = self.limits.event_time;
+        self.clock()?;
+        let mut clock = self.clock.take().expect("made above");
+        let partition = &mut clock.partitions[p];
+        if index < partition.before {
+            (partition.running, partition.before) = (None, 0);
+        }
+        for j in partition.before..index {
+            if self.partition(j).is_ok_and(|at| at == p) {
+                partition.running = partition.running.max(Some(clock.times[j as usize]));
+            }
+        }
+        partition.before = index;
+        let watermark = PartitionClock {
+            highest: partition.running,
+            ..partition.clone()
+        }
+        .moved(settings);
+        self.clock = Some(clock);
+        Ok(watermark)
+    }
+
+    /// Sets record `index`'s event time.
+    pub fn set_record_time(&mut self, index: u32, time_ms: i64) -> Result<(), StateCallError> {
+        self.partition(index)?;
+        self.clock()?.times[index as usize] = time_ms;
+        Ok(())
+    }
+
+    fn check_timer_key(key: &[u8]) -> Result<(), StateMisuse> {
+        match key.len() > MAX_TIMER_KEY_BYTES {
+            true => Err(StateMisuse::TimerKeyTooLong(key.len())),
+            false => Ok(()),
+        }
+    }
+
+    /// Sets the timer (`key`, `at_ms`) on record `index`'s partition.
+    pub fn set_timer(
+        &mut self,
+        index: u32,
+        key: Vec<u8>,
+        at_ms: i64,
+    ) -> Result<(), StateCallError> {
+        Self::check_timer_key(&key)?;
+        let p = self.partition(index)?;
+        self.clock()?;
+        let value = Some(StateValue {
+            value: Vec::new(),
+            expires_at_ms: None,
+        });
+        self.write(p, Timer { at_ms, key }.state_key(), value)
+    }
+
+    /// Removes the timer (`key`, `at_ms`) of record `index`'s partition.
+    pub fn delete_timer(
+        &mut self,
+        index: u32,
+        key: Vec<u8>,
+        at_ms: i64,
+    ) -> Result<(), StateCallError> {
+        Self::check_timer_key(&key)?;
+        let p = self.partition(index)?;
+        self.clock()?;
+        self.write(p, Timer { at_ms, key }.state_key(), None)
+    }
+
+    /// Makes record `index` a `late` dead letter.
+    pub fn late(&mut self, index: u32, reason: String) -> Result<(), StateCallError> {
+        self.partition(index)?;
+        self.clock()?.late.push(LateRecord { index, reason });
+        Ok(())
+    }
+
+    /// The timers due by the watermark each partition's records move it
+    /// to, oldest first, removed as they are returned: those stored (read
+    /// through the base under a due key, so a replay is served the same)
+    /// that the run has not changed, and those the run set.
+    pub fn due_timers(&mut self) -> Result<Vec<FiredTimer>, StateCallError> {
+        let settings = self.limits.event_time;
+        self.clock()?;
+        let mut clock = self.clock.take().expect("made above");
+        let fired = self.due_in(&mut clock, settings);
+        self.clock = Some(clock);
+        fired
+    }
+
+    fn due_in(
+        &mut self,
+        clock: &mut RunClock,
+        settings: EventTimeSettings,
+    ) -> Result<Vec<FiredTimer>, StateCallError> {
+        let mut fired = Vec::new();
+        for p in 0..self.partitions.len() {
+            clock.partitions[p].highest = self.highest(clock, p);
+            let Some(watermark) = clock.partitions[p].moved(settings) else {
+                continue;
+            };
+            let due_key = event_time::due_key(watermark);
+            let stored = match self.base.get(&self.partitions[p], &due_key)? {
+                Some(list) => event_time::decode_timers(&list.value)?,
+                None => Vec::new(),
+            };
+            let writes = &self.writes[p];
+            let mut due: std::collections::BTreeSet<Timer> = stored
+                .into_iter()
+                .filter(|t| !writes.contains_key(&t.state_key()))
+                .collect();
+            due.extend(
+                (writes.iter())
+                    .filter(|(_, value)| value.is_some())
+                    .filter_map(|(key, _)| Timer::from_state_key(key))
+                    .filter(|t| t.at_ms <= watermark),
+            );
+            let index = clock.partitions[p].index;
+            for timer in due {
+                self.host_write(p, timer.state_key(), None);
+                fired.push(FiredTimer { index, timer });
+            }
+        }
+        fired.sort_by_key(|f| (f.timer.at_ms, f.index));
+        Ok(fired)
     }
 }
 
@@ -770,6 +1005,7 @@ mod tests {
         let limits = StateLimits {
             max_value_bytes: 4,
             max_keys_per_batch: 2,
+            event_time: EventTimeSettings::default(),
         };
         let mut run = RunState::new(base.clone(), &recs, 100, limits);
         run.set(0, b"k".to_vec(), b"x".to_vec(), None).unwrap();
@@ -793,11 +1029,114 @@ mod tests {
         assert!(run.delete(2, b"k".to_vec()).is_err());
         run.delete(0, b"k".to_vec()).unwrap();
         assert_eq!(run.get(0, b"k").unwrap(), None);
-        let writes = run.into_writes();
+        let writes = run.finish().state;
         assert_eq!(writes.len(), 2);
         // Only the read of partition 1's `k` reached the base.
         let reads = base.take_reads();
         assert_eq!(reads.len(), 1);
         assert_eq!(reads.lookup(&tp(1), b"k"), Some(None));
+    }
+
+    /// A base holding one partition's stored watermark and due list.
+    struct Timed {
+        watermark: i64,
+        stored: Vec<Timer>,
+    }
+
+    impl StateBase for Timed {
+        fn get(&self, _: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+            let value = |value| {
+                Some(StateValue {
+                    value,
+                    expires_at_ms: None,
+                })
+            };
+            Ok(match event_time::parse_due_key(key) {
+                Some(up_to) => {
+                    let due: Vec<Timer> = (self.stored.iter())
+                        .filter(|t| t.at_ms <= up_to)
+                        .cloned()
+                        .collect();
+                    value(event_time::encode_timers(&due))
+                }
+                None if key == WATERMARK_KEY => value(event_time::encode_watermark(self.watermark)),
+                None => None,
+            })
+        }
+    }
+
+    /// The watermark a record sees moves with the records before it in
+    /// its partition; due timers are the stored ones the run left alone
+    /// plus those it set, each once; the run's end writes the watermark.
+    #[test]
+    fn event_time_moves_per_record_and_fires_each_due_timer_once() {
+        let rec = |offset: i64, timestamp: i64| crate::batch::OwnedRecord {
+            offset,
+            timestamp,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        };
+        let mut recs = Records::default();
+        recs.push_slice("t", 0, &[rec(0, 100), rec(1, 50), rec(2, 300)]);
+        let timer = |at_ms, key: &[u8]| Timer {
+            at_ms,
+            key: key.to_vec(),
+        };
+        let stored = vec![timer(80, b"old"), timer(150, b"gone"), timer(900, b"later")];
+        let base = BatchBase::new(Arc::new(Timed {
+            watermark: 70,
+            stored,
+        }));
+        let limits = StateLimits {
+            max_value_bytes: 64,
+            max_keys_per_batch: 100,
+            event_time: EventTimeSettings {
+                allowed_lateness_ms: 10,
+            },
+        };
+        let mut run = RunState::new(base.clone(), &recs, 0, limits);
+        assert_eq!(run.watermark(0).unwrap(), Some(70));
+        assert_eq!(
+            run.watermark(1).unwrap(),
+            Some(90),
+            "after the record at 100"
+        );
+        run.set_record_time(1, 250).unwrap();
+        assert_eq!(run.watermark(2).unwrap(), Some(240));
+        run.delete_timer(0, b"gone".to_vec(), 150).unwrap();
+        run.set_timer(2, b"new".to_vec(), 200).unwrap();
+        run.set_timer(2, b"next".to_vec(), 295).unwrap();
+        assert_eq!(
+            run.set(0, b"\xFFw".to_vec(), b"x".to_vec(), None),
+            Err(StateCallError::Misuse(StateMisuse::HostKey))
+        );
+        let fired: Vec<(i64, Vec<u8>)> = (run.due_timers().unwrap().into_iter())
+            .map(|f| (f.timer.at_ms, f.timer.key))
+            .collect();
+        assert_eq!(fired, vec![(80, b"old".to_vec()), (200, b"new".to_vec())]);
+        assert!(run.due_timers().unwrap().is_empty(), "each once");
+        run.late(1, "behind".into()).unwrap();
+        let writes = run.finish();
+        assert_eq!(writes.late.len(), 1);
+        let tp = tp(0);
+        let watermark = writes.state.lookup(&tp, WATERMARK_KEY).flatten().unwrap();
+        assert_eq!(event_time::decode_watermark(&watermark.value).unwrap(), 290);
+        for (at_ms, key) in [(80, &b"old"[..]), (200, b"new"), (150, b"gone")] {
+            let key = timer(at_ms, key).state_key();
+            assert_eq!(writes.state.lookup(&tp, &key), Some(None), "removed");
+        }
+        assert!(
+            writes
+                .state
+                .lookup(&tp, &timer(295, b"next").state_key())
+                .flatten()
+                .is_some()
+        );
+        // The watermark and the due list were read through the base: a
+        // replay is served them from the record.
+        let reads = base.take_reads();
+        assert!(reads.lookup(&tp, WATERMARK_KEY).is_some());
+        assert!(reads.lookup(&tp, &event_time::due_key(290)).is_some());
     }
 }

@@ -47,6 +47,7 @@ pub fn words_output(target: &str, words: &[(&str, i64)]) -> Output {
             ],
         }],
         rejections: vec![],
+        late: Vec::new(),
         state: Default::default(),
     }
 }

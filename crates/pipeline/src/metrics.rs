@@ -47,6 +47,9 @@ pub struct Metrics {
     state_keys_read: IntCounter,
     state_keys_written: IntCounter,
     state_keys_expired: IntCounter,
+    timers_set: IntCounter,
+    timers_done: IntCounter,
+    watermark: IntGaugeVec,
     state_sink_reads: IntCounterVec,
     state_sink_read_seconds: HistogramVec,
     state_cache_bytes: IntGauge,
@@ -187,6 +190,18 @@ impl Metrics {
                 "sluice_state_keys_written_total",
                 "Keys committed batches' modules changed (set or deleted; each key once per batch).",
             ),
+            timers_set: counter(
+                "sluice_timers_set_total",
+                "Event-time timers committed batches set.",
+            ),
+            timers_done: counter(
+                "sluice_timers_done_total",
+                "Event-time timers committed batches removed: fired (handed to the module once) or deleted by it.",
+            ),
+            watermark: partition_gauge(
+                "sluice_watermark_ms",
+                "A partition's event-time watermark (ms since the Unix epoch) as its last committed batch moved it, for modules that use event time.",
+            ),
             state_keys_expired: counter(
                 "sluice_state_keys_expired_total",
                 "Expired keys committed batches removed from the stored state (besides their modules' changes).",
@@ -228,7 +243,7 @@ impl Metrics {
     }
 
     fn register_all(&self) {
-        let collectors: [Box<dyn prometheus::core::Collector>; 26] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 29] = [
             Box::new(self.records_in.clone()),
             Box::new(self.rows_out.clone()),
             Box::new(self.dead_letters.clone()),
@@ -250,6 +265,9 @@ impl Metrics {
             Box::new(self.state_keys_read.clone()),
             Box::new(self.state_keys_written.clone()),
             Box::new(self.state_keys_expired.clone()),
+            Box::new(self.timers_set.clone()),
+            Box::new(self.timers_done.clone()),
+            Box::new(self.watermark.clone()),
             Box::new(self.state_sink_reads.clone()),
             Box::new(self.state_sink_read_seconds.clone()),
             Box::new(self.state_cache_bytes.clone()),
@@ -277,6 +295,7 @@ impl Metrics {
         self.state_keys_written
             .inc_by(batch.output.state.len() as u64 - expired);
         self.state_keys_expired.inc_by(expired);
+        self.event_time(&batch.output.state);
         for target in &batch.output.targets {
             self.rows_out
                 .with_label_values(&[target.target.as_str()])
@@ -294,6 +313,28 @@ impl Metrics {
         self.commit_seconds.observe(s(commit_ms));
         self.batch_seconds
             .observe(s(read_ms + transform_ms + commit_ms));
+    }
+
+    /// The timers and watermarks among a committed batch's state changes.
+    fn event_time(&self, state: &sluice_core::state::StateMap) {
+        use sluice_core::event_time::{Timer, WATERMARK_KEY, decode_watermark};
+        for (tp, keys) in &state.0 {
+            for (key, value) in keys {
+                if key == WATERMARK_KEY
+                    && let Some(Ok(watermark)) = value.as_ref().map(|v| decode_watermark(&v.value))
+                {
+                    let partition = tp.partition.to_string();
+                    self.watermark
+                        .with_label_values(&[tp.topic.as_str(), partition.as_str()])
+                        .set(watermark);
+                } else if Timer::from_state_key(key).is_some() {
+                    match value {
+                        Some(_) => self.timers_set.inc(),
+                        None => self.timers_done.inc(),
+                    }
+                }
+            }
+        }
     }
 
     /// The state cache read a partition whole (`whole`) or one key from

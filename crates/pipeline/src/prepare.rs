@@ -204,10 +204,12 @@ impl<T: Transform> Preparer<T> {
             }
             Err(e) => return Err(fail(e)),
         };
-        dead.extend(output.rejections.iter().map(|r| DeadLetter {
+        let refused = (output.rejections.iter()).map(|r| (r, DeadLetterKind::Rejected));
+        let late = output.late.iter().map(|r| (r, DeadLetterKind::Late));
+        dead.extend(refused.chain(late).map(|(r, kind)| DeadLetter {
             index: r.index as usize,
             reason: r.reason.clone(),
-            kind: DeadLetterKind::Rejected,
+            kind,
         }));
         // One dead letter per record (a module may reject a record twice).
         dead.sort_by_key(|d| d.index);

@@ -20,7 +20,7 @@ wasmtime::component::bindgen!({
     },
     // A state call that fails (a limit, an unreachable store) stops the
     // run: the module cannot go on as if it had been answered.
-    imports: { "sluice:plugin/state": trappable },
+    imports: { "sluice:plugin/state": trappable, "sluice:plugin/time": trappable },
 });
 
 use self::sluice::plugin::types as wit;
@@ -176,6 +176,52 @@ impl self::sluice::plugin::state::Host for BatchState {
     }
 }
 
+impl self::sluice::plugin::time::Host for BatchState {
+    fn watermark(&mut self, index: u32) -> wasmtime::Result<Option<i64>> {
+        let state = self.run_state()?;
+        Ok(state.watermark(index).map_err(StateCallFailed)?)
+    }
+
+    fn set_record_time(&mut self, index: u32, time_ms: i64) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state
+            .set_record_time(index, time_ms)
+            .map_err(StateCallFailed)?)
+    }
+
+    fn set_timer(&mut self, index: u32, key: Vec<u8>, at_ms: i64) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state
+            .set_timer(index, key, at_ms)
+            .map_err(StateCallFailed)?)
+    }
+
+    fn delete_timer(&mut self, index: u32, key: Vec<u8>, at_ms: i64) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state
+            .delete_timer(index, key, at_ms)
+            .map_err(StateCallFailed)?)
+    }
+
+    fn due_timers(&mut self) -> wasmtime::Result<Vec<self::sluice::plugin::time::FiredTimer>> {
+        let state = self.run_state()?;
+        let fired = state.due_timers().map_err(StateCallFailed)?;
+        Ok(fired
+            .into_iter()
+            .map(|f| self::sluice::plugin::time::FiredTimer {
+                index: f.index,
+                key: f.timer.key,
+                at_ms: f.timer.at_ms,
+            })
+            .collect())
+    }
+
+    fn late(&mut self, index: u32, reason: String) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state.late(index, reason).map_err(StateCallFailed)?)
+    }
+}
+
 /// Adds the world's imports and deterministic WASI to the linker (which
 /// WASI interfaces a module may import is checked when it is loaded).
 pub fn add_to_linker(linker: &mut wasmtime::component::Linker<BatchState>) -> wasmtime::Result<()> {
@@ -262,6 +308,7 @@ pub fn into_output(out: wit::Output, batch_len: usize) -> Result<host::Output, R
     let mut output = host::Output {
         targets,
         rejections,
+        late: Vec::new(),
         state: Default::default(),
     };
     output.check(batch_len).map_err(RunError::BadOutput)?;

@@ -202,10 +202,17 @@ impl Runtime {
         store.data_mut().collect_stdio();
         self.count_usage(&plan.batch_id, &store);
         let logs = std::mem::take(&mut store.data_mut().logs);
-        let writes = store.data_mut().state.take().map(RunState::into_writes);
+        let writes = store.data_mut().state.take().map(RunState::finish);
         let outcome = match result {
             Ok(Ok(out)) => bindings::into_output(out, records.len()).and_then(|mut output| {
-                output.state = writes.unwrap_or_default();
+                let writes = writes.unwrap_or_default();
+                output.state = writes.state;
+                output.late = (writes.late.into_iter())
+                    .map(|l| sluice_core::output::Rejection {
+                        index: l.index,
+                        reason: l.reason,
+                    })
+                    .collect();
                 self.limits.check_output(&output)?;
                 Ok(output)
             }),

@@ -15,10 +15,14 @@ use std::path::Path;
 use wasmtime::component::{Component, Linker, types::ComponentItem};
 use wasmtime::{Engine, Store};
 
-/// Interfaces a module may import: the world's own, of 0.1.1 (the host's)
-/// or 0.1.0 (built before `state`; the linker serves it 0.1.1's, which
-/// semver makes compatible).
+/// Interfaces a module may import: the world's own, of 0.1.2 (the host's),
+/// 0.1.1 (built before `time`) or 0.1.0 (before `state`); the linker
+/// serves older ones 0.1.2's, which semver makes compatible.
 const ALLOWED_IMPORTS: &[&str] = &[
+    "sluice:plugin/types@0.1.2",
+    "sluice:plugin/log@0.1.2",
+    "sluice:plugin/state@0.1.2",
+    "sluice:plugin/time@0.1.2",
     "sluice:plugin/types@0.1.1",
     "sluice:plugin/log@0.1.1",
     "sluice:plugin/state@0.1.1",

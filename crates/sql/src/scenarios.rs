@@ -531,6 +531,7 @@ pub async fn values_round_trip<B: SqlBackend>(sink: &SqlSink<B>, schema: Option<
             ],
         }],
         rejections: vec![],
+        late: Vec::new(),
         state: Default::default(),
     };
     assert_eq!(commit(sink, 0, 1, &out).await, CommitOutcome::Committed);

@@ -25,6 +25,8 @@
 use std::any::Any;
 use std::cell::RefCell;
 
+pub mod window;
+
 #[doc(hidden)]
 pub mod bindings {
     wit_bindgen::generate!({
@@ -149,6 +151,91 @@ impl<'a> Record<'a> {
     pub fn state(&self) -> State {
         State { index: self.index }
     }
+
+    /// Event time of the partition this record came from: its watermark
+    /// and timers.
+    pub fn time(&self) -> Time {
+        Time { index: self.index }
+    }
+}
+
+/// Event time of one input partition, as a record (or a fired timer)
+/// names it. A partition's watermark is the highest event time of its
+/// records so far minus `event_time.allowed_lateness_ms`, kept in its
+/// state by the host; a timer comes due once the watermark reaches its
+/// time, in the batch that moved it there ([`due_timers`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Time {
+    index: u32,
+}
+
+impl Time {
+    /// The partition's watermark just before this record (ms since the
+    /// Unix epoch): as the batch started, moved by the partition's records
+    /// before it; `None` before its first record. A record whose window
+    /// ended at or before it is late, wherever batches begin and end.
+    pub fn watermark(&self) -> Option<i64> {
+        bindings::sluice::plugin::time::watermark(self.index)
+    }
+
+    /// Sets this record's event time (default: its Kafka timestamp). Call
+    /// it in record order, before [`Time::watermark`] of later records and
+    /// before [`due_timers`].
+    pub fn set_event_time(&self, time_ms: i64) {
+        bindings::sluice::plugin::time::set_record_time(self.index, time_ms)
+    }
+
+    /// Sets the timer (`key`, `at_ms`) on the partition (`key` at most 245
+    /// bytes); setting it again is one timer.
+    pub fn set_timer(&self, key: &[u8], at_ms: i64) {
+        bindings::sluice::plugin::time::set_timer(self.index, key, at_ms)
+    }
+
+    /// Removes the timer (`key`, `at_ms`) of the partition.
+    pub fn delete_timer(&self, key: &[u8], at_ms: i64) {
+        bindings::sluice::plugin::time::delete_timer(self.index, key, at_ms)
+    }
+
+    /// Makes the record a dead letter of kind `late` with `reason`.
+    pub fn late(&self, reason: &str) {
+        bindings::sluice::plugin::time::late(self.index, reason)
+    }
+}
+
+/// A timer that came due.
+#[derive(Debug, Clone)]
+pub struct FiredTimer {
+    /// Names the timer's partition (see [`FiredTimer::state`]).
+    pub index: u32,
+    pub key: Vec<u8>,
+    pub at_ms: i64,
+}
+
+impl FiredTimer {
+    /// The keyed state of the timer's partition.
+    pub fn state(&self) -> State {
+        State { index: self.index }
+    }
+
+    /// Event time of the timer's partition.
+    pub fn time(&self) -> Time {
+        Time { index: self.index }
+    }
+}
+
+/// Moves each partition's watermark past the batch's records and returns
+/// the timers that came due by it, oldest first, each once (they are
+/// removed as they are returned). What the module writes and emits for
+/// them commits with this batch.
+pub fn due_timers() -> Vec<FiredTimer> {
+    bindings::sluice::plugin::time::due_timers()
+        .into_iter()
+        .map(|t| FiredTimer {
+            index: t.index,
+            key: t.key,
+            at_ms: t.at_ms,
+        })
+        .collect()
 }
 
 /// Keyed state of one input partition, as a record sees it: the state as
@@ -233,6 +320,17 @@ impl Batch {
 
     pub fn is_empty(&self) -> bool {
         self.raw.offsets.is_empty()
+    }
+
+    /// The topic and partition of record `index` (or of a fired timer's
+    /// `index`).
+    pub fn partition_of(&self, index: u32) -> Option<(&str, i32)> {
+        let slice = self
+            .raw
+            .slices
+            .iter()
+            .find(|s| s.first <= index && index < s.first + s.count)?;
+        Some((slice.topic.as_str(), slice.partition))
     }
 
     /// All records, in partition order then offset order.

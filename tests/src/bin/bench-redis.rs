@@ -100,6 +100,7 @@ async fn through_sink(server: &RedisServer, input: &[(Vec<String>, Vec<String>)]
                 columns: vec![text_column("day", days), text_column("user", users)],
             }],
             rejections: vec![],
+            late: Vec::new(),
             state: Default::default(),
         })
         .collect();

@@ -74,6 +74,7 @@ fn narrow_output(rows: &[NarrowRow]) -> Output {
             ],
         }],
         rejections: vec![],
+        late: Vec::new(),
         state: Default::default(),
     }
 }

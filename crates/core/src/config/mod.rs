@@ -10,12 +10,14 @@
 //! must not know any sink kind's own fields.
 
 mod bounded;
+mod event_time;
 mod interpolate;
 mod limits;
 pub mod section;
 mod sink;
 
 pub use bounded::Bounded;
+pub use event_time::EventTimeConfig;
 pub use limits::{
     LimitsConfig, MAX_STACK_KIB, MIN_STACK_KIB, OnPoison, TRANSFORM_THREAD_STACK_BYTES,
 };
@@ -80,6 +82,9 @@ pub struct PipelineConfig {
     /// Per-batch sandbox limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Event time: how far watermarks stay behind record times.
+    #[serde(default)]
+    pub event_time: EventTimeConfig,
     /// Where results and offsets are committed.
     pub sink: SinkConfig,
     /// The control plane (HTTP API for deploy, activate, rollback, status).
@@ -372,6 +377,7 @@ impl PipelineConfig {
             control.validate()?;
         }
         self.limits.validate()?;
+        self.event_time.validate()?;
         self.sink.validate()?;
         self.sink
             .kind()

@@ -244,6 +244,7 @@ impl Transform for FakeTransform {
                 ],
             }],
             rejections: vec![],
+            late: Vec::new(),
             state: Default::default(),
         })
     }

@@ -1,0 +1,148 @@
+//! A windowed transform for the host's event-time tests: per record key,
+//! the sum and count of the records' `amount` in windows of event time,
+//! one row per window, `windows` (partition, key, start_ms, end_ms, total,
+//! records, emit), written once when the watermark passes the window's end
+//! (`emit` = `final`), and with `"early": true` also on each batch that
+//! changes an open window (`early`). A test recomputes every final row and
+//! every late record from the input alone.
+//!
+//! Records: a key, and a JSON value `{"amount": N}` (optionally `"ts"`:
+//! the event time, with `"time_field": "ts"`; else the Kafka timestamp).
+//! A value that is not such JSON is rejected.
+//!
+//! Params: `"windows"`: `"tumbling"` (with `"size_ms"`), `"hopping"`
+//! (`"size_ms"`, `"hop_ms"`) or `"session"` (`"gap_ms"`); `"early"`;
+//! `"time_field"`.
+
+use sluice_plugin::window::{Accumulator, Aggregate, Emit, Windowed, Windows};
+use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Record, Transform};
+
+/// Sum and count, 16 bytes: two big-endian i64.
+struct SumCount {
+    total: i64,
+    records: i64,
+}
+
+impl Accumulator for SumCount {
+    fn to_bytes(&self) -> Vec<u8> {
+        [self.total.to_be_bytes(), self.records.to_be_bytes()].concat()
+    }
+    fn from_bytes(bytes: &[u8]) -> Option<Self> {
+        Some(SumCount {
+            total: i64::from_be_bytes(bytes.get(..8)?.try_into().ok()?),
+            records: i64::from_be_bytes(bytes.get(8..16)?.try_into().ok()?),
+        })
+    }
+}
+
+fn amount(record: &Record<'_>) -> Option<serde_json::Value> {
+    serde_json::from_slice::<serde_json::Value>(record.value?)
+        .ok()
+        .filter(|v| v.get("amount").is_some_and(|a| a.is_i64()))
+}
+
+struct Spend;
+
+impl Aggregate for Spend {
+    type Acc = SumCount;
+    fn init(&self) -> SumCount {
+        SumCount {
+            total: 0,
+            records: 0,
+        }
+    }
+    fn add(&self, acc: &mut SumCount, record: &Record<'_>) {
+        let value = amount(record).and_then(|v| v["amount"].as_i64());
+        acc.total += value.unwrap_or(0);
+        acc.records += 1;
+    }
+    fn merge(&self, acc: &mut SumCount, other: SumCount) {
+        acc.total += other.total;
+        acc.records += other.records;
+    }
+}
+
+struct WindowSums {
+    windowed: Windowed<Spend>,
+    time_field: Option<String>,
+}
+
+impl Transform for WindowSums {
+    fn init(params: &Params) -> Result<Self, String> {
+        let p: serde_json::Value =
+            serde_json::from_str(params.json()).map_err(|e| format!("windows params: {e}"))?;
+        let ms = |name: &str| {
+            p.get(name)
+                .and_then(|v| v.as_i64())
+                .filter(|v| *v > 0)
+                .ok_or(format!(
+                    "windows params: `{name}` must be a positive integer"
+                ))
+        };
+        let windows = match p.get("windows").and_then(|v| v.as_str()) {
+            Some("tumbling") => Windows::Tumbling {
+                size_ms: ms("size_ms")?,
+            },
+            Some("hopping") => Windows::Hopping {
+                size_ms: ms("size_ms")?,
+                hop_ms: ms("hop_ms")?,
+            },
+            Some("session") => Windows::Session {
+                gap_ms: ms("gap_ms")?,
+            },
+            _ => return Err("windows params: `windows` is tumbling, hopping or session".into()),
+        };
+        let early = p.get("early").and_then(|v| v.as_bool()).unwrap_or(false);
+        Ok(WindowSums {
+            windowed: Windowed::new(windows, Spend).early(early),
+            time_field: p
+                .get("time_field")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+        })
+    }
+
+    fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError> {
+        let t = out.target(
+            "windows",
+            &[
+                ("partition", Kind::Int64),
+                ("key", Kind::Text),
+                ("start_ms", Kind::Int64),
+                ("end_ms", Kind::Int64),
+                ("total", Kind::Int64),
+                ("records", Kind::Int64),
+                ("emit", Kind::Text),
+            ],
+        );
+        self.windowed.run(
+            batch,
+            out,
+            |r| (amount(r).is_some()).then(|| r.key.unwrap_or_default().to_vec()),
+            |r| {
+                let field = self.time_field.as_deref()?;
+                amount(r).and_then(|v| v.get(field).and_then(|t| t.as_i64()))
+            },
+            |out, w| {
+                let emit = match w.emit {
+                    Emit::Early => "early",
+                    Emit::Final => "final",
+                };
+                out.row(t)
+                    .int(w.partition as i64)
+                    .text(&String::from_utf8_lossy(w.key))
+                    .int(w.start_ms)
+                    .int(w.end_ms)
+                    .int(w.acc.total)
+                    .int(w.acc.records)
+                    .text(emit);
+            },
+        );
+        for r in batch.records().filter(|r| amount(r).is_none()) {
+            out.reject(&r, "the value is not JSON with an integer `amount`");
+        }
+        Ok(())
+    }
+}
+
+sluice_plugin::export!(WindowSums);

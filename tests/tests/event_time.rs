@@ -1,0 +1,175 @@
+//! Event time through the CLI, against real databases and a real broker:
+//! the `windows` plugin (the Rust SDK's windows: a sum and count per key
+//! per window of the records' own time) over out-of-order input, some of
+//! it behind the allowed lateness. Tumbling and session windows through
+//! ≥ 20 SIGKILLs, hopping windows with early rows, and a partition that
+//! goes idle. Every final window and every `late` dead letter is checked
+//! against a recomputation from an independent `read_committed` read;
+//! `verify` must replay every batch alike, timers fired included.
+//!
+//! Each test owns its topic, database (schema) and pipeline.
+
+use rand::SeedableRng;
+use sluice_tests::control::assert_verified;
+use sluice_tests::sinks::SinkDb;
+use sluice_tests::windows::{self, Expected, Shape};
+use sluice_tests::*;
+
+const PARTITIONS: i32 = 3;
+const LATENESS_MS: i64 = 1_000;
+
+/// The kill loop over windowed input: ≥ 20 SIGKILLs 0-60 ms after a batch
+/// lands, a final run, then every final window once with its value, every
+/// late record a `late` dead letter once, lineage contiguous and every
+/// batch replayed alike.
+async fn windows_survive_sigkills(db: SinkDb, name: &str, shape: Shape, seed: u64) {
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, name, PARTITIONS);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    produce(brokers, name, &windows::input(PARTITIONS, 12_000, &mut rng));
+    let dir = TempDir::new(name);
+    let config = db
+        .configure(windows::config(name, brokers, shape, LATENESS_MS))
+        .write(dir.path());
+    let committed = async || db.committed_batches().await;
+    let (kills, _) = crash::kill_loop(&config, committed, 22, &mut rng).await;
+    assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");
+    run_ok(&config);
+    let input = read_committed(brokers, name, PARTITIONS);
+    let expected = Expected::of(&input, shape, LATENESS_MS);
+    assert!(expected.rows.len() > 300, "{} windows", expected.rows.len());
+    assert!(expected.late.len() > 100, "{} late", expected.late.len());
+    windows::assert_stored(&db, name, &expected).await;
+    db.assert_contiguous_lineage(name).await;
+    let batches = assert_verified(&config);
+    println!(
+        "{name}: {kills} SIGKILLs; {} records; {} windows closed exactly once, {} late records \
+         dead-lettered exactly once; {batches} batches verified",
+        input.len(),
+        expected.rows.len(),
+        expected.late.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn tumbling_windows_close_exactly_once_through_sigkills() {
+    let name = "windows_tumbling_crash";
+    let db = SinkDb::fresh_postgres(name).await;
+    let shape = Shape::Tumbling { size_ms: 10_000 };
+    windows_survive_sigkills(db, name, shape, 0x7e1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn session_windows_close_exactly_once_through_sigkills() {
+    let dir = TempDir::new("windows-session-crash");
+    let db = SinkDb::Sqlite(dir.path().join("crash.db"));
+    let shape = Shape::Session { gap_ms: 400 };
+    windows_survive_sigkills(db, "windows_session_crash", shape, 0x5e5).await;
+}
+
+/// Hopping windows with early rows: the final rows are exactly the
+/// recomputed ones; every early row is of a window that closed later, with
+/// no more records than its final row.
+#[tokio::test(flavor = "multi_thread")]
+async fn hopping_windows_emit_early_then_once_final() {
+    let name = "windows_hopping";
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, name, PARTITIONS);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x4091);
+    produce(brokers, name, &windows::input(PARTITIONS, 3_000, &mut rng));
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("hop.db"));
+    let shape = Shape::Hopping {
+        size_ms: 6_000,
+        hop_ms: 2_000,
+    };
+    let config = windows::config(name, brokers, shape, LATENESS_MS).module_param("early", true);
+    let config = db.configure(config).write(dir.path());
+    run_ok(&config);
+    let input = read_committed(brokers, name, PARTITIONS);
+    let expected = Expected::of(&input, shape, LATENESS_MS);
+    windows::assert_stored(&db, name, &expected).await;
+    let early: Vec<(i64, String, i64, i64, i64)> = {
+        let sql = format!(
+            "SELECT {}, {}, {}, {}, {} FROM {} WHERE {} = 'early'",
+            db.ident("partition"),
+            db.ident("key"),
+            db.ident("start_ms"),
+            db.ident("end_ms"),
+            db.ident("records"),
+            db.table("windows"),
+            db.ident("emit"),
+        );
+        let pool = db.pool().await;
+        sqlx::query_as(&sql).fetch_all(&pool).await.expect("query")
+    };
+    assert!(!early.is_empty(), "no early rows");
+    let finals: std::collections::BTreeMap<_, _> = (expected.rows.iter())
+        .map(|(p, k, s, e, _, n)| ((*p, k.clone(), *s, *e), *n))
+        .collect();
+    let flush = |key: &str| key == "flush";
+    for (p, key, start, end, records) in &early {
+        match finals.get(&(*p, key.clone(), *start, *end)) {
+            Some(n) => assert!(records <= n, "early {records} > final {n}"),
+            None => assert!(
+                flush(key),
+                "early row of a window never closed: {key} {start}"
+            ),
+        }
+    }
+    assert_verified(&config);
+}
+
+/// Partition 1 goes quiet while partition 0 moves on: partition 0's windows
+/// close by its own records (partitions are judged apart, so an idle one
+/// holds back no other), partition 1's stay open; when partition 1's
+/// records resume, its windows close. Each step is what the recomputation
+/// says, and `verify` replays it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_partition_holds_back_only_its_own_windows() {
+    let name = "windows_idle";
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, name, 2);
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("idle.db"));
+    let shape = Shape::Tumbling { size_ms: 1_000 };
+    let config = db
+        .configure(windows::config(name, brokers, shape, 0))
+        .write(dir.path());
+    let at = |s: i64| windows::T0 + s * 1_000;
+    let both: Vec<Produce> = (0..10)
+        .flat_map(|s| {
+            [
+                windows::record(0, "a", at(s), 1),
+                windows::record(1, "b", at(s), 2),
+            ]
+        })
+        .collect();
+    produce(brokers, name, &both);
+    run_ok(&config);
+    // Partition 1 is idle from here; partition 0 goes on for a minute.
+    let on: Vec<Produce> = (10..70)
+        .map(|s| windows::record(0, "a", at(s), 1))
+        .collect();
+    produce(brokers, name, &on);
+    run_ok(&config);
+    let input = read_committed(brokers, name, 2);
+    let expected = Expected::of(&input, shape, 0);
+    windows::assert_stored(&db, name, &expected).await;
+    let closed = |p: i64| expected.rows.iter().filter(|r| r.0 == p).count();
+    assert_eq!((closed(0), closed(1)), (69, 9), "{:?}", expected.rows);
+    // Partition 1 resumes: its windows close by its own records.
+    produce(brokers, name, &[windows::record(1, "b", at(70), 2)]);
+    run_ok(&config);
+    let input = read_committed(brokers, name, 2);
+    let expected = Expected::of(&input, shape, 0);
+    windows::assert_stored(&db, name, &expected).await;
+    assert_eq!(
+        closed(1) + 1,
+        expected.rows.iter().filter(|r| r.0 == 1).count()
+    );
+    assert_verified(&config);
+}
