@@ -7,7 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|dedupe-postgres|inspect-stdout|enrich-kafka|balance-kafka}"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|dedupe-postgres|spend-per-minute-postgres|inspect-stdout|enrich-kafka|balance-kafka}"
 case "$name" in
   word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
@@ -16,6 +16,7 @@ case "$name" in
   changelog-upsert)    topic=customer-changes; partitions=1; data=examples/changelog-upsert/changes.jsonl ;;
   dedupe-redis)        topic=user-events;      partitions=2; data=examples/dedupe-redis/events.jsonl ;;
   dedupe-postgres)     topic=payments;         partitions=1; data=examples/dedupe-postgres/events.jsonl ;;
+  spend-per-minute-postgres) topic=payments-by-minute; partitions=1; data=examples/spend-per-minute-postgres/payments.jsonl ;;
   inspect-stdout)      topic=events;           partitions=2; data=examples/json-filter/events.jsonl ;;
   enrich-kafka)        topic=order-events;     partitions=2; data=examples/enrich-kafka/orders.jsonl
                        sink_topics="orders-enriched:2 enrich.dead-letters:1 enrich.lineage:1" ;;

@@ -272,6 +272,42 @@ async fn dedupe_postgres_example_passes_first_sightings_only() {
     assert_eq!(actual, expected("dedupe-postgres"));
 }
 
+/// Spend per user per minute of event time: every minute's row as
+/// `expected.py` recomputes it (final ones final, open ones with their
+/// running figure), the late payments `late` dead letters, the line that
+/// is not a payment rejected.
+#[tokio::test(flavor = "multi_thread")]
+async fn spend_per_minute_example_closes_each_minute_once() {
+    let db = SinkDb::fresh_postgres(&schema_of("spend-per-minute-postgres")).await;
+    let name = "spend-per-minute-postgres";
+    let data = "spend-per-minute-postgres/payments.jsonl";
+    run_sql_example(name, "payments-by-minute-ex", data, 1, None).await;
+    let pool = db.pool().await;
+    let rows: Vec<(String, i64, i64, i64, bool)> = sqlx::query_as(&format!(
+        "SELECT {u}, minute, cents, payments, {f} FROM {t} ORDER BY {u}, minute",
+        u = db.ident("user"),
+        f = db.ident("final"),
+        t = db.table("spend_per_minute")
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut actual = String::from("user minute cents payments final\n");
+    for (user, minute, cents, payments, last) in rows {
+        actual.push_str(&format!("{user} {minute} {cents} {payments} {last}\n"));
+    }
+    let count = |kind: &str| {
+        format!(
+            "SELECT count(*) FROM {} WHERE kind = '{kind}'",
+            db.table("sluice_dead_letters")
+        )
+    };
+    let late = db.scalar(&count("late")).await.unwrap_or(0);
+    let rejected = db.scalar(&count("rejected")).await.unwrap_or(0);
+    actual.push_str(&format!("late={late} rejected={rejected}\n"));
+    assert_eq!(actual, expected(name));
+}
+
 /// The changelog converges, and replaying the whole log again from a new
 /// pipeline (no checkpoints) over the same table gives the same table.
 #[tokio::test(flavor = "multi_thread")]

@@ -810,6 +810,7 @@ impl RunState {
             .filter(|((_, at), _)| *at == p)
             .flat_map(|((first, _), end)| clock.times[*first as usize..end as usize].iter())
             .copied()
+            .filter(|t| *t != event_time::NO_TIME)
             .max()
     }
 
@@ -827,8 +828,9 @@ impl RunState {
             (partition.running, partition.before) = (None, 0);
         }
         for j in partition.before..index {
-            if self.partition(j).is_ok_and(|at| at == p) {
-                partition.running = partition.running.max(Some(clock.times[j as usize]));
+            let time = clock.times[j as usize];
+            if time != event_time::NO_TIME && self.partition(j).is_ok_and(|at| at == p) {
+                partition.running = partition.running.max(Some(time));
             }
         }
         partition.before = index;

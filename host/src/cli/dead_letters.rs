@@ -85,7 +85,7 @@ pub struct FilterArgs {
     #[arg(long)]
     batch: Option<String>,
     /// Only this kind: rejected, trap, fuel, memory, deadline, non-finite,
-    /// output.
+    /// output, contract, late.
     #[arg(long)]
     kind: Option<String>,
     /// Only those whose batch committed at or after this: ms since the

@@ -10,6 +10,8 @@ use std::process::Command;
 
 /// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own.
 const RUST_SDK: &str = include_str!("../../../sdk/rust/src/lib.rs");
+/// Its event-time windows (`sluice_plugin::window`).
+const RUST_SDK_WINDOW: &str = include_str!("../../../sdk/rust/src/window.rs");
 
 /// What `sluice new --lang rust` writes (`sdk/rust/template`).
 pub(super) const TEMPLATE: &[(&str, &str)] = &[
@@ -66,6 +68,7 @@ pub(super) fn build_rust(
     // in every build: the same sources give the same bytes.
     let sdk = dir.join(RUST_SDK_STAGE);
     write_if_changed(&sdk.join("src/lib.rs"), RUST_SDK)?;
+    write_if_changed(&sdk.join("src/window.rs"), RUST_SDK_WINDOW)?;
     write_if_changed(&sdk.join("wit/sluice.wit"), WIT)?;
     write_if_changed(
         &sdk.join("Cargo.toml"),

@@ -203,7 +203,8 @@ impl<G: Aggregate> Windowed<G> {
     /// that gives `None`), or becomes a `late` dead letter; then every
     /// window the watermark passed is handed to `emit` once, as final
     /// (and, with [`Windowed::early`], every other window the batch
-    /// changed as early). Records without a key are left alone.
+    /// changed as early). Records without a key are left alone, and do not
+    /// move the watermark.
     pub fn run(
         &self,
         batch: &Batch,
@@ -214,6 +215,11 @@ impl<G: Aggregate> Windowed<G> {
     ) {
         let mut touched = Vec::new();
         for record in batch.records() {
+            let Some(key) = key_of(&record) else {
+                // In no window: it does not move the watermark either.
+                record.time().set_event_time(crate::NO_TIME);
+                continue;
+            };
             let time = match time_of(&record) {
                 Some(t) => {
                     record.time().set_event_time(t);
@@ -221,7 +227,6 @@ impl<G: Aggregate> Windowed<G> {
                 }
                 None => record.timestamp,
             };
-            let Some(key) = key_of(&record) else { continue };
             let watermark = record.time().watermark();
             let added = match self.windows {
                 Windows::Session { gap_ms } => {
