@@ -2,8 +2,8 @@
 //! the `windows` plugin (the Rust SDK's windows: a sum and count per key
 //! per window of the records' own time) over out-of-order input, some of
 //! it behind the allowed lateness. Tumbling and session windows through
-//! ≥ 20 SIGKILLs, hopping windows with early rows, and a partition that
-//! goes idle. Every final window and every `late` dead letter is checked
+//! ≥ 20 SIGKILLs, two owners racing (each loser a fenced zombie), hopping
+//! windows with early rows, and a partition that goes idle. Every final window and every `late` dead letter is checked
 //! against a recomputation from an independent `read_committed` read;
 //! `verify` must replay every batch alike, timers fired included.
 //!
@@ -172,4 +172,57 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
         expected.rows.iter().filter(|r| r.0 == 1).count()
     );
     assert_verified(&config);
+}
+
+/// Two processes statically assigned the same partitions race over
+/// windowed input to the end: the loser of each race is a zombie whose
+/// commit is fenced and rolled back, and whose cached state and timer
+/// index are dropped (read again from the sink). Every window still closes
+/// exactly once with its value, every late record is one dead letter, and
+/// `verify` replays every batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_racing_owners_close_each_window_once() {
+    let name = "windows_two_owners";
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, name, PARTITIONS);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x2077);
+    produce(brokers, name, &windows::input(PARTITIONS, 6_000, &mut rng));
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("race.db"));
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let shape = Shape::Tumbling { size_ms: 5_000 };
+    let config = windows::config(name, brokers, shape, LATENESS_MS)
+        .max_records_per_partition(100)
+        .batch_interval_ms(20)
+        .assign(name, &all);
+    let config = db.configure(config).write(dir.path());
+    let spawn = || spawn_until_caught_up(&config, "warn", std::process::Stdio::piped());
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let fenced: u64 = [&a, &b]
+        .iter()
+        .map(|run| {
+            let stdout = String::from_utf8_lossy(&run.stdout);
+            RunSummary::find(&stdout).expect("a run summary").fenced
+        })
+        .sum();
+    assert!(fenced > 0, "the two owners never collided");
+    let input = read_committed(brokers, name, PARTITIONS);
+    let expected = Expected::of(&input, shape, LATENESS_MS);
+    windows::assert_stored(&db, name, &expected).await;
+    db.assert_contiguous_lineage(name).await;
+    let batches = assert_verified(&config);
+    println!(
+        "{name}: {fenced} fenced commits rolled back; {} windows closed exactly once, {} late \
+         records; {batches} batches verified",
+        expected.rows.len(),
+        expected.late.len()
+    );
 }

@@ -635,8 +635,10 @@ impl<Src: Source, S: Sink, V: Versions> Pipeline<Src, S, V> {
             .map(PartitionStatus::of)
             .collect();
         let metrics = self.parts.status.metrics();
-        metrics.committed(batch, commit_ms);
+        // Checkpoints first: a scrape that sees the batch's records counted
+        // sees the checkpoints it moved too.
         metrics.partitions(&partitions);
+        metrics.committed(batch, commit_ms);
         let stats = self.stats.clone();
         let committed_at_ms = now_ms();
         let last = LastBatch {

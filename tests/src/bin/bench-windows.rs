@@ -1,0 +1,362 @@
+//! What event-time windows cost, as ratios measured in one run:
+//!
+//! - throughput: one topic (200k records by default, 10k keys, five
+//!   minutes of event time per partition) through the stateless pipeline
+//!   (`identity`) and through a tumbling-window sum per key (`windows`,
+//!   1-minute windows, the records' own `ts`), exactly-once into SQLite and
+//!   Postgres, in interleaved rounds; rates are the pipelines' steady state
+//!   (first to last commit, from the lineage). Every windowed run's final
+//!   rows are counted against a recomputation from the input;
+//! - against the job a user would write by hand (`handwritten-windows`:
+//!   rdkafka, a `HashMap` of windows, closed windows flushed to Postgres
+//!   every 10,000 records, then offsets: at-least-once, open windows only
+//!   in memory), into Postgres with all partitions assigned, both timed
+//!   from spawn to exit;
+//! - latency: a steady producer (2,000 records/s, `ts` = the send time)
+//!   for 30 s into 1-second windows; per window and partition, from the
+//!   send time of the record that moved the partition's watermark past the
+//!   window's end to the commit of the batch that read it (its
+//!   `committed_at_ms`, in the lineage: the window's row commits in that
+//!   transaction); p50, p99 and max against the bar, 2 x the batch
+//!   interval + the median commit.
+//!
+//! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
+//!       -p sluice-tests --bin bench-windows --bin handwritten-windows && \
+//!       SLUICE_BIN=target/release/sluice target/release/bench-windows [RECORDS] [ROUNDS]`
+
+use sluice_tests::sinks::SinkDb;
+use sluice_tests::windows::{self, Expected, Shape};
+use sluice_tests::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+const PARTITIONS: i32 = 4;
+const KEYS: usize = 10_000;
+const MINUTE: Shape = Shape::Tumbling { size_ms: 60_000 };
+const LATENESS_MS: i64 = 1_000;
+
+/// `records` over [`PARTITIONS`], key `k` always in partition `k % 4`,
+/// each partition's event time moving evenly over five minutes.
+fn input(records: usize) -> Vec<Produce> {
+    let per_partition = (records / PARTITIONS as usize).max(1) as i64;
+    let step = 300_000 / per_partition;
+    (0..records)
+        .map(|i| {
+            let key = i % KEYS;
+            let partition = (key % PARTITIONS as usize) as i32;
+            let ts = windows::T0 + (i as i64 / PARTITIONS as i64) * step;
+            windows::record(partition, &format!("k{key}"), ts, (i % 100) as i64)
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Arm {
+    Stateless,
+    Windows,
+}
+
+impl Arm {
+    fn config(self, name: &str, brokers: &str) -> PipelineToml {
+        match self {
+            Arm::Stateless => PipelineToml::identity(name, brokers, "bench", 10_000),
+            Arm::Windows => windows::config(name, brokers, MINUTE, LATENESS_MS)
+                .topics(&["bench"])
+                .max_records_per_partition(10_000),
+        }
+    }
+}
+
+/// Runs `arm` into `db` to the end; its steady rate.
+async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) -> f64 {
+    let config = db
+        .configure(arm.config(name, brokers).batch_interval_ms(100))
+        .write(&dir.path().join(name));
+    let out = run_until_caught_up(&config, Duration::from_secs(1800));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    bench::lineage_rate(db).await.0
+}
+
+/// Final windows rows in `db`.
+async fn final_rows(db: &SinkDb) -> i64 {
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE {} = 'final'",
+        db.table("windows"),
+        db.ident("emit")
+    );
+    db.scalar(&sql).await.expect("windows rows")
+}
+
+/// Runs `command` to a successful exit; how long it took.
+fn timed_ok(command: &mut std::process::Command, what: &str) -> Duration {
+    let started = Instant::now();
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    started.elapsed()
+}
+
+/// The hand-written windows against sluice's, both into Postgres with all
+/// partitions assigned, spawn to exit: (hand-written, sluice). Both must
+/// leave `windows` rows.
+async fn against_handwritten(
+    brokers: &str,
+    tag: &str,
+    dir: &TempDir,
+    rows: i64,
+) -> (Duration, Duration) {
+    let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
+    let SinkDb::Postgres { schema, .. } = &hand_db else {
+        unreachable!()
+    };
+    let pool = hand_db.pool().await;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .expect("schema");
+    let me = std::env::current_exe().expect("current exe");
+    let size_ms = match MINUTE {
+        Shape::Tumbling { size_ms } => size_ms,
+        _ => unreachable!(),
+    };
+    let hand = timed_ok(
+        std::process::Command::new(me.with_file_name("handwritten-windows")).args([
+            brokers,
+            "bench",
+            &sluice_tests::sinks::postgres_url(),
+            schema,
+            &PARTITIONS.to_string(),
+            &size_ms.to_string(),
+            &LATENESS_MS.to_string(),
+        ]),
+        "handwritten-windows",
+    );
+    let hand_rows = hand_db
+        .scalar(&format!("SELECT count(*) FROM \"{schema}\".windows"))
+        .await;
+    assert_eq!(
+        hand_rows,
+        Some(rows),
+        "hand-written: every closed window once"
+    );
+    let sluice_db = SinkDb::fresh_postgres(&format!("{tag}_sluice")).await;
+    let all: Vec<i32> = (0..PARTITIONS).collect();
+    let name = format!("{tag}_sluice");
+    std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+    let config = sluice_db
+        .configure(
+            Arm::Windows
+                .config(&name, brokers)
+                .batch_interval_ms(100)
+                .assign("bench", &all),
+        )
+        .write(&dir.path().join(&name));
+    let took = timed_ok(
+        std::process::Command::new(sluice_bin())
+            .args(["run", "--until-caught-up"])
+            .arg(&config)
+            .env("SLUICE_LOG", "warn"),
+        "sluice",
+    );
+    assert_eq!(
+        final_rows(&sluice_db).await,
+        rows,
+        "sluice: every closed window once"
+    );
+    (hand, took)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64
+}
+
+/// Produces `rate` records/s for `seconds` (in 1 ms ticks), `ts` = the
+/// send time, 1,000 keys.
+fn produce_live(brokers: &str, topic: &str, rate: u64, seconds: u64) {
+    let p: rdkafka::producer::ThreadedProducer<_> =
+        producer_config(brokers, 5).create().expect("producer");
+    let started = Instant::now();
+    let mut sent = 0u64;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        let due = started.elapsed().as_micros() as u64 * rate / 1_000_000;
+        while sent < due {
+            let key = (sent % 1_000) as usize;
+            let partition = (key % PARTITIONS as usize) as i32;
+            send(
+                &p,
+                topic,
+                &windows::record(partition, &format!("k{key}"), now_ms(), 1),
+            );
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    rdkafka::producer::Producer::flush(&p, Duration::from_secs(60)).expect("flush");
+}
+
+/// Latency of 1-second windows under a steady producer: per window and
+/// partition, ms from the send of the record that moved the watermark past
+/// the window's end to its batch's commit. Sorted.
+async fn window_latencies(brokers: &str, dir: &TempDir, interval_ms: u64) -> (Vec<i64>, i64) {
+    let name = format!("bench_latency_{interval_ms}");
+    create_topic(brokers, &name, PARTITIONS);
+    let db = SinkDb::Sqlite(dir.path().join(format!("{name}.db")));
+    std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+    let config = db
+        .configure(
+            windows::config(&name, brokers, Shape::Tumbling { size_ms: 1_000 }, 0)
+                .batch_interval_ms(interval_ms)
+                .max_records_per_partition(10_000),
+        )
+        .write(&dir.path().join(&name));
+    let mut child = std::process::Command::new(sluice_bin())
+        .arg("run")
+        .arg(&config)
+        .env("SLUICE_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn sluice");
+    std::thread::sleep(Duration::from_secs(8));
+    produce_live(brokers, &name, 2_000, 30);
+    std::thread::sleep(Duration::from_secs(5));
+    child.kill().expect("stop sluice");
+    child.wait().expect("wait");
+    let pool = db.pool().await;
+    let batches: Vec<(i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT r.partition, r.from_offset, r.until_offset, b.committed_at_ms \
+         FROM sluice_batch_ranges r JOIN sluice_batches b ON b.batch_id = r.batch_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .expect("lineage");
+    let commits: Vec<i64> = {
+        let mut c: Vec<i64> =
+            sqlx::query_scalar("SELECT committed_at_ms - batch_time_ms FROM sluice_batches")
+                .fetch_all(&pool)
+                .await
+                .expect("lineage");
+        c.sort();
+        c
+    };
+    let commit_of = |partition: i64, offset: i64| {
+        batches
+            .iter()
+            .find(|b| b.0 == partition && b.1 <= offset && offset < b.2)
+            .map(|b| b.3)
+    };
+    let mut latencies = Vec::new();
+    let mut by_partition: BTreeMap<i32, Vec<Seen>> = BTreeMap::new();
+    for r in read_committed(brokers, &name, PARTITIONS) {
+        by_partition.entry(r.partition).or_default().push(r);
+    }
+    for (partition, records) in by_partition {
+        let ts = |r: &Seen| {
+            let v: serde_json::Value = serde_json::from_str(&r.value).expect("JSON");
+            v["ts"].as_i64().expect("ts")
+        };
+        let Some(first) = records.first().map(ts) else {
+            continue;
+        };
+        // The first whole second's end, then each one after.
+        let mut end = first - first.rem_euclid(1_000) + 2_000;
+        for r in &records {
+            let t = ts(r);
+            while t >= end - 1 {
+                if let Some(committed) = commit_of(partition.into(), r.offset) {
+                    latencies.push(committed - t);
+                }
+                end += 1_000;
+            }
+        }
+    }
+    latencies.sort();
+    (latencies, commits[commits.len() / 2])
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)]
+}
+
+#[tokio::main]
+async fn main() {
+    let mut args = std::env::args().skip(1);
+    let records: usize = args.next().map_or(200_000, |a| a.parse().expect("RECORDS"));
+    let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, "bench", PARTITIONS);
+    produce(brokers, "bench", &input(records));
+    let expected = Expected::of(
+        &read_committed(brokers, "bench", PARTITIONS),
+        MINUTE,
+        LATENESS_MS,
+    );
+    let rows = expected.rows.len() as i64;
+    println!(
+        "{records} records, {KEYS} keys over {PARTITIONS} partitions, 1-minute windows: \
+         {rows} windows close"
+    );
+    let dir = TempDir::new("bench-windows");
+    for round in 0..rounds {
+        for sink in ["sqlite", "postgres"] {
+            let mut rates = Vec::new();
+            for (arm, label) in [(Arm::Stateless, "stateless"), (Arm::Windows, "windows")] {
+                let name = format!("bench_{sink}_{label}_{round}");
+                std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+                let db = match sink {
+                    "sqlite" => SinkDb::Sqlite(dir.path().join(&name).join("s.db")),
+                    _ => SinkDb::fresh_postgres(&name).await,
+                };
+                rates.push(run(arm, &db, &name, brokers, &dir).await);
+                if arm == Arm::Windows {
+                    assert_eq!(final_rows(&db).await, rows, "{name}: every window once");
+                }
+            }
+            println!(
+                "round {round} {sink:>8}: stateless {:>8.0} rec/s, windows {:>8.0} rec/s, \
+                 windows/stateless {:.2}",
+                rates[0],
+                rates[1],
+                rates[1] / rates[0]
+            );
+        }
+        let tag = format!("bench_hand_{round}");
+        let (hand, took) = against_handwritten(brokers, &tag, &dir, rows).await;
+        let rate = |d: Duration| records as f64 / d.as_secs_f64();
+        println!(
+            "round {round} postgres, spawn to exit: hand-written windows {:>8.0} rec/s ({:.1} s), \
+             sluice windows {:>8.0} rec/s ({:.1} s), sluice/hand-written {:.2}",
+            rate(hand),
+            hand.as_secs_f64(),
+            rate(took),
+            took.as_secs_f64(),
+            hand.as_secs_f64() / took.as_secs_f64()
+        );
+    }
+    for interval_ms in [200, 50] {
+        let (latencies, commit) = window_latencies(brokers, &dir, interval_ms).await;
+        assert!(!latencies.is_empty(), "no window closed");
+        println!(
+            "latency, 1-second windows at 2000 rec/s, batch_interval_ms {interval_ms}: \
+             {} windows, p50 {} ms, p99 {} ms, max {} ms; bar 2 x {interval_ms} + commit \
+             (median batch, plan to commit, {commit} ms) = {} ms",
+            latencies.len(),
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99),
+            latencies[latencies.len() - 1],
+            2 * interval_ms as i64 + commit
+        );
+    }
+}
