@@ -128,3 +128,43 @@ pub fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
     let after_first: i64 = commits[1..].iter().map(|(_, n)| n).sum();
     after_first as f64 / ((last.0 - first.0).max(1) as f64 / 1000.0)
 }
+
+/// Runs `command` to a successful exit; how long it took (spawn to exit).
+pub fn timed_ok(command: &mut std::process::Command, what: &str) -> std::time::Duration {
+    let started = std::time::Instant::now();
+    let out = command
+        .output()
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    started.elapsed()
+}
+
+/// A hand-written job's consumer: `read_committed`, no auto-commit,
+/// partition ends reported, every partition of `topic` assigned from the
+/// start.
+pub fn assigned_consumer(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+) -> Result<rdkafka::consumer::BaseConsumer, KafkaError> {
+    use rdkafka::consumer::Consumer;
+    let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("handwritten-{}", std::process::id()))
+        .set("isolation.level", "read_committed")
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("max.partition.fetch.bytes", "8388608")
+        .set("fetch.queue.backoff.ms", "10")
+        .create()?;
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    Ok(consumer)
+}

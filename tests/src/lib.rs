@@ -775,3 +775,25 @@ pub fn numbered(prefix: &str, n: usize, partitions: i32) -> Vec<Produce> {
         })
         .collect()
 }
+
+/// Runs two processes of `config` (statically assigned the same
+/// partitions) to the end at once and returns how many of their commits
+/// were fenced; both must succeed.
+pub fn race_two_owners(config: &Path) -> u64 {
+    let spawn = || spawn_until_caught_up(config, "warn", Stdio::piped());
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&a.stderr),
+        String::from_utf8_lossy(&b.stderr)
+    );
+    [&a, &b]
+        .iter()
+        .map(|run| {
+            let stdout = String::from_utf8_lossy(&run.stdout);
+            RunSummary::find(&stdout).expect("a run summary").fenced
+        })
+        .sum()
+}

@@ -197,22 +197,7 @@ async fn two_racing_owners_close_each_window_once() {
         .batch_interval_ms(20)
         .assign(name, &all);
     let config = db.configure(config).write(dir.path());
-    let spawn = || spawn_until_caught_up(&config, "warn", std::process::Stdio::piped());
-    let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(
-        a.status.success() && b.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&a.stderr),
-        String::from_utf8_lossy(&b.stderr)
-    );
-    let fenced: u64 = [&a, &b]
-        .iter()
-        .map(|run| {
-            let stdout = String::from_utf8_lossy(&run.stdout);
-            RunSummary::find(&stdout).expect("a run summary").fenced
-        })
-        .sum();
+    let fenced = race_two_owners(&config);
     assert!(fenced > 0, "the two owners never collided");
     let input = read_committed(brokers, name, PARTITIONS);
     let expected = Expected::of(&input, shape, LATENESS_MS);

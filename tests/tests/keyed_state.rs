@@ -15,7 +15,6 @@ use sluice_tests::control::{assert_verified, sluice_ok};
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::tally::{self, Expected};
 use sluice_tests::*;
-use std::process::Stdio;
 use tokio::sync::Mutex;
 
 const PARTITIONS: i32 = 4;
@@ -345,23 +344,7 @@ fn two_owners(
             .assign(name, &all),
     )
     .write(dir.path());
-    let spawn = || spawn_until_caught_up(&config, "warn", Stdio::piped());
-    let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
-    assert!(
-        a.status.success() && b.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&a.stderr),
-        String::from_utf8_lossy(&b.stderr)
-    );
-    let fenced: u64 = [&a, &b]
-        .iter()
-        .map(|run| {
-            RunSummary::find(&String::from_utf8_lossy(&run.stdout))
-                .expect("a run summary")
-                .fenced
-        })
-        .sum();
+    let fenced = race_two_owners(&config);
     assert!(fenced > 0, "the two owners never collided");
     (config, fenced)
 }

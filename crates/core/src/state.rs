@@ -864,14 +864,11 @@ impl RunState {
         key: Vec<u8>,
         at_ms: i64,
     ) -> Result<(), StateCallError> {
-        Self::check_timer_key(&key)?;
-        let p = self.partition(index)?;
-        self.clock()?;
-        let value = Some(StateValue {
+        let set = StateValue {
             value: Vec::new(),
             expires_at_ms: None,
-        });
-        self.write(p, Timer { at_ms, key }.state_key(), value)
+        };
+        self.timer(index, Timer { at_ms, key }, Some(set))
     }
 
     /// Removes the timer (`key`, `at_ms`) of record `index`'s partition.
@@ -881,10 +878,20 @@ impl RunState {
         key: Vec<u8>,
         at_ms: i64,
     ) -> Result<(), StateCallError> {
-        Self::check_timer_key(&key)?;
+        self.timer(index, Timer { at_ms, key }, None)
+    }
+
+    /// Writes `timer`'s state key (set: an empty value; deleted: none).
+    fn timer(
+        &mut self,
+        index: u32,
+        timer: Timer,
+        value: Option<StateValue>,
+    ) -> Result<(), StateCallError> {
+        Self::check_timer_key(&timer.key)?;
         let p = self.partition(index)?;
         self.clock()?;
-        self.write(p, Timer { at_ms, key }.state_key(), None)
+        self.write(p, timer.state_key(), value)
     }
 
     /// Makes record `index` a `late` dead letter.

@@ -164,20 +164,6 @@ fn sinks() -> Vec<String> {
     sinks
 }
 
-/// Runs `command` to a successful exit; how long it took.
-fn timed_ok(command: &mut std::process::Command, what: &str) -> Duration {
-    let started = std::time::Instant::now();
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("run {what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    started.elapsed()
-}
-
 /// The hand-written dedupe against the sluice dedupe, both into Postgres
 /// with all partitions assigned, spawn to exit: (hand-written, sluice).
 async fn against_handwritten(
@@ -196,7 +182,7 @@ async fn against_handwritten(
         .await
         .expect("schema");
     let me = std::env::current_exe().expect("current exe");
-    let hand = timed_ok(
+    let hand = bench::timed_ok(
         std::process::Command::new(me.with_file_name("handwritten-dedupe")).args([
             brokers,
             "bench",
@@ -227,7 +213,7 @@ async fn against_handwritten(
                 .assign("bench", &all),
         )
         .write(&dir.path().join(&name));
-    let took = timed_ok(
+    let took = bench::timed_ok(
         std::process::Command::new(sluice_bin())
             .args(["run", "--until-caught-up"])
             .arg(&config)

@@ -91,20 +91,6 @@ async fn final_rows(db: &SinkDb) -> i64 {
     db.scalar(&sql).await.expect("windows rows")
 }
 
-/// Runs `command` to a successful exit; how long it took.
-fn timed_ok(command: &mut std::process::Command, what: &str) -> Duration {
-    let started = Instant::now();
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("run {what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    started.elapsed()
-}
-
 /// The hand-written windows against sluice's, both into Postgres with all
 /// partitions assigned, spawn to exit: (hand-written, sluice). Both must
 /// leave `windows` rows.
@@ -128,7 +114,7 @@ async fn against_handwritten(
         Shape::Tumbling { size_ms } => size_ms,
         _ => unreachable!(),
     };
-    let hand = timed_ok(
+    let hand = bench::timed_ok(
         std::process::Command::new(me.with_file_name("handwritten-windows")).args([
             brokers,
             "bench",
@@ -160,7 +146,7 @@ async fn against_handwritten(
                 .assign("bench", &all),
         )
         .write(&dir.path().join(&name));
-    let took = timed_ok(
+    let took = bench::timed_ok(
         std::process::Command::new(sluice_bin())
             .args(["run", "--until-caught-up"])
             .arg(&config)

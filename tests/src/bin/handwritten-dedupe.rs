@@ -14,10 +14,8 @@
 //!
 //! Usage: `handwritten-dedupe BROKERS TOPIC POSTGRES_URL SCHEMA PARTITIONS TTL_MS`
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
@@ -44,20 +42,7 @@ fn main() -> anyhow::Result<()> {
     };
     let partitions: i32 = partitions.parse()?;
     let ttl_ms: i64 = ttl_ms.parse()?;
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set("group.id", format!("handwritten-{}", std::process::id()))
-        .set("isolation.level", "read_committed")
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("max.partition.fetch.bytes", "8388608")
-        .set("fetch.queue.backoff.ms", "10")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
+    let consumer = sluice_tests::bench::assigned_consumer(brokers, topic, partitions)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
