@@ -78,6 +78,10 @@ struct Kept {
     /// with each landed batch (not bounded by the cache budget: a timer is
     /// its key alone).
     timers: HashMap<TopicPartition, BTreeSet<Timer>, foldhash::fast::RandomState>,
+    /// Per partition, bumped whenever its committed state changes here (a
+    /// batch of it landed, it was forgotten): a timer index read from the
+    /// sink meanwhile may miss the change, and is read again.
+    generations: HashMap<TopicPartition, u64, foldhash::fast::RandomState>,
 }
 
 /// A batch handed to the sink, not landed yet.
@@ -357,6 +361,7 @@ impl KeptState {
         };
         let landed = kept.pending.remove(at).expect("found");
         for (tp, keys) in landed.writes {
+            *kept.generations.entry(tp.clone()).or_default() += 1;
             if let Some(timers) = kept.timers.get_mut(&tp) {
                 apply_timers(timers, keys.iter());
             }
@@ -389,6 +394,7 @@ impl KeptState {
             }
             kept.measured.remove(tp);
             kept.timers.remove(tp);
+            *kept.generations.entry(tp.clone()).or_default() += 1;
             for pending in kept.pending.iter_mut() {
                 pending.writes.remove(tp);
                 pending.growth.remove(tp);
@@ -458,13 +464,19 @@ impl KeptState {
     /// committed ones, changed by the batches not landed yet), as the
     /// value of [`event_time::due_key`]: `None` if none.
     fn due(&self, tp: &TopicPartition, watermark: i64) -> Result<Option<StateValue>, StateError> {
-        if !self.kept().timers.contains_key(tp) {
+        while !self.kept().timers.contains_key(tp) {
+            let generation = self.kept().generations.get(tp).copied();
             let store = self.store.as_ref().expect("a live base has a store");
             let started = Instant::now();
             let loaded = self.handle.block_on(self.load_timers(store.as_ref(), tp))?;
             self.metrics
                 .state_sink_read(SinkRead::Partition, started.elapsed());
-            self.kept().timers.entry(tp.clone()).or_insert(loaded);
+            let mut kept = self.kept();
+            // A batch that landed while the sink was read may be missing
+            // from what was read (and is no longer pending): read again.
+            if kept.generations.get(tp).copied() == generation {
+                kept.timers.insert(tp.clone(), loaded);
+            }
         }
         let kept = self.kept();
         let committed = kept.timers.get(tp).expect("loaded above");
