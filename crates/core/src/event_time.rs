@@ -157,8 +157,6 @@ pub struct LateRecord {
 pub(crate) struct PartitionClock {
     /// The watermark as the batch started (`None`: no record yet).
     pub(crate) started: Option<i64>,
-    /// The highest event time of the run's records of the partition.
-    pub(crate) highest: Option<i64>,
     /// A record index of the partition, naming it in calls.
     pub(crate) index: u32,
     /// The highest event time of its records before `before` (what
@@ -168,11 +166,10 @@ pub(crate) struct PartitionClock {
 }
 
 impl PartitionClock {
-    /// The watermark the partition's records move it to.
-    pub(crate) fn moved(&self, settings: EventTimeSettings) -> Option<i64> {
-        let by_records = self
-            .highest
-            .map(|t| t.saturating_sub(settings.allowed_lateness_ms));
+    /// The watermark records whose highest event time is `highest` move
+    /// the partition to.
+    pub(crate) fn moved(&self, highest: Option<i64>, settings: EventTimeSettings) -> Option<i64> {
+        let by_records = highest.map(|t| t.saturating_sub(settings.allowed_lateness_ms));
         self.started.max(by_records)
     }
 }
@@ -217,17 +214,16 @@ mod tests {
         let settings = EventTimeSettings {
             allowed_lateness_ms: 10,
         };
-        let clock = |started, highest| PartitionClock {
+        let clock = |started| PartitionClock {
             started,
-            highest,
             index: 0,
             running: None,
             before: 0,
         };
-        assert_eq!(clock(None, None).moved(settings), None);
-        assert_eq!(clock(None, Some(100)).moved(settings), Some(90));
-        assert_eq!(clock(Some(95), Some(100)).moved(settings), Some(95));
-        assert_eq!(clock(Some(50), Some(100)).moved(settings), Some(90));
-        assert_eq!(clock(Some(50), None).moved(settings), Some(50));
+        assert_eq!(clock(None).moved(None, settings), None);
+        assert_eq!(clock(None).moved(Some(100), settings), Some(90));
+        assert_eq!(clock(Some(95)).moved(Some(100), settings), Some(95));
+        assert_eq!(clock(Some(50)).moved(Some(100), settings), Some(90));
+        assert_eq!(clock(Some(50)).moved(None, settings), Some(50));
     }
 }

@@ -735,15 +735,7 @@ impl RunState {
         let mut late = Vec::new();
         if let Some(clock) = self.clock.take() {
             for (p, partition) in clock.partitions.iter().enumerate() {
-                let moved = self
-                    .highest(&clock, p)
-                    .map_or(partition.started, |highest| {
-                        PartitionClock {
-                            highest: Some(highest),
-                            ..partition.clone()
-                        }
-                        .moved(self.limits.event_time)
-                    });
+                let moved = partition.moved(self.highest(&clock, p), self.limits.event_time);
                 if let Some(watermark) = moved.filter(|_| moved != partition.started) {
                     let value = event_time::encode_watermark(watermark);
                     self.host_write(p, WATERMARK_KEY.to_vec(), Some(value));
@@ -787,7 +779,6 @@ impl RunState {
                     .0;
                 partitions.push(PartitionClock {
                     started,
-                    highest: None,
                     index,
                     running: None,
                     before: 0,
@@ -834,11 +825,7 @@ impl RunState {
             }
         }
         partition.before = index;
-        let watermark = PartitionClock {
-            highest: partition.running,
-            ..partition.clone()
-        }
-        .moved(settings);
+        let watermark = partition.moved(partition.running, settings);
         self.clock = Some(clock);
         Ok(watermark)
     }
@@ -908,21 +895,21 @@ impl RunState {
     pub fn due_timers(&mut self) -> Result<Vec<FiredTimer>, StateCallError> {
         let settings = self.limits.event_time;
         self.clock()?;
-        let mut clock = self.clock.take().expect("made above");
-        let fired = self.due_in(&mut clock, settings);
+        let clock = self.clock.take().expect("made above");
+        let fired = self.due_in(&clock, settings);
         self.clock = Some(clock);
         fired
     }
 
     fn due_in(
         &mut self,
-        clock: &mut RunClock,
+        clock: &RunClock,
         settings: EventTimeSettings,
     ) -> Result<Vec<FiredTimer>, StateCallError> {
         let mut fired = Vec::new();
         for p in 0..self.partitions.len() {
-            clock.partitions[p].highest = self.highest(clock, p);
-            let Some(watermark) = clock.partitions[p].moved(settings) else {
+            let highest = self.highest(clock, p);
+            let Some(watermark) = clock.partitions[p].moved(highest, settings) else {
                 continue;
             };
             let due_key = event_time::due_key(watermark);
