@@ -130,8 +130,8 @@ pub fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
 }
 
 /// Runs `command` to a successful exit; how long it took (spawn to exit).
-pub fn timed_ok(command: &mut std::process::Command, what: &str) -> std::time::Duration {
-    let started = std::time::Instant::now();
+pub fn timed_ok(command: &mut Command, what: &str) -> Duration {
+    let started = Instant::now();
     let out = command
         .output()
         .unwrap_or_else(|e| panic!("run {what}: {e}"));
@@ -167,4 +167,32 @@ pub fn assigned_consumer(
     }
     consumer.assign(&tpl)?;
     Ok(consumer)
+}
+
+/// A fresh, created Postgres schema `name` for a hand-written job (which
+/// creates its own tables in it): the database and the schema's name.
+pub async fn hand_schema(name: &str) -> (SinkDb, String) {
+    let db = SinkDb::fresh_postgres(name).await;
+    let SinkDb::Postgres { schema, .. } = &db else {
+        unreachable!("fresh_postgres gives Postgres")
+    };
+    let schema = schema.clone();
+    let pool = db.pool().await;
+    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
+        .execute(&pool)
+        .await
+        .expect("schema");
+    (db, schema)
+}
+
+/// `sluice run --until-caught-up CONFIG` to a successful exit, timed from
+/// spawn to exit.
+pub fn timed_sluice_run(config: &Path) -> Duration {
+    timed_ok(
+        Command::new(crate::sluice_bin())
+            .args(["run", "--until-caught-up"])
+            .arg(config)
+            .env("SLUICE_LOG", "warn"),
+        "sluice",
+    )
 }

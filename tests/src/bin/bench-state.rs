@@ -172,22 +172,14 @@ async fn against_handwritten(
     tag: &str,
     dir: &TempDir,
 ) -> (Duration, Duration) {
-    let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
-    let SinkDb::Postgres { schema, .. } = &hand_db else {
-        unreachable!()
-    };
-    let pool = hand_db.pool().await;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&pool)
-        .await
-        .expect("schema");
+    let (hand_db, schema) = bench::hand_schema(&format!("{tag}_hand")).await;
     let me = std::env::current_exe().expect("current exe");
     let hand = bench::timed_ok(
         std::process::Command::new(me.with_file_name("handwritten-dedupe")).args([
             brokers,
             "bench",
             &sluice_tests::sinks::postgres_url(),
-            schema,
+            &schema,
             &PARTITIONS.to_string(),
             &TTL_MS.to_string(),
         ]),
@@ -213,13 +205,7 @@ async fn against_handwritten(
                 .assign("bench", &all),
         )
         .write(&dir.path().join(&name));
-    let took = bench::timed_ok(
-        std::process::Command::new(sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(&config)
-            .env("SLUICE_LOG", "warn"),
-        "sluice",
-    );
+    let took = bench::timed_sluice_run(&config);
     let rows = sluice_db
         .scalar(&format!(
             "SELECT count(*) FROM {}",

@@ -100,15 +100,7 @@ async fn against_handwritten(
     dir: &TempDir,
     rows: i64,
 ) -> (Duration, Duration) {
-    let hand_db = SinkDb::fresh_postgres(&format!("{tag}_hand")).await;
-    let SinkDb::Postgres { schema, .. } = &hand_db else {
-        unreachable!()
-    };
-    let pool = hand_db.pool().await;
-    sqlx::raw_sql(&format!("CREATE SCHEMA \"{schema}\""))
-        .execute(&pool)
-        .await
-        .expect("schema");
+    let (hand_db, schema) = bench::hand_schema(&format!("{tag}_hand")).await;
     let me = std::env::current_exe().expect("current exe");
     let size_ms = match MINUTE {
         Shape::Tumbling { size_ms } => size_ms,
@@ -119,7 +111,7 @@ async fn against_handwritten(
             brokers,
             "bench",
             &sluice_tests::sinks::postgres_url(),
-            schema,
+            &schema,
             &PARTITIONS.to_string(),
             &size_ms.to_string(),
             &LATENESS_MS.to_string(),
@@ -146,13 +138,7 @@ async fn against_handwritten(
                 .assign("bench", &all),
         )
         .write(&dir.path().join(&name));
-    let took = bench::timed_ok(
-        std::process::Command::new(sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(&config)
-            .env("SLUICE_LOG", "warn"),
-        "sluice",
-    );
+    let took = bench::timed_sluice_run(&config);
     assert_eq!(
         final_rows(&sluice_db).await,
         rows,
