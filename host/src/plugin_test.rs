@@ -16,6 +16,7 @@ use crate::sink::stdout::StdoutFormat;
 use crate::sink::{Commit, DeadLetter};
 use crate::state_view::StateLine;
 use serde_json::{Value as Json, json};
+use sluice_core::event_time::{self, Timer};
 use sluice_core::state::{StateBase, StateError, StateMap, StateValue};
 use sluice_core::transform::BatchUsage;
 use std::collections::BTreeMap;
@@ -122,6 +123,7 @@ pub struct BatchRun {
 struct Setup {
     name: String,
     limits: LimitsConfig,
+    event_time: crate::config::EventTimeConfig,
     on_poison: OnPoison,
     targets: Option<Vec<crate::config::TargetConfig>>,
     cache_dir: PathBuf,
@@ -144,6 +146,7 @@ impl Setup {
                 })?;
                 Setup {
                     name: config.pipeline.clone(),
+                    event_time: config.event_time,
                     on_poison: config.limits.on_poison,
                     limits: config.limits,
                     targets: Some(config.sink.targets),
@@ -153,6 +156,7 @@ impl Setup {
             None => Setup {
                 name: "sample".to_string(),
                 limits: LimitsConfig::default(),
+                event_time: Default::default(),
                 on_poison: OnPoison::DeadLetter,
                 targets: None,
                 cache_dir,
@@ -177,7 +181,7 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
         line,
         message,
     })?;
-    let limits = Limits::from_config(&setup.limits);
+    let limits = Limits::from_config(&setup.limits).with_event_time(&setup.event_time);
     let transform = crate::app::load_module_transform(
         &sample.module,
         limits.clone(),
@@ -221,12 +225,34 @@ pub fn run(sample: &SampleRun) -> Result<SampleReport, SampleError> {
 }
 
 /// Keyed state carried from one batch of a sample to the next: a key the
-/// batches before never wrote is absent.
+/// batches before never wrote is absent. The timers they set come due as
+/// a pipeline's do (the due list a run asks for under a due key).
 struct Carried(StateMap);
 
 impl StateBase for Carried {
     fn get(&self, tp: &TopicPartition, key: &[u8]) -> Result<Option<StateValue>, StateError> {
+        if let Some(watermark) = event_time::parse_due_key(key) {
+            return Ok(self.due(tp, watermark));
+        }
         Ok(self.0.lookup(tp, key).flatten().cloned())
+    }
+}
+
+impl Carried {
+    /// The timers of `tp` set (and not deleted) at or before `watermark`.
+    fn due(&self, tp: &TopicPartition, watermark: i64) -> Option<StateValue> {
+        let keys = self.0.0.get(tp)?;
+        let due: Vec<Timer> = keys
+            .range(event_time::timer_prefix().to_vec()..)
+            .take_while(|(key, _)| key.starts_with(event_time::timer_prefix()))
+            .filter(|(_, value)| value.is_some())
+            .filter_map(|(key, _)| Timer::from_state_key(key))
+            .take_while(|timer| timer.at_ms <= watermark)
+            .collect();
+        (!due.is_empty()).then(|| StateValue {
+            value: event_time::encode_timers(&due),
+            expires_at_ms: None,
+        })
     }
 }
 

@@ -114,6 +114,21 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The log's warnings and errors and its last `lines` lines: what a
+    /// failure message can carry whole when a run logs every batch.
+    pub fn log_summary(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        let tail_from = all.len().saturating_sub(lines);
+        let notable = all[..tail_from]
+            .iter()
+            .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "));
+        let mut summary: Vec<&str> = notable.copied().collect();
+        summary.push("[...]");
+        summary.extend_from_slice(&all[tail_from..]);
+        summary.join("\n")
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
     }

@@ -123,6 +123,11 @@ impl GroupOffsets {
     }
 
     pub fn total(&self) -> i64 {
+        self.each().iter().map(|o| o.unwrap_or(0)).sum()
+    }
+
+    /// Each partition's committed offset (`None`: none, or unreadable).
+    pub fn each(&self) -> Vec<Option<i64>> {
         let mut list = TopicPartitionList::new();
         for p in 0..self.partitions {
             list.add_partition(&self.topic, p);
@@ -131,16 +136,16 @@ impl GroupOffsets {
             .consumer
             .committed_offsets(list, Duration::from_secs(10))
         else {
-            return 0;
+            return vec![None; self.partitions as usize];
         };
         committed
             .elements()
             .iter()
             .map(|e| match e.offset() {
-                Offset::Offset(o) => o,
-                _ => 0,
+                Offset::Offset(o) => Some(o),
+                _ => None,
             })
-            .sum()
+            .collect()
     }
 
     /// Waits until the offsets add up to `sent` (every record consumed),
@@ -150,8 +155,9 @@ impl GroupOffsets {
         while self.total() < sent {
             assert!(
                 std::time::Instant::now() < deadline,
-                "the group's offsets reached {} of {sent}\n{}",
+                "the group's offsets reached {} of {sent} (by partition: {:?})\n{}",
                 self.total(),
+                self.each(),
                 logs()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;

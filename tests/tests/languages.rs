@@ -252,6 +252,160 @@ fn expected_conformance(sample: &str) -> Expected {
     expected
 }
 
+/// A windowed sample for `sluice test`: the event-time workload
+/// (`windows::input`: out of order, some records far behind) over two
+/// partitions, one record in 40 not JSON (rejected, and no event time).
+/// Returns the sample's path and its well-formed records as read back.
+fn windowed_sample(dir: &Path) -> (PathBuf, Vec<Seen>) {
+    use rand::SeedableRng;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5e55);
+    let mut offsets = [0i64; 2];
+    let (mut lines, mut seen) = (Vec::new(), Vec::new());
+    for (i, r) in windows::input(2, 300, &mut rng).into_iter().enumerate() {
+        let offset = &mut offsets[r.partition as usize];
+        if i % 40 == 13 {
+            let line = serde_json::json!({
+                "partition": r.partition, "offset": *offset, "key": r.key, "value": "{not json",
+            });
+            lines.push(line.to_string());
+            *offset += 1;
+        }
+        let line = serde_json::json!({
+            "partition": r.partition, "offset": *offset, "key": r.key, "value": r.value,
+            "timestamp": windows::T0,
+        });
+        lines.push(line.to_string());
+        seen.push(Seen {
+            partition: r.partition,
+            offset: *offset,
+            key: r.key,
+            value: r.value,
+        });
+        *offset += 1;
+    }
+    let path = dir.join("windows.jsonl");
+    std::fs::write(&path, lines.join("\n")).unwrap();
+    (path, seen)
+}
+
+/// The windowed conformance transform in Rust (`tests/plugins/windows`)
+/// and in Python (`sdk/python/windows`, on the Python SDK's windows), run
+/// by `sluice test` over the same out-of-order sample in batches of 37
+/// records (so windows and timers cross batches): for tumbling, hopping
+/// with early rows, and session windows, the same rows, dead letters,
+/// state and digest; and the final windows and late records are the ones
+/// recomputed here from the sample alone.
+#[test]
+fn windowed_conformance_gives_the_same_windows_in_rust_and_python() {
+    let dir = TempDir::new("windowed-conformance");
+    let (sample, input) = windowed_sample(dir.path());
+    let modules = [
+        ("rust", plugin("windows")),
+        ("python", build("python/windows", dir.path())),
+    ];
+    let shapes = [
+        (
+            windows::Shape::Tumbling { size_ms: 1_000 },
+            r#""windows":"tumbling","size_ms":1000"#,
+        ),
+        (
+            windows::Shape::Hopping {
+                size_ms: 1_000,
+                hop_ms: 250,
+            },
+            r#""windows":"hopping","size_ms":1000,"hop_ms":250,"early":true"#,
+        ),
+        (
+            windows::Shape::Session { gap_ms: 300 },
+            r#""windows":"session","gap_ms":300"#,
+        ),
+    ];
+    for (shape, params) in shapes {
+        let params = format!(r#"{{{params},"time_field":"ts"}}"#);
+        let reports: Vec<(&str, Report)> = modules
+            .iter()
+            .map(|(lang, module)| {
+                let extra = ["--params", params.as_str(), "--batch-size", "37"];
+                (*lang, run_sample(module, &sample, &extra))
+            })
+            .collect();
+        let expected = windows::Expected::of(&input, shape, 0);
+        assert!(
+            expected.rows.len() > 50 && expected.late.len() > 20,
+            "{shape:?}: {expected:?}"
+        );
+        let (_, reference) = &reports[0];
+        // Batch ids name the module: the rest of each dead letter must agree.
+        let dead_letters = |r: &Report| -> Vec<Json> {
+            let mut all = r.dead_letters.clone();
+            all.iter_mut().for_each(|d| {
+                d["dead_letter"].as_object_mut().unwrap().remove("batch");
+            });
+            all
+        };
+        for (lang, report) in &reports {
+            let finals: Vec<windows::Row> = report
+                .rows_of("windows")
+                .into_iter()
+                .filter(|r| r["emit"] == "final")
+                .map(|r| {
+                    let int = |c: &str| r[c].as_i64().unwrap();
+                    let key = r["key"].as_str().unwrap().to_string();
+                    (
+                        int("partition"),
+                        key,
+                        int("start_ms"),
+                        int("end_ms"),
+                        int("total"),
+                        int("records"),
+                    )
+                })
+                .collect();
+            let mut sorted = finals.clone();
+            sorted.sort();
+            assert_eq!(sorted, expected.rows, "{lang} {shape:?}: final windows");
+            assert_eq!(finals.len(), sorted.len(), "{lang} {shape:?}");
+            let late: std::collections::BTreeSet<(i64, i64)> = report
+                .dead_letters
+                .iter()
+                .map(|d| &d["dead_letter"])
+                .filter(|d| d["kind"] == "late")
+                .map(|d| {
+                    (
+                        d["partition"].as_i64().unwrap(),
+                        d["offset"].as_i64().unwrap(),
+                    )
+                })
+                .collect();
+            assert_eq!(late, expected.late, "{lang} {shape:?}: late records");
+            assert_eq!(
+                report.rows, reference.rows,
+                "{lang} {shape:?}: rows differ from Rust's"
+            );
+            assert_eq!(
+                dead_letters(report),
+                dead_letters(reference),
+                "{lang} {shape:?}"
+            );
+            assert_eq!(
+                report.state, reference.state,
+                "{lang} {shape:?}: state written"
+            );
+            assert_eq!(
+                report.summary["output_digest"], reference.summary["output_digest"],
+                "{lang} {shape:?}"
+            );
+        }
+        println!(
+            "windowed conformance {shape:?}: {} final windows, {} late, {} rows, digest {}",
+            expected.rows.len(),
+            expected.late.len(),
+            reference.rows.len(),
+            reference.summary["output_digest"]
+        );
+    }
+}
+
 /// The conformance transform in Rust, C, Python, JavaScript and Go, run by the host
 /// on the same input: the same output digest and the same rows, and the
 /// rows the test recomputes on its own.

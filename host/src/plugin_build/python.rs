@@ -13,8 +13,17 @@ pub(super) const TEMPLATE: &[(&str, &str)] = &[(
     include_str!("../../../sdk/python/template/app.py"),
 )];
 
-/// The Python SDK (package `sluice_plugin`).
-const PYTHON_SDK: &str = include_str!("../../../sdk/python/sluice_plugin/__init__.py");
+/// The Python SDK (package `sluice_plugin`), file by file.
+const PYTHON_SDK: &[(&str, &str)] = &[
+    (
+        "__init__.py",
+        include_str!("../../../sdk/python/sluice_plugin/__init__.py"),
+    ),
+    (
+        "window.py",
+        include_str!("../../../sdk/python/sluice_plugin/window.py"),
+    ),
+];
 /// Pinned: the version the conformance suite passes with.
 const COMPONENTIZE_PY: &str = "componentize-py==0.25.1";
 
@@ -37,7 +46,9 @@ pub(super) fn build_python(
             ),
         }
     })?;
-    write(&stage.join("python/sluice_plugin/__init__.py"), PYTHON_SDK)?;
+    for (file, source) in PYTHON_SDK {
+        write(&stage.join("python/sluice_plugin").join(file), source)?;
+    }
     let module = entry.trim_end_matches(".py").replace('/', ".");
     let mut command = Command::new(tool);
     command

@@ -29,16 +29,21 @@ import wit_world
 from componentize_py_types import Err
 from wit_world.imports import log as _log
 from wit_world.imports import state as _state
+from wit_world.imports import time as _time
 from wit_world.imports import types as _wit
 
 __all__ = [
     "BatchError",
     "Batch",
     "Context",
+    "FiredTimer",
+    "NO_TIME",
     "Output",
     "Record",
     "State",
+    "Time",
     "Transform",
+    "due_timers",
     "export",
     "log",
 ]
@@ -117,6 +122,78 @@ class Record:
     def state(self) -> "State":
         """The keyed state of the partition this record came from."""
         return State(self.index)
+
+    def time(self) -> "Time":
+        """Event time of the partition this record came from."""
+        return Time(self.index)
+
+
+# An event time that leaves a record out of the watermark (a record no
+# window takes).
+NO_TIME = -(1 << 63)
+
+
+class Time:
+    """Event time of one input partition, as a record (or a fired timer)
+    names it. A partition's watermark is the highest event time of its
+    records so far minus `event_time.allowed_lateness_ms`, kept in its state
+    by the host; a timer comes due once the watermark reaches its time, in
+    the batch that moved it there (`due_timers`)."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: int):
+        self._index = index
+
+    def watermark(self) -> Optional[int]:
+        """The partition's watermark just before this record (ms since the
+        epoch): as the batch started, moved by the partition's records
+        before it; None before its first record."""
+        return _time.watermark(self._index)
+
+    def set_event_time(self, time_ms: int) -> None:
+        """Sets this record's event time (default: its Kafka timestamp);
+        NO_TIME leaves it out of the watermark. Call it in record order,
+        before `watermark` of later records and before `due_timers`."""
+        _time.set_record_time(self._index, int(time_ms))
+
+    def set_timer(self, key, at_ms: int) -> None:
+        """Sets the timer (`key`, `at_ms`) on the partition (`key` at most
+        245 bytes); setting it again is one timer."""
+        _time.set_timer(self._index, _key(key), int(at_ms))
+
+    def delete_timer(self, key, at_ms: int) -> None:
+        """Removes the timer (`key`, `at_ms`) of the partition."""
+        _time.delete_timer(self._index, _key(key), int(at_ms))
+
+    def late(self, reason: str) -> None:
+        """Makes the record a dead letter of kind `late` with `reason`."""
+        _time.late(self._index, reason)
+
+
+@dataclass(slots=True)
+class FiredTimer:
+    """A timer that came due; `index` names its partition."""
+
+    index: int
+    key: bytes
+    at_ms: int
+
+    def state(self) -> "State":
+        """The keyed state of the timer's partition."""
+        return State(self.index)
+
+    def time(self) -> Time:
+        """Event time of the timer's partition."""
+        return Time(self.index)
+
+
+def due_timers() -> List[FiredTimer]:
+    """Moves each partition's watermark past the batch's records and returns
+    the timers that came due by it, oldest first, each once (they are
+    removed as they are returned). What the module writes and emits for
+    them commits with this batch."""
+    return [FiredTimer(t.index, bytes(t.key), t.at_ms) for t in _time.due_timers()]
 
 
 _I64 = (-(1 << 63), (1 << 63) - 1)
@@ -261,6 +338,13 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self._raw.offsets)
+
+    def partition_of(self, index: int) -> Optional[Tuple[str, int]]:
+        """The (topic, partition) of record `index` (or a timer's index)."""
+        for s in self._raw.slices:
+            if s.first <= index < s.first + s.count:
+                return (s.topic, s.partition)
+        return None
 
     def __iter__(self) -> Iterator[Record]:
         raw = self._raw

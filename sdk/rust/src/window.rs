@@ -83,12 +83,32 @@ impl Accumulator for Vec<u8> {
 /// What a window computes over its records.
 pub trait Aggregate {
     type Acc: Accumulator;
+    /// What a record brings to its windows, taken from it once
+    /// ([`Taken::Event`]), so a record is parsed once however many
+    /// windows it falls in.
+    type Input;
     /// The value of a window without records.
     fn init(&self) -> Self::Acc;
-    /// Takes `record` into `acc`.
-    fn add(&self, acc: &mut Self::Acc, record: &Record<'_>);
+    /// Takes a record's `input` into `acc`.
+    fn add(&self, acc: &mut Self::Acc, input: &Self::Input);
     /// Joins two sessions' values into `acc` (sessions only).
     fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+}
+
+/// What the function given to [`Windowed::run`] makes of a record.
+pub enum Taken<I> {
+    /// The record goes into the windows of `key` at `time_ms` (`None`: its
+    /// Kafka timestamp), bringing `input` to their aggregates.
+    Event {
+        key: Vec<u8>,
+        time_ms: Option<i64>,
+        input: I,
+    },
+    /// The record is in no window and does not move the watermark.
+    Ignored,
+    /// The record is in no window, does not move the watermark, and is a
+    /// `rejected` dead letter with this reason.
+    Rejected(String),
 }
 
 /// Why a window's value is handed out.
@@ -182,6 +202,28 @@ struct Touched {
     end_ms: i64,
 }
 
+impl Touched {
+    fn of<I>(event: &Event<'_, '_, I>, end_ms: i64) -> Touched {
+        Touched {
+            index: event.record.index,
+            partition: (event.record.topic.to_string(), event.record.partition),
+            key: event.key.to_vec(),
+            end_ms,
+        }
+    }
+}
+
+/// A record on its way into its windows.
+struct Event<'r, 'a, I> {
+    record: &'a Record<'r>,
+    key: &'a [u8],
+    /// Its event time.
+    time: i64,
+    input: &'a I,
+    /// The watermark just before it.
+    watermark: Option<i64>,
+}
+
 impl<G: Aggregate> Windowed<G> {
     pub fn new(windows: Windows, aggregate: G) -> Self {
         Windowed {
@@ -198,45 +240,61 @@ impl<G: Aggregate> Windowed<G> {
         self
     }
 
-    /// Runs a batch: each record with a key (`key_of`) goes into its
-    /// windows at its event time (`time_of`, or its Kafka timestamp when
-    /// that gives `None`), or becomes a `late` dead letter; then every
-    /// window the watermark passed is handed to `emit` once, as final
-    /// (and, with [`Windowed::early`], every other window the batch
-    /// changed as early). Records without a key are left alone, and do not
-    /// move the watermark.
+    /// Runs a batch: `take` says once per record what it brings (its key,
+    /// event time and aggregate input), or that it is in no window
+    /// (ignored or rejected: either way it does not move the watermark, so
+    /// a malformed record's Kafka timestamp cannot close windows). Each
+    /// event goes into its windows, or becomes a `late` dead letter; then
+    /// every window the watermark passed is handed to `emit` once, as
+    /// final (and, with [`Windowed::early`], every other window the batch
+    /// changed as early).
     pub fn run(
         &self,
         batch: &Batch,
         out: &mut Output,
-        key_of: impl Fn(&Record<'_>) -> Option<Vec<u8>>,
-        time_of: impl Fn(&Record<'_>) -> Option<i64>,
+        mut take: impl FnMut(&Record<'_>) -> Taken<G::Input>,
         mut emit: impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
     ) {
-        let mut touched = Vec::new();
+        let mut touched = self.early.then(Vec::new);
         for record in batch.records() {
-            let Some(key) = key_of(&record) else {
-                // In no window: it does not move the watermark either.
-                record.time().set_event_time(crate::NO_TIME);
-                continue;
+            let (key, time_ms, input) = match take(&record) {
+                Taken::Event {
+                    key,
+                    time_ms,
+                    input,
+                } => (key, time_ms, input),
+                Taken::Ignored => {
+                    record.time().set_event_time(crate::NO_TIME);
+                    continue;
+                }
+                Taken::Rejected(reason) => {
+                    record.time().set_event_time(crate::NO_TIME);
+                    out.reject(&record, &reason);
+                    continue;
+                }
             };
-            let time = match time_of(&record) {
+            let time = match time_ms {
                 Some(t) => {
                     record.time().set_event_time(t);
                     t
                 }
                 None => record.timestamp,
             };
-            let watermark = record.time().watermark();
+            let event = Event {
+                record: &record,
+                key: &key,
+                time,
+                input: &input,
+                watermark: record.time().watermark(),
+            };
             let added = match self.windows {
-                Windows::Session { gap_ms } => {
-                    self.add_to_session(&record, &key, time, gap_ms, watermark, &mut touched)
-                }
-                _ => self.add_to_windows(&record, &key, time, watermark, &mut touched),
+                Windows::Session { gap_ms } => self.add_to_session(&event, gap_ms, &mut touched),
+                _ => self.add_to_windows(&event, &mut touched),
             };
             if !added {
                 record.time().late(&format!(
-                    "event time {time} is behind the watermark {watermark:?}: its window has closed"
+                    "event time {time} is behind the watermark {:?}: its window has closed",
+                    event.watermark
                 ));
             }
         }
@@ -244,7 +302,7 @@ impl<G: Aggregate> Windowed<G> {
         for timer in &fired {
             self.close(batch, timer, out, &mut emit);
         }
-        if self.early {
+        if let Some(touched) = touched {
             self.emit_early(batch, touched, out, &mut emit);
         }
     }
@@ -267,53 +325,46 @@ impl<G: Aggregate> Windowed<G> {
         windows
     }
 
-    /// Adds `record` to each open window of `time`; false if all closed.
+    /// Adds `event` to each open window of its time; false if all closed.
     fn add_to_windows(
         &self,
-        record: &Record<'_>,
-        key: &[u8],
-        time: i64,
-        watermark: Option<i64>,
-        touched: &mut Vec<Touched>,
+        event: &Event<'_, '_, G::Input>,
+        touched: &mut Option<Vec<Touched>>,
     ) -> bool {
+        let record = event.record;
         let state = record.state();
         let mut added = false;
-        for (_, end) in self.windows_of(time) {
-            if watermark.is_some_and(|w| end - 1 <= w) {
+        for (_, end) in self.windows_of(event.time) {
+            if event.watermark.is_some_and(|w| end - 1 <= w) {
                 continue;
             }
-            let at = window_key(end, key);
+            let at = window_key(end, event.key);
             let mut acc = match state.get(&at) {
                 Some(bytes) => G::Acc::from_bytes(&bytes).unwrap_or_else(|| self.aggregate.init()),
                 None => {
-                    record.time().set_timer(key, end - 1);
+                    record.time().set_timer(event.key, end - 1);
                     self.aggregate.init()
                 }
             };
-            self.aggregate.add(&mut acc, record);
+            self.aggregate.add(&mut acc, event.input);
             state.set(&at, &acc.to_bytes());
-            touched.push(Touched {
-                index: record.index,
-                partition: (record.topic.to_string(), record.partition),
-                key: key.to_vec(),
-                end_ms: end,
-            });
+            if let Some(touched) = touched {
+                touched.push(Touched::of(event, end));
+            }
             added = true;
         }
         added
     }
 
-    /// Adds `record` to a session of `key`: a new one, merged with the
+    /// Adds `event` to a session of its key: a new one, merged with the
     /// open sessions it touches; false if the merged session has closed.
     fn add_to_session(
         &self,
-        record: &Record<'_>,
-        key: &[u8],
-        time: i64,
+        event: &Event<'_, '_, G::Input>,
         gap_ms: i64,
-        watermark: Option<i64>,
-        touched: &mut Vec<Touched>,
+        touched: &mut Option<Vec<Touched>>,
     ) -> bool {
+        let (record, key, time, watermark) = (event.record, event.key, event.time, event.watermark);
         let state = record.state();
         let sessions = read_sessions(&state, key);
         let (mut start, mut end) = (time, time + gap_ms);
@@ -331,7 +382,7 @@ impl<G: Aggregate> Windowed<G> {
             return false;
         }
         let mut acc = self.aggregate.init();
-        self.aggregate.add(&mut acc, record);
+        self.aggregate.add(&mut acc, event.input);
         for s in meets {
             if s.end_ms != end {
                 record.time().delete_timer(key, s.end_ms - 1);
@@ -349,12 +400,9 @@ impl<G: Aggregate> Windowed<G> {
         });
         sessions.sort_by_key(|s| s.start_ms);
         write_sessions(&state, key, &sessions);
-        touched.push(Touched {
-            index: record.index,
-            partition: (record.topic.to_string(), record.partition),
-            key: key.to_vec(),
-            end_ms: end,
-        });
+        if let Some(touched) = touched {
+            touched.push(Touched::of(event, end));
+        }
         true
     }
 

@@ -60,7 +60,10 @@ impl Transform for Balance {
             let after = match before.checked_add(m.cents) {
                 Some(after) if after >= 0 => after,
                 _ => {
-                    out.reject(&r, format!("insufficient funds: {before} cents, {} asked", -m.cents));
+                    out.reject(
+                        &r,
+                        format!("insufficient funds: {before} cents, {} asked", -m.cents),
+                    );
                     continue;
                 }
             };

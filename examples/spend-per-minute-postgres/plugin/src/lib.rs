@@ -6,7 +6,7 @@
 //! (`final` = true), and never again. A payment for a minute already final
 //! is a `late` dead letter; a record that is not a payment is rejected.
 
-use sluice_plugin::window::{Accumulator, Aggregate, Emit, Windowed, Windows};
+use sluice_plugin::window::{Accumulator, Aggregate, Emit, Taken, Windowed, Windows};
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Record, Transform};
 
 #[derive(serde::Deserialize)]
@@ -44,14 +44,16 @@ struct Spend;
 
 impl Aggregate for Spend {
     type Acc = Spent;
+    /// The payment's cents.
+    type Input = i64;
     fn init(&self) -> Spent {
         Spent {
             cents: 0,
             payments: 0,
         }
     }
-    fn add(&self, acc: &mut Spent, record: &Record<'_>) {
-        acc.cents += payment(record).map_or(0, |p| p.cents);
+    fn add(&self, acc: &mut Spent, cents: &i64) {
+        acc.cents += cents;
         acc.payments += 1;
     }
     fn merge(&self, acc: &mut Spent, other: Spent) {
@@ -86,8 +88,16 @@ impl Transform for SpendPerMinute {
         self.windowed.run(
             batch,
             out,
-            |r| payment(r).map(|p| p.user.into_bytes()),
-            |r| payment(r).map(|p| p.ts),
+            |r| match payment(r) {
+                Some(p) => Taken::Event {
+                    key: p.user.into_bytes(),
+                    time_ms: Some(p.ts),
+                    input: p.cents,
+                },
+                None => {
+                    Taken::Rejected("not a payment: {\"user\", \"cents\", \"ts\"} expected".into())
+                }
+            },
             |out, w| {
                 out.row(t)
                     .text(&String::from_utf8_lossy(w.key))
@@ -97,9 +107,6 @@ impl Transform for SpendPerMinute {
                     .bool(w.emit == Emit::Final);
             },
         );
-        for r in batch.records().filter(|r| payment(r).is_none()) {
-            out.reject(&r, "not a payment: {\"user\", \"cents\", \"ts\"} expected");
-        }
         Ok(())
     }
 }

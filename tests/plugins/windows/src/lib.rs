@@ -14,7 +14,7 @@
 //! (`"size_ms"`, `"hop_ms"`) or `"session"` (`"gap_ms"`); `"early"`;
 //! `"time_field"`.
 
-use sluice_plugin::window::{Accumulator, Aggregate, Emit, Windowed, Windows};
+use sluice_plugin::window::{Accumulator, Aggregate, Emit, Taken, Windowed, Windows};
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Record, Transform};
 
 /// Sum and count, 16 bytes: two big-endian i64.
@@ -35,7 +35,9 @@ impl Accumulator for SumCount {
     }
 }
 
-fn amount(record: &Record<'_>) -> Option<serde_json::Value> {
+/// A record's value: `{"amount": N}`, with the event time under
+/// `time_field` if there is one.
+fn parse(record: &Record<'_>) -> Option<serde_json::Value> {
     serde_json::from_slice::<serde_json::Value>(record.value?)
         .ok()
         .filter(|v| v.get("amount").is_some_and(|a| a.is_i64()))
@@ -45,15 +47,16 @@ struct Spend;
 
 impl Aggregate for Spend {
     type Acc = SumCount;
+    /// The amount.
+    type Input = i64;
     fn init(&self) -> SumCount {
         SumCount {
             total: 0,
             records: 0,
         }
     }
-    fn add(&self, acc: &mut SumCount, record: &Record<'_>) {
-        let value = amount(record).and_then(|v| v["amount"].as_i64());
-        acc.total += value.unwrap_or(0);
+    fn add(&self, acc: &mut SumCount, amount: &i64) {
+        acc.total += amount;
         acc.records += 1;
     }
     fn merge(&self, acc: &mut SumCount, other: SumCount) {
@@ -118,10 +121,16 @@ impl Transform for WindowSums {
         self.windowed.run(
             batch,
             out,
-            |r| (amount(r).is_some()).then(|| r.key.unwrap_or_default().to_vec()),
-            |r| {
-                let field = self.time_field.as_deref()?;
-                amount(r).and_then(|v| v.get(field).and_then(|t| t.as_i64()))
+            |r| match parse(r) {
+                Some(v) => Taken::Event {
+                    key: r.key.unwrap_or_default().to_vec(),
+                    time_ms: self
+                        .time_field
+                        .as_deref()
+                        .and_then(|field| v.get(field)?.as_i64()),
+                    input: v["amount"].as_i64().unwrap_or_default(),
+                },
+                None => Taken::Rejected("the value is not JSON with an integer `amount`".into()),
             },
             |out, w| {
                 let emit = match w.emit {
@@ -138,9 +147,6 @@ impl Transform for WindowSums {
                     .text(emit);
             },
         );
-        for r in batch.records().filter(|r| amount(r).is_none()) {
-            out.reject(&r, "the value is not JSON with an integer `amount`");
-        }
         Ok(())
     }
 }
