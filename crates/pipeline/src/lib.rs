@@ -39,6 +39,7 @@ mod picker;
 mod prepare;
 mod state;
 mod status;
+mod timer_index;
 
 pub use metrics::Metrics;
 pub use prepare::{Batch, Preparer};

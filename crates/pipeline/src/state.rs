@@ -22,13 +22,13 @@
 use crate::metrics::SinkRead;
 use sluice_core::batch::Records;
 use sluice_core::batch::TopicPartition;
-use sluice_core::event_time::{self, Timer};
-use sluice_core::state::ScanPage;
+use crate::timer_index::TimerIndex;
+use sluice_core::event_time;
 use sluice_core::state::{
     KeyTable, NoState, PartitionTables, StateBase, StateError, StateMap, StateSize, StateStore,
     StateValue,
 };
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -40,8 +40,6 @@ const SWEEP_EVERY_MS: i64 = 1_000;
 /// Most expired keys a batch removes per partition: the rest go with the
 /// next batches, so one batch's commit stays short.
 const MAX_EXPIRED_PER_BATCH: usize = 10_000;
-/// Timers read from the sink per round trip when a partition's are loaded.
-const TIMER_PAGE: usize = 10_000;
 
 /// The pipeline's keyed state cache.
 pub(crate) struct KeptState {
@@ -73,11 +71,10 @@ struct Kept {
     /// the cache does not hold whole, measured in the sink once and kept
     /// up with each landed batch's growth.
     measured: HashMap<TopicPartition, usize, foldhash::fast::RandomState>,
-    /// Per partition, its committed timers, in time order: read whole from
-    /// the sink the first time a batch asks which are due, then kept up
-    /// with each landed batch (not bounded by the cache budget: a timer is
-    /// its key alone).
-    timers: HashMap<TopicPartition, BTreeSet<Timer>, foldhash::fast::RandomState>,
+    /// Per partition, its earliest committed timers (bounded: see
+    /// [`TimerIndex`]): read from the sink the first time a batch asks
+    /// which are due, then kept up with each landed batch.
+    timers: HashMap<TopicPartition, TimerIndex, foldhash::fast::RandomState>,
     /// Per partition, bumped whenever its committed state changes here (a
     /// batch of it landed, it was forgotten): a timer index read from the
     /// sink meanwhile may miss the change, and is read again.
@@ -363,7 +360,7 @@ impl KeptState {
         for (tp, keys) in landed.writes {
             *kept.generations.entry(tp.clone()).or_default() += 1;
             if let Some(timers) = kept.timers.get_mut(&tp) {
-                apply_timers(timers, keys.iter());
+                timers.landed(keys.iter());
             }
             kept.cache(&tp, keys);
         }
@@ -461,69 +458,44 @@ impl KeptState {
 
 impl KeptState {
     /// The timers of `tp` due by `watermark` for a batch prepared now (its
-    /// committed ones, changed by the batches not landed yet), as the
-    /// value of [`event_time::due_key`]: `None` if none.
+    /// committed ones, changed by the batches not landed yet; at most what
+    /// a [`TimerIndex`] holds, the rest in later batches), as the value of
+    /// [`event_time::due_key`]: `None` if none.
     fn due(&self, tp: &TopicPartition, watermark: i64) -> Result<Option<StateValue>, StateError> {
-        while !self.kept().timers.contains_key(tp) {
-            let generation = self.kept().generations.get(tp).copied();
+        loop {
+            let (after, generation) = {
+                let kept = self.kept();
+                let after = match kept.timers.get(tp) {
+                    None => None,
+                    Some(index) if index.wants_refill(watermark) => index.refill_from(),
+                    Some(_) => break,
+                };
+                (after, kept.generations.get(tp).copied())
+            };
             let store = self.store.as_ref().expect("a live base has a store");
             let started = Instant::now();
-            let loaded = self.handle.block_on(self.load_timers(store.as_ref(), tp))?;
+            let read = TimerIndex::read(store.as_ref(), &self.pipeline, tp, after);
+            let refill = self.handle.block_on(read)?;
             self.metrics
                 .state_sink_read(SinkRead::Partition, started.elapsed());
             let mut kept = self.kept();
             // A batch that landed while the sink was read may be missing
             // from what was read (and is no longer pending): read again.
             if kept.generations.get(tp).copied() == generation {
-                kept.timers.insert(tp.clone(), loaded);
+                kept.timers.entry(tp.clone()).or_default().refilled(refill);
+                break;
             }
         }
         let kept = self.kept();
-        let committed = kept.timers.get(tp).expect("loaded above");
-        let mut due: BTreeSet<Timer> = (committed.iter())
-            .take_while(|t| t.at_ms <= watermark)
-            .cloned()
-            .collect();
-        for pending in &kept.pending {
-            if let Some(keys) = pending.writes.get(tp) {
-                apply_timers(&mut due, keys.iter());
-            }
-        }
-        due.retain(|t| t.at_ms <= watermark);
+        let pending = (kept.pending.iter()).filter_map(|p| p.writes.get(tp));
+        let due = kept.timers.get(tp).expect("read above").due(watermark, pending);
         if due.is_empty() {
             return Ok(None);
         }
-        let due: Vec<Timer> = due.into_iter().collect();
         Ok(Some(StateValue {
             value: event_time::encode_timers(&due),
             expires_at_ms: None,
         }))
-    }
-
-    /// Every committed timer of `tp`, a page at a time.
-    async fn load_timers(
-        &self,
-        store: &dyn StateStore,
-        tp: &TopicPartition,
-    ) -> Result<BTreeSet<Timer>, StateError> {
-        let mut timers = BTreeSet::new();
-        let mut page = ScanPage {
-            prefix: event_time::timer_prefix().to_vec(),
-            after: None,
-            limit: TIMER_PAGE,
-        };
-        loop {
-            let keys = store.scan(&self.pipeline, tp, &page).await?;
-            let full = keys.len() == page.limit;
-            page.after = keys.last().map(|(key, _)| key.clone());
-            timers.extend(
-                keys.iter()
-                    .filter_map(|(key, _)| Timer::from_state_key(key)),
-            );
-            if !full {
-                return Ok(timers);
-            }
-        }
     }
 
     /// Reads those of `keys` (a batch's record keys in `tp`) the cache
@@ -730,21 +702,6 @@ struct Live {
     kept: Arc<KeptState>,
     /// The batch's record keys (set by `prefetch`, before it runs).
     batch: std::sync::OnceLock<BatchKeys>,
-}
-
-/// Applies the timer changes among `changes` (state writes) to `timers`.
-fn apply_timers<'a>(
-    timers: &mut BTreeSet<Timer>,
-    changes: impl Iterator<Item = (&'a Vec<u8>, &'a Option<StateValue>)>,
-) {
-    for (key, value) in changes {
-        if let Some(timer) = Timer::from_state_key(key) {
-            match value {
-                Some(_) => timers.insert(timer),
-                None => timers.remove(&timer),
-            };
-        }
-    }
 }
 
 impl StateBase for Live {

@@ -26,6 +26,12 @@
 //!   UTF-8 breaks the output contract on that record alone
 //! - `"shout"`: like `echo`, and logs an 8 MiB line for every record (the
 //!   host keeps each line cut to 4 KiB)
+//! - `"timers"`: for a record whose value is `timers:N`, sets N event-time
+//!   timers on its partition, keys of 240 bytes (`offset.i` then dots),
+//!   far in the future (4e12 + i ms); a record whose value is `flush` has
+//!   the event time 5e12 (past them all); each timer that comes due is one
+//!   row of target `fired` (`timer`: the key without its dots, `at_ms`).
+//!   The host must not hold every timer in memory.
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -54,7 +60,7 @@ impl Transform for Hostile {
                 Ok(Hostile { mode })
             }
             "spin" | "bomb" | "poison" | "flood" | "wide" | "floats" | "fail" | "echo" | "raw"
-            | "shout" => Ok(Hostile { mode }),
+            | "shout" | "timers" => Ok(Hostile { mode }),
             other => Err(format!("unknown mode `{other}`")),
         }
     }
@@ -64,6 +70,10 @@ impl Transform for Hostile {
             "spin" => spin(batch.len() as u64),
             "bomb" => bomb(),
             "fail" => return Err(BatchError::fatal("hostile plugin refuses this batch")),
+            "timers" => {
+                timers(batch, out);
+                return Ok(());
+            }
             "flood" => {
                 let t = out.target("flood", &[("flag", Kind::Bool)]);
                 for r in batch.records() {
@@ -119,6 +129,28 @@ impl Transform for Hostile {
                 .text(&String::from_utf8_lossy(value));
         }
         Ok(())
+    }
+}
+
+/// Sets the timers records ask for and writes a row per timer due.
+fn timers(batch: &Batch, out: &mut Output) {
+    let t = out.target("fired", &[("timer", Kind::Text), ("at_ms", Kind::Int64)]);
+    for r in batch.records() {
+        let value = std::str::from_utf8(r.value.unwrap_or_default()).unwrap_or("");
+        if value == "flush" {
+            r.time().set_event_time(5_000_000_000_000);
+        }
+        let Some(n) = value.strip_prefix("timers:").and_then(|n| n.parse::<i64>().ok()) else {
+            continue;
+        };
+        for i in 0..n {
+            let key = format!("{:.<240}", format!("{}.{i}", r.offset));
+            r.time().set_timer(key.as_bytes(), 4_000_000_000_000 + i);
+        }
+    }
+    for timer in sluice_plugin::due_timers() {
+        let key = String::from_utf8_lossy(&timer.key);
+        out.row(t).text(key.trim_end_matches('.')).int(timer.at_ms);
     }
 }
 
