@@ -7,7 +7,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|dedupe-postgres|spend-per-minute-postgres|inspect-stdout|enrich-kafka|balance-kafka}"
+name="${1:?usage: scripts/example.sh word-count|json-filter|orders-mysql|word-count-postgres|changelog-upsert|dedupe-redis|dedupe-postgres|spend-per-minute-postgres|inspect-stdout|enrich-kafka|balance-kafka|sessions-kafka}"
 case "$name" in
   word-count)          topic=words;            partitions=4; data=examples/word-count/words.txt ;;
   word-count-postgres) topic=words;            partitions=4; data=examples/word-count/words.txt ;;
@@ -22,6 +22,8 @@ case "$name" in
                        sink_topics="orders-enriched:2 enrich.dead-letters:1 enrich.lineage:1" ;;
   balance-kafka)       topic=movements;        partitions=1; data=examples/balance-kafka/movements.jsonl
                        sink_topics="balances:1 balance.dead-letters:1 balance.lineage:1 balance.state:1" ;;
+  sessions-kafka)      topic=page-views;       partitions=1; data=examples/sessions-kafka/views.jsonl
+                       sink_topics="sessions:1 sessions.dead-letters:1 sessions.lineage:1 sessions.state:1" ;;
   *) echo "unknown example $name" >&2; exit 2 ;;
 esac
 config="examples/$name/pipeline.toml"

@@ -20,9 +20,9 @@
 //! and that no batch in flight changes.
 
 use crate::metrics::SinkRead;
+use crate::timer_index::TimerIndex;
 use sluice_core::batch::Records;
 use sluice_core::batch::TopicPartition;
-use crate::timer_index::TimerIndex;
 use sluice_core::event_time;
 use sluice_core::state::{
     KeyTable, NoState, PartitionTables, StateBase, StateError, StateMap, StateSize, StateStore,
@@ -488,7 +488,11 @@ impl KeptState {
         }
         let kept = self.kept();
         let pending = (kept.pending.iter()).filter_map(|p| p.writes.get(tp));
-        let due = kept.timers.get(tp).expect("read above").due(watermark, pending);
+        let due = kept
+            .timers
+            .get(tp)
+            .expect("read above")
+            .due(watermark, pending);
         if due.is_empty() {
             return Ok(None);
         }

@@ -84,7 +84,10 @@ impl TimerIndex {
             let keys = store.scan(pipeline, tp, &page).await?;
             let full = keys.len() == page.limit;
             page.after = keys.last().map(|(key, _)| key.clone());
-            for timer in keys.iter().filter_map(|(key, _)| Timer::from_state_key(key)) {
+            for timer in keys
+                .iter()
+                .filter_map(|(key, _)| Timer::from_state_key(key))
+            {
                 bytes += cost(&timer);
                 found.push(timer);
             }
@@ -255,7 +258,12 @@ mod tests {
         assert!(index.held.contains(&early));
         assert!(index.bytes <= TIMER_INDEX_BYTES);
         // The one pushed out is now where the store takes over.
-        assert!(index.beyond.as_ref().is_some_and(|b| b < &all[all.len() - 1]));
+        assert!(
+            index
+                .beyond
+                .as_ref()
+                .is_some_and(|b| b < &all[all.len() - 1])
+        );
         // A pending (not landed) timer past the held ones waits too.
         let pending: sluice_core::state::KeyTable = [set(&late)].into_iter().collect();
         let due = index.due(i64::MAX, std::iter::once(&pending));

@@ -140,7 +140,10 @@ fn timers(batch: &Batch, out: &mut Output) {
         if value == "flush" {
             r.time().set_event_time(5_000_000_000_000);
         }
-        let Some(n) = value.strip_prefix("timers:").and_then(|n| n.parse::<i64>().ok()) else {
+        let Some(n) = value
+            .strip_prefix("timers:")
+            .and_then(|n| n.parse::<i64>().ok())
+        else {
             continue;
         };
         for i in 0..n {
