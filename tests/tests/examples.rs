@@ -589,6 +589,53 @@ fn enrich_kafka_example_enriches_valid_orders_and_dead_letters_the_rest() {
     assert_eq!(actual, expected("enrich-kafka"));
 }
 
+/// A Kafka-to-Kafka example with keyed state: `examples/<name>`, reading
+/// `input`, its pipeline `pipeline` writing `output`.
+struct KafkaExample {
+    name: &'static str,
+    input: &'static str,
+    pipeline: &'static str,
+    output: &'static str,
+    /// The sample, in the example's folder: one record per line.
+    data: &'static str,
+}
+
+impl KafkaExample {
+    /// Creates the example's topics (one partition each: its input, and
+    /// its output, dead letters, lineage and state), then produces the
+    /// first half of the sample and runs the pipeline to its end, then the
+    /// second half in a new process, which restores what the first left in
+    /// state. Returns the config it ran.
+    fn run_in_two_processes(&self, brokers: &str, dir: &Path) -> std::path::PathBuf {
+        let example = repo_root().join("examples").join(self.name);
+        let sink_topics =
+            ["dead-letters", "lineage", "state"].map(|t| format!("{}.{t}", self.pipeline));
+        for topic in [self.input, self.output]
+            .into_iter()
+            .chain(sink_topics.iter().map(String::as_str))
+        {
+            create_topic(brokers, topic, 1);
+        }
+        let text = std::fs::read_to_string(example.join(self.data)).unwrap();
+        let records: Vec<Produce> = text
+            .lines()
+            .enumerate()
+            .map(|(i, l)| Produce {
+                partition: 0,
+                key: Some(i.to_string()),
+                value: l.into(),
+            })
+            .collect();
+        let config = adapt_config(&example, brokers, dir).write(dir);
+        let (first, second) = records.split_at(records.len() / 2);
+        for half in [first, second] {
+            produce(brokers, self.input, half);
+            run_ok(&config);
+        }
+        config
+    }
+}
+
 /// Kafka to Kafka with keyed state: every movement once in `balances` with
 /// the balance after it (each the one before plus the movement), the
 /// withdrawals past zero dead letters, and the final balances what
@@ -597,33 +644,15 @@ fn enrich_kafka_example_enriches_valid_orders_and_dead_letters_the_rest() {
 #[test]
 fn balance_kafka_example_keeps_running_balances_across_batches_and_restarts() {
     let brokers = shared_broker();
-    let example = repo_root().join("examples/balance-kafka");
-    for topic in [
-        "movements",
-        "balances",
-        "balance.dead-letters",
-        "balance.lineage",
-        "balance.state",
-    ] {
-        create_topic(brokers, topic, 1);
-    }
-    let text = std::fs::read_to_string(example.join("movements.jsonl")).unwrap();
-    let records: Vec<Produce> = text
-        .lines()
-        .enumerate()
-        .map(|(i, l)| Produce {
-            partition: 0,
-            key: Some(i.to_string()),
-            value: l.into(),
-        })
-        .collect();
-    let dir = TempDir::new("balance-kafka");
-    let config = adapt_config(&example, brokers, dir.path()).write(dir.path());
-    let (first, second) = records.split_at(records.len() / 2);
-    for half in [first, second] {
-        produce(brokers, "movements", half);
-        run_ok(&config);
-    }
+    let example = KafkaExample {
+        name: "balance-kafka",
+        input: "movements",
+        pipeline: "balance",
+        output: "balances",
+        data: "movements.jsonl",
+    };
+    let dir = TempDir::new(example.name);
+    example.run_in_two_processes(brokers, dir.path());
     let mut balances: std::collections::BTreeMap<String, (usize, i64)> = Default::default();
     for r in read_consumed(brokers, "balances", 1) {
         let row: serde_json::Value = serde_json::from_str(&r.value).unwrap();
@@ -663,32 +692,15 @@ fn balance_kafka_example_keeps_running_balances_across_batches_and_restarts() {
 #[test]
 fn sessions_kafka_example_writes_each_closed_session_once_across_restarts() {
     let brokers = shared_broker();
-    let example = repo_root().join("examples/sessions-kafka");
-    for topic in [
-        "page-views",
-        "sessions",
-        "sessions.dead-letters",
-        "sessions.lineage",
-        "sessions.state",
-    ] {
-        create_topic(brokers, topic, 1);
-    }
-    let text = std::fs::read_to_string(example.join("views.jsonl")).unwrap();
-    let records: Vec<Produce> = text
-        .lines()
-        .map(|l| Produce {
-            partition: 0,
-            key: None,
-            value: l.into(),
-        })
-        .collect();
-    let dir = TempDir::new("sessions-kafka");
-    let config = adapt_config(&example, brokers, dir.path()).write(dir.path());
-    let (first, second) = records.split_at(records.len() / 2);
-    for half in [first, second] {
-        produce(brokers, "page-views", half);
-        run_ok(&config);
-    }
+    let example = KafkaExample {
+        name: "sessions-kafka",
+        input: "page-views",
+        pipeline: "sessions",
+        output: "sessions",
+        data: "views.jsonl",
+    };
+    let dir = TempDir::new(example.name);
+    let config = example.run_in_two_processes(brokers, dir.path());
     let mut sessions = Vec::new();
     for r in read_consumed(brokers, "sessions", 1) {
         let s: serde_json::Value = serde_json::from_str(&r.value).unwrap();
