@@ -29,6 +29,16 @@ fn cost(timer: &Timer) -> usize {
     timer.key.len() + TIMER_OVERHEAD
 }
 
+/// The timers among state writes, each with its new value (`None`:
+/// removed, fired or deleted).
+fn timer_writes<'a>(
+    changes: impl IntoIterator<Item = (&'a Vec<u8>, &'a Option<StateValue>)>,
+) -> impl Iterator<Item = (Timer, &'a Option<StateValue>)> {
+    changes
+        .into_iter()
+        .filter_map(|(key, value)| Some((Timer::from_state_key(key)?, value)))
+}
+
 /// A partition's earliest committed timers.
 #[derive(Debug, Default)]
 pub(crate) struct TimerIndex {
@@ -132,10 +142,7 @@ impl TimerIndex {
         &mut self,
         changes: impl Iterator<Item = (&'a Vec<u8>, &'a Option<StateValue>)>,
     ) {
-        for (key, value) in changes {
-            let Some(timer) = Timer::from_state_key(key) else {
-                continue;
-            };
+        for (timer, value) in timer_writes(changes) {
             match value {
                 Some(_) if self.beyond.as_ref().is_none_or(|b| &timer < b) => {
                     let added = cost(&timer);
@@ -171,16 +178,11 @@ impl TimerIndex {
             .take_while(|t| t.at_ms <= watermark)
             .cloned()
             .collect();
-        for keys in pending {
-            for (key, value) in keys {
-                let Some(timer) = Timer::from_state_key(key) else {
-                    continue;
-                };
-                match value {
-                    Some(_) => due.insert(timer),
-                    None => due.remove(&timer),
-                };
-            }
+        for (timer, value) in pending.flat_map(timer_writes) {
+            match value {
+                Some(_) => due.insert(timer),
+                None => due.remove(&timer),
+            };
         }
         due.retain(|t| t.at_ms <= watermark && self.beyond.as_ref().is_none_or(|b| t < b));
         due.into_iter().collect()
