@@ -181,14 +181,18 @@ fn two_redrives_at_once(config: &std::path::Path) {
         .map(|_| redrive_command(config, &["--all"]).spawn().unwrap())
         .collect();
     for child in both {
-        let out = child.wait_with_output().unwrap();
-        assert!(
-            out.status.success(),
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert_redrove(child.wait_with_output().unwrap());
     }
+}
+
+/// A redrive command ended well.
+fn assert_redrove(out: std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The pipeline runs version 1 (rejects multiples of 5) over 1,200 numbers
@@ -697,13 +701,7 @@ async fn kafka_redrive_scenario(pipeline: &str, finish: Finish) {
     assert!(killed_half_way >= 1, "no redrive was killed half-way");
     match finish {
         Finish::OneRedrive => {
-            let out = redrive_command(&config, &["--all"]).output().unwrap();
-            assert!(
-                out.status.success(),
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
+            assert_redrove(redrive_command(&config, &["--all"]).output().unwrap());
         }
         Finish::TwoAtOnce => two_redrives_at_once(&config),
     }
