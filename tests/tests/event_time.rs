@@ -29,9 +29,11 @@ async fn windows_survive_sigkills(db: SinkDb, name: &str, shape: Shape, seed: u6
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     produce(brokers, name, &windows::input(PARTITIONS, 12_000, &mut rng));
     let dir = TempDir::new(name);
-    let config = db
-        .configure(windows::config(name, brokers, shape, LATENESS_MS))
-        .write(dir.path());
+    // Batches of 100 records a partition: ≥ 120 batches, so the kills
+    // (each after one batch lands, several may land before it hits) do not
+    // run out of batches before the 20th.
+    let windowed = windows::config(name, brokers, shape, LATENESS_MS);
+    let config = (db.configure(windowed.max_records_per_partition(100))).write(dir.path());
     let committed = async || db.committed_batches().await;
     let (kills, _) = crash::kill_loop(&config, committed, 22, &mut rng).await;
     assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");

@@ -20,10 +20,12 @@
 //! It must not read input or decide ranges, and it never imports another
 //! sink: the state store comes in as a trait.
 
+use crate::broker_errors::BrokerErrors;
 use crate::client::{BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered};
 use crate::records::BatchLayout;
 use crate::section::KafkaSection;
 use rdkafka::ClientContext;
+use rdkafka::config::RDKafkaLogLevel;
 use rdkafka::error::KafkaError;
 use rdkafka::message::DeliveryResult;
 use rdkafka::producer::{Producer, ProducerContext, ThreadedProducer};
@@ -32,11 +34,14 @@ use sluice_core::config::{KindSection, PipelineConfig};
 use sluice_core::sink::{Commit, CommitOutcome, Sink, SinkError, commit_all_but_rows};
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
-/// Remembers the first delivery that failed since it was last asked.
+/// Remembers the first delivery that failed since it was last asked, and
+/// librdkafka's last error.
 #[derive(Default)]
 pub struct Deliveries {
     failed: Mutex<Option<KafkaError>>,
+    errors: BrokerErrors,
 }
 
 impl Deliveries {
@@ -45,7 +50,15 @@ impl Deliveries {
     }
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: RDKafkaLogLevel, facility: &str, message: &str) {
+        self.errors.log(level, facility, message)
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        self.errors.error(error, reason)
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();
@@ -89,11 +102,16 @@ impl KafkaProducer {
             producer,
             sending: Mutex::new(()),
         };
+        // The producer's own thread serves the queue librdkafka reports
+        // errors on: waiting is all it takes.
+        let serve = || std::thread::sleep(Duration::from_millis(50));
+        let errors = &sink.producer.context().errors;
         check_topics(
             sink.producer.client(),
             &sink.cluster.brokers,
             &sink.layout.topics(),
             None,
+            |e| errors.unavailable(&sink.cluster.brokers, e, serve),
         )?;
         Ok(sink)
     }

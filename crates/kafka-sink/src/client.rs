@@ -72,16 +72,18 @@ impl Cluster {
 
 /// Every topic in `wanted`, and the `lineage` topic if given, exists on
 /// the brokers `client` talks to (the sink never creates one: partitions,
-/// retention and compaction are the operator's choice).
+/// retention and compaction are the operator's choice). `unreachable`
+/// makes the error of a metadata read that failed.
 pub fn check_topics<C: ClientContext>(
     client: &Client<C>,
     brokers: &str,
     wanted: &[&str],
     lineage: Option<&str>,
+    unreachable: impl FnOnce(KafkaError) -> SinkError,
 ) -> Result<(), SinkError> {
     let metadata = client
         .fetch_metadata(None, BROKER_TIMEOUT)
-        .map_err(|e| SinkError::unavailable(format!("Kafka brokers {brokers}"), e))?;
+        .map_err(unreachable)?;
     let exists = |name: &str| {
         metadata
             .topics()

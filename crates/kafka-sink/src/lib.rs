@@ -18,6 +18,7 @@
 //! never commits group offsets; this sink is the one place that does.
 
 mod at_least_once;
+mod broker_errors;
 mod changelog;
 mod client;
 mod dead_letters;

@@ -33,6 +33,7 @@
 //! It must not read input or decide ranges: that is the source and the
 //! loop. It never imports another sink.
 
+use crate::broker_errors::BrokerErrors;
 use crate::changelog::{ChangelogBatch, SEAL_KEY, Seal, Tag};
 use crate::client::{BROKER_TIMEOUT, Cluster, check_topics, send, wait_delivered};
 use crate::records::BatchLayout;
@@ -120,7 +121,7 @@ pub struct KafkaSink {
     pub(crate) dead_letter_topic: String,
     /// Reads the group's committed offsets; its group metadata goes with
     /// every transaction's offsets.
-    pub(crate) offsets: BaseConsumer,
+    pub(crate) offsets: BaseConsumer<BrokerErrors>,
     pub(crate) group: ConsumerGroupMetadata,
     pub(crate) producers: Mutex<HashMap<TopicPartition, Arc<TxnProducer>>>,
     /// Per input topic, its changelog.
@@ -141,12 +142,12 @@ impl KafkaSink {
     pub async fn open(config: &PipelineConfig) -> Result<KafkaSink, SinkError> {
         let cluster = Cluster::of(config)?;
         let group_id = config.group_id();
-        let offsets: BaseConsumer = cluster
+        let offsets: BaseConsumer<BrokerErrors> = cluster
             .client()
             .set("group.id", &group_id)
             .set("enable.auto.commit", "false")
             .set("isolation.level", "read_committed")
-            .create()
+            .create_with_context(BrokerErrors::default())
             .map_err(|e| SinkError::Config(format!("Kafka sink client: {e}")))?;
         let group = offsets
             .group_metadata()
@@ -186,9 +187,7 @@ impl KafkaSink {
             .offsets
             .client()
             .fetch_metadata(None, BROKER_TIMEOUT)
-            .map_err(|e| {
-                SinkError::unavailable(format!("Kafka brokers {}", self.cluster.brokers), e)
-            })?;
+            .map_err(|e| self.unreachable(e))?;
         Ok(config
             .source
             .topics
@@ -220,7 +219,18 @@ impl KafkaSink {
             &self.cluster.brokers,
             &self.layout.topics(),
             Some(&self.lineage_topic),
+            |e| self.unreachable(e),
         )
+    }
+
+    /// A metadata read failed with `e`: unavailable, with librdkafka's
+    /// reason (polling the reader serves the queue it reports it on; the
+    /// reader is assigned nothing, so a poll reads no record).
+    fn unreachable(&self, e: KafkaError) -> SinkError {
+        let serve = || {
+            self.offsets.poll(Duration::from_millis(50));
+        };
+        (self.offsets.context()).unavailable(&self.cluster.brokers, e, serve)
     }
 
     /// The transactional id fencing owners of `tp`.
