@@ -321,8 +321,7 @@ void sluice_state_delete(const sluice_record *r, const uint8_t *key, size_t key_
   sluice_plugin_state_delete(r->index, &k);
 }
 
-/* Decimal text to int64: an optional '-' then digits, nothing else, in range. */
-static bool parse_i64(const uint8_t *text, size_t len, int64_t *out) {
+bool sluice_parse_i64(const uint8_t *text, size_t len, int64_t *out) {
   bool negative = len > 0 && text[0] == '-';
   size_t i = negative ? 1 : 0;
   if (i == len) return false;
@@ -344,7 +343,7 @@ bool sluice_state_get_i64(const sluice_record *r, const uint8_t *key, size_t key
   uint8_t *bytes;
   size_t len;
   if (!sluice_state_get(r, key, key_len, &bytes, &len)) return false;
-  bool ok = parse_i64(bytes, len, value);
+  bool ok = sluice_parse_i64(bytes, len, value);
   free(bytes);
   return ok;
 }
@@ -354,6 +353,86 @@ void sluice_state_set_i64(const sluice_record *r, const uint8_t *key, size_t key
   char text[24];
   int len = snprintf(text, sizeof text, "%lld", (long long)value);
   sluice_state_set(r, key, key_len, (const uint8_t *)text, (size_t)len);
+}
+
+/* ---- event time ---- */
+
+bool sluice_time_watermark(uint32_t index, int64_t *watermark) {
+  return sluice_plugin_time_watermark(index, watermark);
+}
+
+void sluice_time_set_event_time(uint32_t index, int64_t time_ms) {
+  sluice_plugin_time_set_record_time(index, &time_ms);
+}
+
+void sluice_time_clear_event_time(uint32_t index) {
+  sluice_plugin_time_set_record_time(index, NULL);
+}
+
+void sluice_time_set_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms) {
+  transform_list_u8_t k = list_of(key, key_len);
+  sluice_plugin_time_set_timer(index, &k, at_ms);
+}
+
+void sluice_time_delete_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms) {
+  transform_list_u8_t k = list_of(key, key_len);
+  sluice_plugin_time_delete_timer(index, &k, at_ms);
+}
+
+void sluice_time_late(uint32_t index, const char *reason) {
+  transform_string_t r;
+  transform_string_set(&r, reason);
+  sluice_plugin_time_late(index, &r);
+}
+
+sluice_fired_timers sluice_due_timers(void) {
+  sluice_plugin_time_list_fired_timer_t due;
+  sluice_plugin_time_due_timers(&due);
+  sluice_fired_timers timers = {.count = due.len, .raw = NULL};
+  timers.timers = due.len ? calloc(due.len, sizeof *timers.timers) : NULL;
+  for (size_t i = 0; i < due.len; i++) {
+    timers.timers[i].index = due.ptr[i].index;
+    timers.timers[i].key = due.ptr[i].key.ptr;
+    timers.timers[i].key_len = due.ptr[i].key.len;
+    timers.timers[i].at_ms = due.ptr[i].at_ms;
+  }
+  sluice_plugin_time_list_fired_timer_t *raw = malloc(sizeof *raw);
+  if (!raw) abort();
+  *raw = due;
+  timers.raw = raw;
+  return timers;
+}
+
+void sluice_fired_timers_free(sluice_fired_timers *timers) {
+  if (timers->raw) {
+    sluice_plugin_time_list_fired_timer_free(timers->raw);
+    free(timers->raw);
+  }
+  free(timers->timers);
+  timers->timers = NULL;
+  timers->count = 0;
+  timers->raw = NULL;
+}
+
+sluice_record sluice_timer_record(const sluice_fired_timer *timer) {
+  sluice_record r;
+  memset(&r, 0, sizeof r);
+  r.index = timer->index;
+  return r;
+}
+
+bool sluice_partition_of(const sluice_batch *b, uint32_t index, const char **topic,
+                         size_t *topic_len, int32_t *partition) {
+  for (size_t i = 0; i < b->raw->slices.len; i++) {
+    const sluice_plugin_types_partition_slice_t *s = &b->raw->slices.ptr[i];
+    if (s->first <= index && index < s->first + s->count) {
+      *topic = (const char *)s->topic.ptr;
+      *topic_len = s->topic.len;
+      *partition = s->partition;
+      return true;
+    }
+  }
+  return false;
 }
 
 /* The output in the world's types; the bindings free it after the host

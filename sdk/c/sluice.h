@@ -150,6 +150,64 @@ bool sluice_state_get_i64(const sluice_record *record, const uint8_t *key, size_
 /* Stores `value` under `key` as decimal text. */
 void sluice_state_set_i64(const sluice_record *record, const uint8_t *key, size_t key_len,
                           int64_t value);
+/* Decimal text to int64 (an optional `-` then digits, nothing else, in
+ * range): true with it in `*out`. */
+bool sluice_parse_i64(const uint8_t *text, size_t len, int64_t *out);
+
+/* Event time of the partition record `index` (a record's `index`, or a
+ * fired timer's) came from. A partition's watermark is the highest event
+ * time of its records so far minus `event_time.allowed_lateness_ms`, kept
+ * in its state by the host; a timer comes due once the watermark reaches
+ * its time, in the batch that moved it there (`sluice_due_timers`). Times
+ * are ms since the Unix epoch.
+ *
+ * The partition's watermark just before record `index`: as the batch
+ * started, moved by the partition's records before it; false before its
+ * first record. */
+bool sluice_time_watermark(uint32_t index, int64_t *watermark);
+/* Sets the record's event time (default: its Kafka timestamp). Call it (or
+ * `sluice_time_clear_event_time`) in record order, before the watermark of
+ * later records and before `sluice_due_timers`. */
+void sluice_time_set_event_time(uint32_t index, int64_t time_ms);
+/* Leaves the record out of the watermark: it has no event time (a record
+ * no window takes: no key, not parseable). */
+void sluice_time_clear_event_time(uint32_t index);
+/* Sets the timer (`key`, `at_ms`) on the partition (`key` at most 245
+ * bytes); setting it again is one timer. */
+void sluice_time_set_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms);
+/* Removes the timer (`key`, `at_ms`) of the partition. */
+void sluice_time_delete_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms);
+/* Makes the record a dead letter of kind `late` with `reason`. */
+void sluice_time_late(uint32_t index, const char *reason);
+
+/* A timer that came due: `index` names its partition. */
+typedef struct sluice_fired_timer {
+  uint32_t index;
+  const uint8_t *key;
+  size_t key_len;
+  int64_t at_ms;
+} sluice_fired_timer;
+
+/* The timers `sluice_due_timers` returned; free with
+ * `sluice_fired_timers_free`. */
+typedef struct sluice_fired_timers {
+  sluice_fired_timer *timers;
+  size_t count;
+  void *raw; /* the bindings' list the keys point into */
+} sluice_fired_timers;
+
+/* Moves each partition's watermark past the batch's records and returns
+ * the timers that came due by it, oldest first, each once (they are
+ * removed as they are returned). What the module writes and emits for
+ * them commits with this batch. */
+sluice_fired_timers sluice_due_timers(void);
+void sluice_fired_timers_free(sluice_fired_timers *timers);
+/* A record that names the timer's partition, for the state calls (only
+ * its `index` is set). */
+sluice_record sluice_timer_record(const sluice_fired_timer *timer);
+/* The topic and partition of record `index` (or a timer's index). */
+bool sluice_partition_of(const sluice_batch *batch, uint32_t index, const char **topic,
+                         size_t *topic_len, int32_t *partition);
 
 #ifdef __cplusplus
 }

@@ -29,3 +29,12 @@ func stateSet(_ uint32, key string, value []byte, _ bool, _ int64) {
 }
 
 func stateDelete(_ uint32, key string) { delete(nativeState, key) }
+
+// Outside Wasm there is no partition clock: no watermark, no timer comes
+// due; setting times and timers does nothing.
+func timeWatermark(uint32) (int64, bool)    { return 0, false }
+func timeSetRecordTime(uint32, bool, int64) {}
+func timeSetTimer(uint32, string, int64)    {}
+func timeDeleteTimer(uint32, string, int64) {}
+func timeLate(uint32, string)               {}
+func timeDueTimers() []FiredTimer           { return nil }

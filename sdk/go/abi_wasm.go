@@ -2,8 +2,9 @@
 
 // The canonical ABI of the `sluice:plugin` world, by hand (there is no
 // bindings generator for Go here): the core exports `init`, `process` and
-// `cabi_realloc`, the core imports `write` of `sluice:plugin/log` and
-// `get`, `set`, `delete` of `sluice:plugin/state`, and the
+// `cabi_realloc`, the core imports `write` of `sluice:plugin/log`,
+// `get`, `set`, `delete` of `sluice:plugin/state` and the calls of
+// `sluice:plugin/time`, and the
 // memory layouts of their arguments and results. It must not hold
 // transform logic: sluice.go does that.
 //
@@ -81,6 +82,78 @@ func stateSet(index uint32, key string, value []byte, expires bool, expiresAtMs 
 }
 
 func stateDelete(index uint32, key string) { stateDeleteImport(index, key) }
+
+// watermark: func(index: u32) -> option<s64>. The result goes to a
+// 16-byte block: discriminant (u8) at 0, the s64 at 8.
+//
+//go:wasmimport sluice:plugin/time@0.1.2 watermark
+func timeWatermarkImport(index uint32, result unsafe.Pointer)
+
+// set-record-time: func(index: u32, time-ms: option<s64>); the option
+// flattens to a discriminant and an s64.
+//
+//go:wasmimport sluice:plugin/time@0.1.2 set-record-time
+func timeSetRecordTimeImport(index uint32, hasTime uint32, timeMs int64)
+
+//go:wasmimport sluice:plugin/time@0.1.2 set-timer
+func timeSetTimerImport(index uint32, key string, atMs int64)
+
+//go:wasmimport sluice:plugin/time@0.1.2 delete-timer
+func timeDeleteTimerImport(index uint32, key string, atMs int64)
+
+// due-timers: func() -> list<fired-timer>. The result goes to an 8-byte
+// block (the list); a fired-timer is 24 bytes: index (u32) at 0, key (a
+// list) at 4, at-ms (s64) at 16.
+//
+//go:wasmimport sluice:plugin/time@0.1.2 due-timers
+func timeDueTimersImport(result unsafe.Pointer)
+
+//go:wasmimport sluice:plugin/time@0.1.2 late
+func timeLateImport(index uint32, reason string)
+
+func timeWatermark(index uint32) (int64, bool) {
+	result := make([]uint64, 2)
+	timeWatermarkImport(index, unsafe.Pointer(&result[0]))
+	return int64(result[1]), result[0]&0xff != 0
+}
+
+func timeSetRecordTime(index uint32, has bool, timeMs int64) {
+	var hasTime uint32
+	if has {
+		hasTime = 1
+	}
+	timeSetRecordTimeImport(index, hasTime, timeMs)
+}
+
+func timeSetTimer(index uint32, key string, atMs int64) { timeSetTimerImport(index, key, atMs) }
+
+func timeDeleteTimer(index uint32, key string, atMs int64) {
+	timeDeleteTimerImport(index, key, atMs)
+}
+
+func timeLate(index uint32, reason string) { timeLateImport(index, reason) }
+
+// timeDueTimers calls `due-timers`; the host allocates the list and the
+// keys through cabi_realloc while it lowers them, so the collector is held
+// off for the call (as for stateGet).
+func timeDueTimers() []FiredTimer {
+	result := words(2)
+	pinned = append(pinned, result)
+	percent := debug.SetGCPercent(-1)
+	timeDueTimersImport(unsafe.Pointer(&result[0]))
+	debug.SetGCPercent(percent)
+	p, n := unsafe.Pointer(uintptr(result[0])), result[1]
+	timers := make([]FiredTimer, n)
+	for i := range timers {
+		e := unsafe.Add(p, 24*i)
+		timers[i] = FiredTimer{
+			Index: *(*uint32)(e),
+			Key:   readString(e, 4),
+			AtMs:  *(*int64)(unsafe.Add(e, 16)),
+		}
+	}
+	return timers
+}
 
 // adapterArena is where the WASI preview-1 adapter keeps its state and
 // stack. The adapter allocates them on its first WASI call, which Go's

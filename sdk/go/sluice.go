@@ -113,17 +113,20 @@ func (r *Record) Text() (string, error) {
 	return string(r.Value), nil
 }
 
-// LossyText returns the value as UTF-8 text, "" for a null value, each
-// maximal invalid subsequence replaced by U+FFFD: what Rust's
-// String::from_utf8_lossy, Python's decode("utf-8", "replace") and
-// JavaScript's TextDecoder give (strings.ToValidUTF8 would replace a run
-// of them by one).
-func (r *Record) LossyText() string {
-	if utf8.Valid(r.Value) {
-		return string(r.Value)
+// LossyText returns the value as UTF-8 text, "" for a null value (see
+// Lossy).
+func (r *Record) LossyText() string { return Lossy(r.Value) }
+
+// Lossy returns bytes as UTF-8 text, each maximal invalid subsequence
+// replaced by U+FFFD: what Rust's String::from_utf8_lossy, Python's
+// decode("utf-8", "replace") and JavaScript's TextDecoder give
+// (strings.ToValidUTF8 would replace a run of them by one).
+func Lossy(bytes []byte) string {
+	if utf8.Valid(bytes) {
+		return string(bytes)
 	}
 	var b strings.Builder
-	for rest := r.Value; len(rest) > 0; {
+	for rest := bytes; len(rest) > 0; {
 		n := validPrefix(rest)
 		if n > 0 {
 			b.Write(rest[:n])

@@ -20,6 +20,7 @@
 
 import { write } from 'sluice:plugin/log@0.1.2';
 import * as stateImport from 'sluice:plugin/state@0.1.2';
+import * as timeImport from 'sluice:plugin/time@0.1.2';
 
 const KINDS = ['int64', 'float64', 'text', 'bytes', 'bool'];
 // ignoreBOM keeps a leading BOM, as the other SDKs' text does.
@@ -73,6 +74,79 @@ export class Record {
   state() {
     return new State(this.index);
   }
+  /** Event time of the partition this record came from. */
+  time() {
+    return new Time(this.index);
+  }
+}
+
+/** Event time of one input partition, as a record (or a fired timer) names
+ * it. A partition's watermark is the highest event time of its records so
+ * far minus `event_time.allowed_lateness_ms`, kept in its state by the
+ * host; a timer comes due once the watermark reaches its time, in the batch
+ * that moved it there (`dueTimers`). Times are ms since the Unix epoch,
+ * BigInt (a Number is taken too). */
+export class Time {
+  constructor(index) {
+    this.index = index;
+  }
+  /** The partition's watermark just before this record (BigInt): as the
+   * batch started, moved by the partition's records before it; null
+   * before its first record. */
+  watermark() {
+    const watermark = timeImport.watermark(this.index);
+    return watermark === undefined ? null : watermark;
+  }
+  /** Sets this record's event time (default: its Kafka timestamp). Call it
+   * (or `clearEventTime`) in record order, before `watermark` of later
+   * records and before `dueTimers`. */
+  setEventTime(timeMs) {
+    timeImport.setRecordTime(this.index, BigInt(timeMs));
+  }
+  /** Leaves this record out of the watermark: it has no event time (a
+   * record no window takes: no key, not parseable). */
+  clearEventTime() {
+    timeImport.setRecordTime(this.index, undefined);
+  }
+  /** Sets the timer (`key`, `atMs`) on the partition (`key` at most 245
+   * bytes); setting it again is one timer. */
+  setTimer(key, atMs) {
+    timeImport.setTimer(this.index, stateKey(key), BigInt(atMs));
+  }
+  /** Removes the timer (`key`, `atMs`) of the partition. */
+  deleteTimer(key, atMs) {
+    timeImport.deleteTimer(this.index, stateKey(key), BigInt(atMs));
+  }
+  /** Makes the record a dead letter of kind `late` with `reason`. */
+  late(reason) {
+    timeImport.late(this.index, String(reason));
+  }
+}
+
+/** A timer that came due: `index` names its partition, `key` is a
+ * Uint8Array, `atMs` a BigInt. */
+export class FiredTimer {
+  constructor(index, key, atMs) {
+    this.index = index;
+    this.key = key;
+    this.atMs = atMs;
+  }
+  /** The keyed state of the timer's partition. */
+  state() {
+    return new State(this.index);
+  }
+  /** Event time of the timer's partition. */
+  time() {
+    return new Time(this.index);
+  }
+}
+
+/** Moves each partition's watermark past the batch's records and returns
+ * the timers that came due by it, oldest first, each once (they are removed
+ * as they are returned). What the module writes and emits for them commits
+ * with this batch. */
+export function dueTimers() {
+  return timeImport.dueTimers().map((t) => new FiredTimer(t.index, t.key, t.atMs));
 }
 
 /** How many arrays and objects Record.json() lets nest. Every SDK's JSON
@@ -211,6 +285,13 @@ export class Batch {
   }
   get length() {
     return this.raw.offsets.length;
+  }
+  /** `[topic, partition]` of record `index` (or a timer's index), or null. */
+  partitionOf(index) {
+    for (const s of this.raw.slices) {
+      if (s.first <= index && index < s.first + s.count) return [s.topic, s.partition];
+    }
+    return null;
   }
   *[Symbol.iterator]() {
     const raw = this.raw;

@@ -288,20 +288,24 @@ fn windowed_sample(dir: &Path) -> (PathBuf, Vec<Seen>) {
     (path, seen)
 }
 
-/// The windowed conformance transform in Rust (`tests/plugins/windows`)
-/// and in Python (`sdk/python/windows`, on the Python SDK's windows), run
-/// by `sluice test` over the same out-of-order sample in batches of 37
+/// The windowed conformance transform in Rust (`tests/plugins/windows`),
+/// Python (`sdk/python/windows`), JavaScript (`sdk/js/windows`), C
+/// (`sdk/c/windows`) and Go (`sdk/go/windows`), each on its SDK's
+/// windows, run by `sluice test` over the same out-of-order sample in batches of 37
 /// records (so windows and timers cross batches): for tumbling, hopping
 /// with early rows, and session windows, the same rows, dead letters,
 /// state and digest; and the final windows and late records are the ones
 /// recomputed here from the sample alone.
 #[test]
-fn windowed_conformance_gives_the_same_windows_in_rust_and_python() {
+fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
     let dir = TempDir::new("windowed-conformance");
     let (sample, input) = windowed_sample(dir.path());
     let modules = [
         ("rust", plugin("windows")),
         ("python", build("python/windows", dir.path())),
+        ("js", build("js/windows", dir.path())),
+        ("c", build("c/windows", dir.path())),
+        ("go", build("go/windows", dir.path())),
     ];
     let shapes = [
         (

@@ -29,8 +29,9 @@ const DUE_PREFIX: &[u8] = b"\xFFd";
 /// Longest timer key, in bytes: a state key's bound less the prefix and time.
 pub const MAX_TIMER_KEY_BYTES: usize = MAX_KEY_BYTES - 2 - 8;
 
-/// The event time a module sets for a record that must not move the
-/// watermark (one no window takes: no key, not parseable).
+/// How the host keeps a record that must not move the watermark (the
+/// module set no event time for it: one no window takes). A record's time
+/// is never this otherwise: the lowest time moves no watermark either.
 pub const NO_TIME: i64 = i64::MIN;
 
 /// A timer: a key the module chose and when it comes due.

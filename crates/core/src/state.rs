@@ -830,10 +830,15 @@ impl RunState {
         Ok(watermark)
     }
 
-    /// Sets record `index`'s event time.
-    pub fn set_record_time(&mut self, index: u32, time_ms: i64) -> Result<(), StateCallError> {
+    /// Sets record `index`'s event time; `None` leaves it out of the
+    /// watermark.
+    pub fn set_record_time(
+        &mut self,
+        index: u32,
+        time_ms: Option<i64>,
+    ) -> Result<(), StateCallError> {
         self.partition(index)?;
-        self.clock()?.times[index as usize] = time_ms;
+        self.clock()?.times[index as usize] = time_ms.unwrap_or(event_time::NO_TIME);
         Ok(())
     }
 
@@ -1098,7 +1103,7 @@ mod tests {
             Some(90),
             "after the record at 100"
         );
-        run.set_record_time(1, 250).unwrap();
+        run.set_record_time(1, Some(250)).unwrap();
         assert_eq!(run.watermark(2).unwrap(), Some(240));
         run.delete_timer(0, b"gone".to_vec(), 150).unwrap();
         run.set_timer(2, b"new".to_vec(), 200).unwrap();

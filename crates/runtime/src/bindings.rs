@@ -182,7 +182,7 @@ impl self::sluice::plugin::time::Host for BatchState {
         Ok(state.watermark(index).map_err(StateCallFailed)?)
     }
 
-    fn set_record_time(&mut self, index: u32, time_ms: i64) -> wasmtime::Result<()> {
+    fn set_record_time(&mut self, index: u32, time_ms: Option<i64>) -> wasmtime::Result<()> {
         let state = self.run_state()?;
         Ok(state
             .set_record_time(index, time_ms)

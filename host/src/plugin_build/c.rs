@@ -12,9 +12,31 @@ use std::process::Command;
 pub(super) const TEMPLATE: &[(&str, &str)] =
     &[("app.c", include_str!("../../../sdk/c/template/app.c"))];
 
-/// The C SDK (`sluice.h`, `sluice.c`), compiled with the project.
-const C_SDK_HEADER: &str = include_str!("../../../sdk/c/sluice.h");
-const C_SDK: &str = include_str!("../../../sdk/c/sluice.c");
+/// The C SDK's headers (`sluice.h`; `sluice_json.h`, its JSON reader;
+/// `sluice_window.h`, its event-time windows), staged with the bindings.
+const C_SDK_HEADERS: &[(&str, &str)] = &[
+    ("sluice.h", include_str!("../../../sdk/c/sluice.h")),
+    (
+        "sluice_json.h",
+        include_str!("../../../sdk/c/sluice_json.h"),
+    ),
+    (
+        "sluice_window.h",
+        include_str!("../../../sdk/c/sluice_window.h"),
+    ),
+];
+/// The C SDK's sources, compiled with the project.
+const C_SDK_SOURCES: &[(&str, &str)] = &[
+    ("sluice.c", include_str!("../../../sdk/c/sluice.c")),
+    (
+        "sluice_json.c",
+        include_str!("../../../sdk/c/sluice_json.c"),
+    ),
+    (
+        "sluice_window.c",
+        include_str!("../../../sdk/c/sluice_window.c"),
+    ),
+];
 
 /// clang for `wasm32-wasi` (wasi-libc) as a reactor, with the bindings
 /// `wit-bindgen c` makes from the staged WIT and the C SDK; then
@@ -47,8 +69,9 @@ pub(super) fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Resu
         .args(["--world", "transform", "--out-dir"])
         .arg(&bindings);
     run("wit-bindgen", command)?;
-    write(&bindings.join("sluice.h"), C_SDK_HEADER)?;
-    write(&bindings.join("sluice.c"), C_SDK)?;
+    for (name, text) in C_SDK_HEADERS.iter().chain(C_SDK_SOURCES) {
+        write(&bindings.join(name), text)?;
+    }
     let core = stage.join("core.wasm");
     let mut command = Command::new(clang);
     command
@@ -65,7 +88,7 @@ pub(super) fn build_c(dir: &Path, stage: &Path, entry: &str, out: &Path) -> Resu
         .arg(&core)
         .arg(dir.join(entry))
         .args(other_c_sources(dir, entry)?)
-        .arg(bindings.join("sluice.c"))
+        .args(C_SDK_SOURCES.iter().map(|(name, _)| bindings.join(name)))
         .arg(bindings.join("transform.c"))
         .arg(bindings.join("transform_component_type.o"))
         .current_dir(dir);

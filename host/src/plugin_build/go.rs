@@ -20,6 +20,8 @@ const GO_SDK: &[(&str, &str)] = &[
     ("go.mod", include_str!("../../../sdk/go/go.mod")),
     ("sluice.go", include_str!("../../../sdk/go/sluice.go")),
     ("state.go", include_str!("../../../sdk/go/state.go")),
+    ("time.go", include_str!("../../../sdk/go/time.go")),
+    ("window.go", include_str!("../../../sdk/go/window.go")),
     ("abi_wasm.go", include_str!("../../../sdk/go/abi_wasm.go")),
     (
         "abi_native.go",

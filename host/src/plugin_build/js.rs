@@ -12,8 +12,12 @@ use std::process::Command;
 pub(super) const TEMPLATE: &[(&str, &str)] =
     &[("app.js", include_str!("../../../sdk/js/template/app.js"))];
 
-/// The JavaScript SDK (module `sluice.js`).
-const JS_SDK: &str = include_str!("../../../sdk/js/sluice.js");
+/// The JavaScript SDK: its modules, staged next to the project's sources
+/// (`import ... from './sluice.js'`, `'./window.js'`).
+const JS_SDK: &[(&str, &str)] = &[
+    ("sluice.js", include_str!("../../../sdk/js/sluice.js")),
+    ("window.js", include_str!("../../../sdk/js/window.js")),
+];
 /// Pinned: the version the conformance suite passes with.
 const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js@0.23.0";
 
@@ -50,7 +54,9 @@ pub(super) fn build_js(
     })?;
     let sources = stage.join("js");
     copy_js_sources(dir, dir, &sources)?;
-    write(&sources.join("sluice.js"), JS_SDK)?;
+    for (name, text) in JS_SDK {
+        write(&sources.join(name), text)?;
+    }
     let pre_init = link_pre_init(stage)?;
     let script = stage.join("build.mjs");
     write(

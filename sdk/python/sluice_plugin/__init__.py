@@ -37,7 +37,6 @@ __all__ = [
     "Batch",
     "Context",
     "FiredTimer",
-    "NO_TIME",
     "Output",
     "Record",
     "State",
@@ -128,11 +127,6 @@ class Record:
         return Time(self.index)
 
 
-# An event time that leaves a record out of the watermark (a record no
-# window takes).
-NO_TIME = -(1 << 63)
-
-
 class Time:
     """Event time of one input partition, as a record (or a fired timer)
     names it. A partition's watermark is the highest event time of its
@@ -152,10 +146,15 @@ class Time:
         return _time.watermark(self._index)
 
     def set_event_time(self, time_ms: int) -> None:
-        """Sets this record's event time (default: its Kafka timestamp);
-        NO_TIME leaves it out of the watermark. Call it in record order,
-        before `watermark` of later records and before `due_timers`."""
+        """Sets this record's event time (default: its Kafka timestamp).
+        Call it (or `clear_event_time`) in record order, before `watermark`
+        of later records and before `due_timers`."""
         _time.set_record_time(self._index, int(time_ms))
+
+    def clear_event_time(self) -> None:
+        """Leaves this record out of the watermark: it has no event time (a
+        record no window takes: no key, not parseable)."""
+        _time.set_record_time(self._index, None)
 
     def set_timer(self, key, at_ms: int) -> None:
         """Sets the timer (`key`, `at_ms`) on the partition (`key` at most

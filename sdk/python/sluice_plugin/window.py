@@ -34,7 +34,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import NO_TIME, Batch, FiredTimer, Output, Record, State, due_timers
+from . import Batch, FiredTimer, Output, Record, State, due_timers
 
 __all__ = [
     "Aggregate",
@@ -210,7 +210,7 @@ class Windowed:
         for record in batch:
             taken = take(record)
             if not isinstance(taken, Event):
-                record.time().set_event_time(NO_TIME)
+                record.time().clear_event_time()
                 if isinstance(taken, Rejected):
                     out.reject(record, taken.reason)
                 continue

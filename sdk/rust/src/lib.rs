@@ -178,12 +178,17 @@ impl Time {
         bindings::sluice::plugin::time::watermark(self.index)
     }
 
-    /// Sets this record's event time (default: its Kafka timestamp);
-    /// [`NO_TIME`] leaves it out of the watermark. Call it in record
-    /// order, before [`Time::watermark`] of later records and before
-    /// [`due_timers`].
+    /// Sets this record's event time (default: its Kafka timestamp). Call
+    /// it (or [`Time::clear_event_time`]) in record order, before
+    /// [`Time::watermark`] of later records and before [`due_timers`].
     pub fn set_event_time(&self, time_ms: i64) {
-        bindings::sluice::plugin::time::set_record_time(self.index, time_ms)
+        bindings::sluice::plugin::time::set_record_time(self.index, Some(time_ms))
+    }
+
+    /// Leaves this record out of the watermark: it has no event time (a
+    /// record no window takes: no key, not parseable).
+    pub fn clear_event_time(&self) {
+        bindings::sluice::plugin::time::set_record_time(self.index, None)
     }
 
     /// Sets the timer (`key`, `at_ms`) on the partition (`key` at most 245
@@ -202,10 +207,6 @@ impl Time {
         bindings::sluice::plugin::time::late(self.index, reason)
     }
 }
-
-/// The event time of a record that must not move the watermark (one no
-/// window takes).
-pub const NO_TIME: i64 = i64::MIN;
 
 /// A timer that came due.
 #[derive(Debug, Clone)]

@@ -264,11 +264,11 @@ impl<G: Aggregate> Windowed<G> {
                     input,
                 } => (key, time_ms, input),
                 Taken::Ignored => {
-                    record.time().set_event_time(crate::NO_TIME);
+                    record.time().clear_event_time();
                     continue;
                 }
                 Taken::Rejected(reason) => {
-                    record.time().set_event_time(crate::NO_TIME);
+                    record.time().clear_event_time();
                     out.reject(&record, &reason);
                     continue;
                 }

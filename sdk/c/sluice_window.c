@@ -1,0 +1,389 @@
+/* The C SDK's event-time windows (sluice_window.h): the Rust SDK's
+ * `sluice_plugin::window` in C, over the same state layout.
+ *
+ * It must not read the host's clock or keep anything between batches
+ * outside state. Memory it allocates is freed before it returns. */
+#include "sluice_window.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PREFIX_LEN 9
+static const uint8_t WINDOW_PREFIX[PREFIX_LEN] = "sluice/w/";
+static const uint8_t SESSION_PREFIX[PREFIX_LEN] = "sluice/s/";
+
+static void *alloc(size_t n) {
+  void *p = malloc(n ? n : 1);
+  if (!p) abort();
+  return p;
+}
+
+static void put_be(uint8_t *p, uint64_t v, int bytes) {
+  for (int i = bytes - 1; i >= 0; i--, v >>= 8) p[i] = (uint8_t)v;
+}
+
+static uint64_t get_be(const uint8_t *p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; i++) v = (v << 8) | p[i];
+  return v;
+}
+
+/* `sluice/w/` + end (8 bytes that sort as the numbers do) + key. */
+static uint8_t *window_key(int64_t end, const uint8_t *key, size_t key_len, size_t *len) {
+  *len = PREFIX_LEN + 8 + key_len;
+  uint8_t *at = alloc(*len);
+  memcpy(at, WINDOW_PREFIX, PREFIX_LEN);
+  put_be(at + PREFIX_LEN, (uint64_t)end ^ (1ull << 63), 8);
+  if (key_len) memcpy(at + PREFIX_LEN + 8, key, key_len);
+  return at;
+}
+
+typedef struct session {
+  int64_t start, end;
+  const uint8_t *acc;
+  size_t acc_len;
+} session;
+
+/* The open sessions of a key, in start order; `data` holds their bytes. */
+typedef struct sessions {
+  session *items;
+  size_t count;
+  uint8_t *data;
+  uint8_t *key; /* `sluice/s/` + the user key */
+  size_t key_len;
+} sessions;
+
+static sessions read_sessions(const sluice_record *r, const uint8_t *key, size_t key_len) {
+  sessions s = {0};
+  s.key_len = PREFIX_LEN + key_len;
+  s.key = alloc(s.key_len);
+  memcpy(s.key, SESSION_PREFIX, PREFIX_LEN);
+  if (key_len) memcpy(s.key + PREFIX_LEN, key, key_len);
+  size_t len = 0;
+  if (!sluice_state_get(r, s.key, s.key_len, &s.data, &len)) s.data = NULL, len = 0;
+  size_t cap = 0;
+  for (size_t at = 0; at + 20 <= len;) {
+    size_t n = (size_t)get_be(s.data + at + 16, 4);
+    if (s.count == cap) {
+      cap = cap ? cap * 2 : 4;
+      s.items = realloc(s.items, cap * sizeof *s.items);
+      if (!s.items) abort();
+    }
+    size_t room = len - at - 20;
+    s.items[s.count++] = (session){(int64_t)get_be(s.data + at, 8), (int64_t)get_be(s.data + at + 8, 8),
+                                   s.data + at + 20, n < room ? n : room};
+    at += 20 + n;
+  }
+  return s;
+}
+
+static void write_sessions(const sluice_record *r, const sessions *s, const session *items,
+                           size_t count) {
+  if (count == 0) {
+    sluice_state_delete(r, s->key, s->key_len);
+    return;
+  }
+  size_t len = 0;
+  for (size_t i = 0; i < count; i++) len += 20 + items[i].acc_len;
+  uint8_t *value = alloc(len), *at = value;
+  for (size_t i = 0; i < count; i++) {
+    put_be(at, (uint64_t)items[i].start, 8);
+    put_be(at + 8, (uint64_t)items[i].end, 8);
+    put_be(at + 16, items[i].acc_len, 4);
+    if (items[i].acc_len) memcpy(at + 20, items[i].acc, items[i].acc_len);
+    at += 20 + items[i].acc_len;
+  }
+  sluice_state_set(r, s->key, s->key_len, value, len);
+  free(value);
+}
+
+static void free_sessions(sessions *s) {
+  free(s->items), free(s->data), free(s->key);
+}
+
+/* A window a batch changed, for early rows. */
+typedef struct touch {
+  uint32_t index;
+  const char *topic;
+  size_t topic_len;
+  int32_t partition;
+  uint8_t *key;
+  size_t key_len;
+  int64_t end;
+  size_t order;
+} touch;
+
+typedef struct touches {
+  touch *items;
+  size_t count, cap;
+} touches;
+
+/* One run's context: what every step needs. */
+typedef struct run {
+  const sluice_windowed *w;
+  sluice_batch *batch;
+  sluice_output *out;
+  sluice_emit_fn emit;
+  void *ctx;
+  touches *touched; /* NULL unless early */
+  void *acc, *other; /* two accumulators, reused */
+} run;
+
+static void touch_window(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
+                         int64_t end) {
+  touches *t = run->touched;
+  if (!t) return;
+  if (t->count == t->cap) {
+    t->cap = t->cap ? t->cap * 2 : 64;
+    t->items = realloc(t->items, t->cap * sizeof *t->items);
+    if (!t->items) abort();
+  }
+  uint8_t *copy = alloc(key_len);
+  if (key_len) memcpy(copy, key, key_len);
+  t->items[t->count] = (touch){r->index, r->topic, r->topic_len, r->partition, copy, key_len, end, t->count};
+  t->count++;
+}
+
+/* The accumulator in `data` into `acc`, or a fresh one. */
+static void decode_or_init(run *run, void *acc, const uint8_t *data, size_t len) {
+  const sluice_aggregate *agg = run->w->aggregate;
+  if (!data || !agg->decode(acc, data, len, run->ctx)) agg->init(acc, run->ctx);
+}
+
+static int64_t rem_euclid(int64_t a, int64_t b) {
+  int64_t r = a % b;
+  return r < 0 ? r + b : r;
+}
+
+static bool add_to_windows(run *run, const sluice_record *r, const sluice_event *e, int64_t time,
+                           bool has_wm, int64_t wm) {
+  const sluice_aggregate *agg = run->w->aggregate;
+  int64_t size = run->w->windows.size_ms;
+  int64_t hop = run->w->windows.kind == SLUICE_HOPPING ? run->w->windows.hop_ms : size;
+  int64_t latest = time - rem_euclid(time, hop);
+  size_t windows = 0;
+  for (int64_t start = latest; start > time - size; start -= hop) windows++;
+  bool added = false;
+  for (size_t i = windows; i-- > 0;) {
+    int64_t end = latest - (int64_t)i * hop + size;
+    if (has_wm && end - 1 <= wm) continue;
+    size_t at_len, len = 0;
+    uint8_t *at = window_key(end, e->key, e->key_len, &at_len), *stored = NULL;
+    bool found = sluice_state_get(r, at, at_len, &stored, &len);
+    if (!found) {
+      sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
+      agg->init(run->acc, run->ctx);
+    } else {
+      decode_or_init(run, run->acc, stored ? stored : (const uint8_t *)"", len);
+    }
+    agg->add(run->acc, e->input, run->ctx);
+    size_t out_len;
+    uint8_t *encoded = agg->encode(run->acc, &out_len, run->ctx);
+    sluice_state_set(r, at, at_len, encoded, out_len);
+    free(encoded), free(stored), free(at);
+    touch_window(run, r, e->key, e->key_len, end);
+    added = true;
+  }
+  return added;
+}
+
+/* Sessions in start order, the new one after open ones it ties with. */
+static void sort_sessions(session *items, size_t count) {
+  for (size_t i = 1; i < count; i++) {
+    session s = items[i];
+    size_t j = i;
+    for (; j > 0 && items[j - 1].start > s.start; j--) items[j] = items[j - 1];
+    items[j] = s;
+  }
+}
+
+static bool add_to_session(run *run, const sluice_record *r, const sluice_event *e, int64_t time,
+                           bool has_wm, int64_t wm) {
+  const sluice_aggregate *agg = run->w->aggregate;
+  int64_t gap = run->w->windows.gap_ms, start = time, end = time + gap;
+  sessions s = read_sessions(r, e->key, e->key_len);
+  bool *meets = alloc(s.count);
+  for (size_t i = 0; i < s.count; i++) {
+    /* A session the watermark has passed is closed, though its timer fires
+     * only at the batch's end: nothing joins it. */
+    bool open = !has_wm || s.items[i].end - 1 > wm;
+    meets[i] = open && s.items[i].start < time + gap && time < s.items[i].end;
+    if (meets[i] && s.items[i].start < start) start = s.items[i].start;
+    if (meets[i] && s.items[i].end > end) end = s.items[i].end;
+  }
+  bool added = !(has_wm && end - 1 <= wm);
+  if (added) {
+    agg->init(run->acc, run->ctx);
+    agg->add(run->acc, e->input, run->ctx);
+    session *kept = alloc((s.count + 1) * sizeof *kept);
+    size_t count = 0;
+    for (size_t i = 0; i < s.count; i++) {
+      if (!meets[i]) {
+        kept[count++] = s.items[i];
+        continue;
+      }
+      if (s.items[i].end != end) sluice_time_delete_timer(r->index, e->key, e->key_len, s.items[i].end - 1);
+      if (agg->decode(run->other, s.items[i].acc, s.items[i].acc_len, run->ctx)) {
+        agg->merge(run->acc, run->other, run->ctx);
+      }
+    }
+    sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
+    size_t acc_len;
+    uint8_t *encoded = agg->encode(run->acc, &acc_len, run->ctx);
+    kept[count++] = (session){start, end, encoded, acc_len};
+    sort_sessions(kept, count);
+    write_sessions(r, &s, kept, count);
+    free(encoded), free(kept);
+    touch_window(run, r, e->key, e->key_len, end);
+  }
+  free(meets);
+  free_sessions(&s);
+  return added;
+}
+
+static void emit_window(run *run, uint32_t index, const char *topic, size_t topic_len,
+                        int32_t partition, const uint8_t *key, size_t key_len, int64_t start,
+                        int64_t end, const uint8_t *data, size_t len, bool early) {
+  if (!run->w->aggregate->decode(run->acc, data ? data : (const uint8_t *)"", len, run->ctx)) return;
+  sluice_window_value w = {topic, topic_len, partition, key, key_len, start, end, run->acc, early, index};
+  run->emit(run->out, &w, run->ctx);
+}
+
+/* The window (or session) of `key` ending at `end`: its start and a copy
+ * of its bytes, removed from state when `take`. */
+static bool find_window(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
+                        int64_t end, bool take, int64_t *start, uint8_t **data, size_t *len) {
+  if (run->w->windows.kind != SLUICE_SESSION) {
+    size_t at_len;
+    uint8_t *at = window_key(end, key, key_len, &at_len);
+    bool found = sluice_state_get(r, at, at_len, data, len);
+    if (found && take) sluice_state_delete(r, at, at_len);
+    free(at);
+    *start = end - run->w->windows.size_ms;
+    return found;
+  }
+  sessions s = read_sessions(r, key, key_len);
+  size_t i = 0;
+  while (i < s.count && s.items[i].end != end) i++;
+  bool found = i < s.count;
+  if (found) {
+    *start = s.items[i].start;
+    *len = s.items[i].acc_len;
+    *data = alloc(*len);
+    if (*len) memcpy(*data, s.items[i].acc, *len);
+    if (take) {
+      memmove(&s.items[i], &s.items[i + 1], (s.count - i - 1) * sizeof *s.items);
+      write_sessions(r, &s, s.items, s.count - 1);
+    }
+  }
+  free_sessions(&s);
+  return found;
+}
+
+static void close_window(run *run, const sluice_fired_timer *t) {
+  sluice_record r = sluice_timer_record(t);
+  int64_t start, end = t->at_ms + 1;
+  uint8_t *data = NULL;
+  size_t len = 0;
+  if (!find_window(run, &r, t->key, t->key_len, end, true, &start, &data, &len)) return;
+  const char *topic = "";
+  size_t topic_len = 0;
+  int32_t partition = 0;
+  if (!sluice_partition_of(run->batch, t->index, &topic, &topic_len, &partition)) topic = "";
+  emit_window(run, t->index, topic, topic_len, partition, t->key, t->key_len, start, end, data, len, false);
+  free(data);
+}
+
+/* By window: topic, partition, key, end. */
+static int compare_window(const touch *x, const touch *y) {
+  if (x->topic_len != y->topic_len) return x->topic_len < y->topic_len ? -1 : 1;
+  int c = memcmp(x->topic, y->topic, x->topic_len);
+  if (c) return c;
+  if (x->partition != y->partition) return x->partition < y->partition ? -1 : 1;
+  if (x->key_len != y->key_len) return x->key_len < y->key_len ? -1 : 1;
+  c = x->key_len ? memcmp(x->key, y->key, x->key_len) : 0;
+  if (c) return c;
+  if (x->end != y->end) return x->end < y->end ? -1 : 1;
+  return 0;
+}
+
+/* By window, then by when first changed. */
+static int compare_touch(const void *a, const void *b) {
+  const touch *x = a, *y = b;
+  int c = compare_window(x, y);
+  if (c) return c;
+  return x->order < y->order ? -1 : x->order > y->order ? 1 : 0;
+}
+
+static int compare_order(const void *a, const void *b) {
+  const touch *x = a, *y = b;
+  return x->order < y->order ? -1 : x->order > y->order ? 1 : 0;
+}
+
+/* Every window the batch changed, once each, in the order first changed. */
+static void emit_early(run *run) {
+  touches *t = run->touched;
+  qsort(t->items, t->count, sizeof *t->items, compare_touch);
+  size_t kept = 0;
+  for (size_t i = 0; i < t->count; i++) {
+    touch *x = &t->items[i];
+    if (kept > 0 && compare_window(x, &t->items[kept - 1]) == 0) free(x->key);
+    else t->items[kept++] = *x;
+  }
+  qsort(t->items, kept, sizeof *t->items, compare_order);
+  for (size_t i = 0; i < kept; i++) {
+    touch *x = &t->items[i];
+    sluice_record r = {.index = x->index};
+    int64_t start;
+    uint8_t *data = NULL;
+    size_t len = 0;
+    if (find_window(run, &r, x->key, x->key_len, x->end, false, &start, &data, &len)) {
+      emit_window(run, x->index, x->topic, x->topic_len, x->partition, x->key, x->key_len, start,
+                  x->end, data, len, true);
+    }
+    free(data), free(x->key);
+  }
+  free(t->items);
+}
+
+static void take_record(run *run, const sluice_record *r, sluice_take_fn take) {
+  sluice_event e = {0};
+  const char *reason = "rejected";
+  sluice_take taken = take(r, &e, &reason, run->ctx);
+  if (taken != SLUICE_TAKE_EVENT) {
+    sluice_time_clear_event_time(r->index);
+    if (taken == SLUICE_TAKE_REJECTED) sluice_reject(run->out, r, reason);
+    return;
+  }
+  int64_t time = r->timestamp, wm = 0;
+  if (e.has_time) {
+    time = e.time_ms;
+    sluice_time_set_event_time(r->index, time);
+  }
+  bool has_wm = sluice_time_watermark(r->index, &wm);
+  bool added = run->w->windows.kind == SLUICE_SESSION ? add_to_session(run, r, &e, time, has_wm, wm)
+                                                       : add_to_windows(run, r, &e, time, has_wm, wm);
+  if (!added) {
+    char shown[32], reason_text[128];
+    if (has_wm) snprintf(shown, sizeof shown, "Some(%lld)", (long long)wm);
+    else snprintf(shown, sizeof shown, "None");
+    snprintf(reason_text, sizeof reason_text,
+             "event time %lld is behind the watermark %s: its window has closed", (long long)time, shown);
+    sluice_time_late(r->index, reason_text);
+  }
+}
+
+void sluice_windowed_run(const sluice_windowed *windowed, sluice_batch *batch, sluice_output *out,
+                         sluice_take_fn take, sluice_emit_fn emit, void *ctx) {
+  touches touched = {0};
+  run run = {windowed, batch, out, emit, ctx, windowed->early ? &touched : NULL,
+             alloc(windowed->aggregate->acc_size), alloc(windowed->aggregate->acc_size)};
+  sluice_record r;
+  while (sluice_next(batch, &r)) take_record(&run, &r, take);
+  sluice_fired_timers due = sluice_due_timers();
+  for (size_t i = 0; i < due.count; i++) close_window(&run, &due.timers[i]);
+  sluice_fired_timers_free(&due);
+  if (run.touched) emit_early(&run);
+  free(run.acc), free(run.other);
+}
