@@ -8,7 +8,7 @@
 use crate::{numbered, produce, produce_transaction, spawn_until_caught_up};
 use rand::Rng;
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// Produces plain records, committed transactions and aborted ones (every
@@ -47,16 +47,31 @@ pub async fn kill_loop(
     kills: usize,
     rng: &mut impl Rng,
 ) -> (usize, i64) {
+    kill_group_loop(config, committed, kills, 1, rng).await
+}
+
+/// The kill loop over `members` processes of the pipeline at once (members
+/// of its consumer group, unless the config assigns partitions): each kill
+/// hits a random one, started again at once, so with more than one every
+/// kill is also a rebalance. A member that caught up on what it held and
+/// exited is started again too (it rejoins the group); the loop ends when
+/// every member has exited on its own. Returns as `kill_loop` does.
+pub async fn kill_group_loop(
+    config: &Path,
+    committed: impl AsyncFn() -> i64,
+    kills: usize,
+    members: usize,
+    rng: &mut impl Rng,
+) -> (usize, i64) {
     let mut done = 0;
     let mut batches = 0;
     let started = Instant::now();
+    let mut running: Vec<Option<Child>> = (0..members).map(|_| None).collect();
     while done < kills {
-        let mut child = spawn_until_caught_up(config, "warn", Stdio::null());
-        // Drained, so a pipeline printing its rows (the stdout sink) never
-        // blocks on a full pipe.
-        let mut out = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        while child.try_wait().expect("wait").is_none() && committed().await <= batches {
+        for slot in running.iter_mut().filter(|s| s.is_none()) {
+            *slot = Some(spawn_drained(config));
+        }
+        while !all_exited(&mut running) && committed().await <= batches {
             assert!(
                 started.elapsed() < Duration::from_secs(900),
                 "crash loop took too long"
@@ -64,13 +79,42 @@ pub async fn kill_loop(
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(0..60))).await;
+        let victim = if members > 1 {
+            rng.gen_range(0..members)
+        } else {
+            0
+        };
+        let child = running[victim].as_mut().expect("started above");
         if child.try_wait().expect("wait").is_some() {
-            break; // finished before we could kill it
+            if all_exited(&mut running) {
+                break; // finished before we could kill one
+            }
+            running[victim] = None; // caught up on what it held: it rejoins
+            continue;
         }
         child.kill().expect("SIGKILL"); // std's kill() is SIGKILL on Unix
         child.wait().expect("reap");
+        running[victim] = None;
         done += 1;
         batches = committed().await;
     }
+    for child in running.iter_mut().flatten() {
+        child.kill().ok();
+        child.wait().expect("reap");
+    }
     (done, batches)
+}
+
+/// `sluice run --until-caught-up CONFIG`, its stdout drained, so a pipeline
+/// printing its rows (the stdout sink) never blocks on a full pipe.
+fn spawn_drained(config: &Path) -> Child {
+    let mut child = spawn_until_caught_up(config, "warn", Stdio::null());
+    let mut out = child.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    child
+}
+
+/// Every member started has exited.
+fn all_exited(running: &mut [Option<Child>]) -> bool {
+    (running.iter_mut().flatten()).all(|c| c.try_wait().expect("wait").is_some())
 }

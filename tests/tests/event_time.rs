@@ -9,70 +9,49 @@
 //!
 //! Each test owns its topic, database (schema) and pipeline.
 
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use sluice_tests::control::assert_verified;
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::windows::{self, Expected, Shape};
 use sluice_tests::*;
-use std::process::Stdio;
-use std::time::Duration;
 
 const PARTITIONS: i32 = 3;
 const LATENESS_MS: i64 = 1_000;
 
-/// The kill loop over windowed input: ≥ 20 SIGKILLs 0-60 ms after a batch
-/// lands, a final run, then every final window once with its value, every
-/// late record a `late` dead letter once, lineage contiguous and every
-/// batch replayed alike.
-async fn windows_survive_sigkills(db: SinkDb, name: &str, shape: Shape, seed: u64) {
+/// The kill loop over windowed input with `members` processes of the
+/// pipeline (more than one: members of its consumer group, each kill a
+/// rebalance): ≥ 20 SIGKILLs 0-60 ms after a batch lands, a final run,
+/// then every final window once with its value, every late record a
+/// `late` dead letter once, lineage contiguous and every batch replayed
+/// alike.
+async fn windows_survive_sigkills(db: SinkDb, name: &str, shape: Shape, seed: u64, members: usize) {
     let broker = Broker::start();
     let brokers = broker.brokers.as_str();
     create_topic(brokers, name, PARTITIONS);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     produce(brokers, name, &windows::input(PARTITIONS, 12_000, &mut rng));
     let dir = TempDir::new(name);
-    // Batches of 100 records a partition: ≥ 120 batches, so the kills
-    // (each after one batch lands, several may land before it hits) do not
-    // run out of batches before the 20th.
+    // Batches of 100 records a partition (≥ 120 batches), 50 with two
+    // members (each kill also waits out a rebalance), so the kills (each
+    // after one batch lands, several may land before it hits) do not run
+    // out of batches before the 20th.
+    let per_batch = 100 / members as u32;
     let windowed = windows::config(name, brokers, shape, LATENESS_MS);
-    let config = (db.configure(windowed.max_records_per_partition(100))).write(dir.path());
+    let config = (db.configure(windowed.max_records_per_partition(per_batch))).write(dir.path());
     let committed = async || db.committed_batches().await;
-    let (kills, _) = crash::kill_loop(&config, committed, 22, &mut rng).await;
+    let (kills, _) = crash::kill_group_loop(&config, committed, 22, members, &mut rng).await;
     assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");
-    assert_windows_exact(
-        &db,
-        name,
-        brokers,
-        shape,
-        &config,
-        &format!("{kills} SIGKILLs"),
-    )
-    .await;
-}
-
-/// After the last run: every final window once with its value, every late
-/// record a `late` dead letter once (against a recomputation from an
-/// independent `read_committed` read), lineage contiguous and every batch
-/// replayed alike.
-async fn assert_windows_exact(
-    db: &SinkDb,
-    name: &str,
-    brokers: &str,
-    shape: Shape,
-    config: &std::path::Path,
-    through: &str,
-) {
-    run_ok(config);
+    run_ok(&config);
     let input = read_committed(brokers, name, PARTITIONS);
     let expected = Expected::of(&input, shape, LATENESS_MS);
     assert!(expected.rows.len() > 300, "{} windows", expected.rows.len());
     assert!(expected.late.len() > 100, "{} late", expected.late.len());
-    windows::assert_stored(db, name, &expected).await;
+    windows::assert_stored(&db, name, &expected).await;
     db.assert_contiguous_lineage(name).await;
-    let batches = assert_verified(config);
+    let batches = assert_verified(&config);
     println!(
-        "{name}: {through}; {} records; {} windows closed exactly once, {} late records \
-         dead-lettered exactly once; {batches} batches verified",
+        "{name}: {kills} SIGKILLs of one of {members} processes; {} records; {} windows closed \
+         exactly once, {} late records dead-lettered exactly once; {batches} batches verified",
         input.len(),
         expected.rows.len(),
         expected.late.len()
@@ -90,56 +69,7 @@ async fn tumbling_windows_close_exactly_once_through_rebalances_and_sigkills() {
     let name = "windows_rebalance";
     let db = SinkDb::fresh_postgres(name).await;
     let shape = Shape::Tumbling { size_ms: 10_000 };
-    let broker = Broker::start();
-    let brokers = broker.brokers.as_str();
-    create_topic(brokers, name, PARTITIONS);
-    let mut rng = rand::rngs::StdRng::seed_from_u64(0x7eb);
-    produce(brokers, name, &windows::input(PARTITIONS, 12_000, &mut rng));
-    let dir = TempDir::new(name);
-    let windowed = windows::config(name, brokers, shape, LATENESS_MS);
-    let config = (db.configure(windowed.max_records_per_partition(50))).write(dir.path());
-    let spawn = || {
-        let mut child = spawn_until_caught_up(&config, "warn", Stdio::null());
-        let mut out = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-        child
-    };
-    let mut members = [spawn(), spawn()];
-    let (mut kills, mut batches) = (0, db.committed_batches().await);
-    let started = std::time::Instant::now();
-    'kills: while kills < 22 {
-        while db.committed_batches().await <= batches {
-            if members
-                .iter_mut()
-                .all(|m| m.try_wait().expect("wait").is_some())
-            {
-                break 'kills; // both caught up before we could kill one
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(900),
-                "took too long"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(rng.gen_range(0..60))).await;
-        let victim = rng.gen_range(0..2);
-        if members[victim].try_wait().expect("wait").is_some() {
-            members[victim] = spawn(); // it caught up on what it held: back in the group
-            continue;
-        }
-        members[victim].kill().expect("SIGKILL");
-        members[victim].wait().expect("reap");
-        kills += 1;
-        batches = db.committed_batches().await;
-        members[victim] = spawn();
-    }
-    for member in &mut members {
-        member.kill().ok();
-        member.wait().expect("reap");
-    }
-    assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");
-    let through = format!("{kills} SIGKILLs of one of two group members");
-    assert_windows_exact(&db, name, brokers, shape, &config, &through).await;
+    windows_survive_sigkills(db, name, shape, 0x7eb, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -147,7 +77,7 @@ async fn tumbling_windows_close_exactly_once_through_sigkills() {
     let name = "windows_tumbling_crash";
     let db = SinkDb::fresh_postgres(name).await;
     let shape = Shape::Tumbling { size_ms: 10_000 };
-    windows_survive_sigkills(db, name, shape, 0x7e1).await;
+    windows_survive_sigkills(db, name, shape, 0x7e1, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -155,7 +85,7 @@ async fn session_windows_close_exactly_once_through_sigkills() {
     let dir = TempDir::new("windows-session-crash");
     let db = SinkDb::Sqlite(dir.path().join("crash.db"));
     let shape = Shape::Session { gap_ms: 400 };
-    windows_survive_sigkills(db, "windows_session_crash", shape, 0x5e5).await;
+    windows_survive_sigkills(db, "windows_session_crash", shape, 0x5e5, 1).await;
 }
 
 /// Hopping windows with early rows: the final rows are exactly the
