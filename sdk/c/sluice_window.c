@@ -145,11 +145,9 @@ static void touch_window(run *run, const sluice_record *r, const uint8_t *key, s
   t->count++;
 }
 
-/* The accumulator in `data` into `acc`, or a fresh one. */
-static void decode_or_init(run *run, void *acc, const uint8_t *data, size_t len) {
-  const sluice_aggregate *agg = run->w->aggregate;
-  if (!data || !agg->decode(acc, data, len, run->ctx)) agg->init(acc, run->ctx);
-}
+/* What `decode` is given for an empty value (which a state read returns
+ * as NULL). */
+static const uint8_t NO_BYTES[1] = {0};
 
 static int64_t rem_euclid(int64_t a, int64_t b) {
   int64_t r = a % b;
@@ -171,11 +169,9 @@ static bool add_to_windows(run *run, const sluice_record *r, const sluice_event 
     size_t at_len, len = 0;
     uint8_t *at = window_key(end, e->key, e->key_len, &at_len), *stored = NULL;
     bool found = sluice_state_get(r, at, at_len, &stored, &len);
-    if (!found) {
-      sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
+    if (!found) sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
+    if (!found || !agg->decode(run->acc, stored ? stored : NO_BYTES, len, run->ctx)) {
       agg->init(run->acc, run->ctx);
-    } else {
-      decode_or_init(run, run->acc, stored ? stored : (const uint8_t *)"", len);
     }
     agg->add(run->acc, e->input, run->ctx);
     size_t out_len;
@@ -245,7 +241,7 @@ static bool add_to_session(run *run, const sluice_record *r, const sluice_event 
 static void emit_window(run *run, uint32_t index, const char *topic, size_t topic_len,
                         int32_t partition, const uint8_t *key, size_t key_len, int64_t start,
                         int64_t end, const uint8_t *data, size_t len, bool early) {
-  if (!run->w->aggregate->decode(run->acc, data ? data : (const uint8_t *)"", len, run->ctx)) return;
+  if (!run->w->aggregate->decode(run->acc, data ? data : NO_BYTES, len, run->ctx)) return;
   sluice_window_value w = {topic, topic_len, partition, key, key_len, start, end, run->acc, early, index};
   run->emit(run->out, &w, run->ctx);
 }
@@ -290,7 +286,8 @@ static void close_window(run *run, const sluice_fired_timer *t) {
   const char *topic = "";
   size_t topic_len = 0;
   int32_t partition = 0;
-  if (!sluice_partition_of(run->batch, t->index, &topic, &topic_len, &partition)) topic = "";
+  /* A timer names a record of the batch: its partition is found. */
+  (void)sluice_partition_of(run->batch, t->index, &topic, &topic_len, &partition);
   emit_window(run, t->index, topic, topic_len, partition, t->key, t->key_len, start, end, data, len, false);
   free(data);
 }
