@@ -111,10 +111,14 @@ func timeDueTimersImport(result unsafe.Pointer)
 //go:wasmimport sluice:plugin/time@0.1.2 late
 func timeLateImport(index uint32, reason string)
 
+// watermarkResult is where `watermark` writes, once per record: one
+// block for the instance (it runs one call at a time), not one allocation
+// per call.
+var watermarkResult [2]uint64
+
 func timeWatermark(index uint32) (int64, bool) {
-	result := make([]uint64, 2)
-	timeWatermarkImport(index, unsafe.Pointer(&result[0]))
-	return int64(result[1]), result[0]&0xff != 0
+	timeWatermarkImport(index, unsafe.Pointer(&watermarkResult[0]))
+	return int64(watermarkResult[1]), watermarkResult[0]&0xff != 0
 }
 
 func timeSetRecordTime(index uint32, has bool, timeMs int64) {
