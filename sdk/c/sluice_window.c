@@ -12,11 +12,19 @@
 #define PREFIX_LEN 9
 static const uint8_t WINDOW_PREFIX[PREFIX_LEN] = "sluice/w/";
 static const uint8_t SESSION_PREFIX[PREFIX_LEN] = "sluice/s/";
+static const uint8_t RETAINED_PREFIX[PREFIX_LEN] = "sluice/r/";
+static const uint8_t RETAINED_SESSION_PREFIX[PREFIX_LEN] = "sluice/t/";
 
 static void *alloc(size_t n) {
   void *p = malloc(n ? n : 1);
   if (!p) abort();
   return p;
+}
+
+static uint8_t *copy_bytes(const uint8_t *data, size_t len) {
+  uint8_t *copy = alloc(len);
+  if (len) memcpy(copy, data, len);
+  return copy;
 }
 
 static void put_be(uint8_t *p, uint64_t v, int bytes) {
@@ -29,11 +37,13 @@ static uint64_t get_be(const uint8_t *p, int bytes) {
   return v;
 }
 
-/* `sluice/w/` + end (8 bytes that sort as the numbers do) + key. */
-static uint8_t *window_key(int64_t end, const uint8_t *key, size_t key_len, size_t *len) {
+/* `prefix` (`sluice/w/` or `sluice/r/`) + end (8 bytes that sort as the
+ * numbers do) + key. */
+static uint8_t *window_key(const uint8_t *prefix, int64_t end, const uint8_t *key, size_t key_len,
+                           size_t *len) {
   *len = PREFIX_LEN + 8 + key_len;
   uint8_t *at = alloc(*len);
-  memcpy(at, WINDOW_PREFIX, PREFIX_LEN);
+  memcpy(at, prefix, PREFIX_LEN);
   put_be(at + PREFIX_LEN, (uint64_t)end ^ (1ull << 63), 8);
   if (key_len) memcpy(at + PREFIX_LEN + 8, key, key_len);
   return at;
@@ -45,28 +55,31 @@ typedef struct session {
   size_t acc_len;
 } session;
 
-/* The open sessions of a key, in start order; `data` holds their bytes. */
+/* The sessions of a key, in start order; `data` holds their bytes. */
 typedef struct sessions {
   session *items;
   size_t count;
   uint8_t *data;
-  uint8_t *key; /* `sluice/s/` + the user key */
+  uint8_t *key; /* `prefix` (`sluice/s/` or `sluice/t/`) + the user key */
   size_t key_len;
 } sessions;
 
-static sessions read_sessions(const sluice_record *r, const uint8_t *key, size_t key_len) {
+static sessions read_sessions(const sluice_record *r, const uint8_t *prefix, const uint8_t *key,
+                              size_t key_len) {
   sessions s = {0};
   s.key_len = PREFIX_LEN + key_len;
   s.key = alloc(s.key_len);
-  memcpy(s.key, SESSION_PREFIX, PREFIX_LEN);
+  memcpy(s.key, prefix, PREFIX_LEN);
   if (key_len) memcpy(s.key + PREFIX_LEN, key, key_len);
   size_t len = 0;
   if (!sluice_state_get(r, s.key, s.key_len, &s.data, &len)) s.data = NULL, len = 0;
-  size_t cap = 0;
+  /* One spare slot: a session may be added. */
+  size_t cap = 1;
+  s.items = alloc(cap * sizeof *s.items);
   for (size_t at = 0; at + 20 <= len;) {
     size_t n = (size_t)get_be(s.data + at + 16, 4);
-    if (s.count == cap) {
-      cap = cap ? cap * 2 : 4;
+    if (s.count + 1 == cap) {
+      cap *= 2;
       s.items = realloc(s.items, cap * sizeof *s.items);
       if (!s.items) abort();
     }
@@ -102,7 +115,24 @@ static void free_sessions(sessions *s) {
   free(s->items), free(s->data), free(s->key);
 }
 
-/* A window a batch changed, for early rows. */
+/* Sessions in start order, the new one after those it ties with. */
+static void sort_sessions(session *items, size_t count) {
+  for (size_t i = 1; i < count; i++) {
+    session s = items[i];
+    size_t j = i;
+    for (; j > 0 && items[j - 1].start > s.start; j--) items[j] = items[j - 1];
+    items[j] = s;
+  }
+}
+
+/* Removes item `i` of `s` and writes the rest. */
+static void remove_session(const sluice_record *r, sessions *s, size_t i) {
+  memmove(&s->items[i], &s->items[i + 1], (s->count - i - 1) * sizeof *s->items);
+  s->count--;
+  write_sessions(r, s, s->items, s->count);
+}
+
+/* A window a batch changed, for early or update rows. */
 typedef struct touch {
   uint32_t index;
   const char *topic;
@@ -119,6 +149,21 @@ typedef struct touches {
   size_t count, cap;
 } touches;
 
+/* A window as it was when it closed: its final value. */
+typedef struct closed {
+  uint32_t index;
+  uint8_t *key;
+  size_t key_len;
+  int64_t start, end;
+  uint8_t *data;
+  size_t len;
+} closed;
+
+typedef struct closeds {
+  closed *items;
+  size_t count, cap;
+} closeds;
+
 /* One run's context: what every step needs. */
 typedef struct run {
   const sluice_windowed *w;
@@ -126,23 +171,35 @@ typedef struct run {
   sluice_output *out;
   sluice_emit_fn emit;
   void *ctx;
-  touches *touched; /* NULL unless early */
+  touches *early;  /* open windows changed; NULL unless early */
+  touches updated; /* closed windows late records changed */
+  closeds closed;  /* windows a late record reached before their timer */
   void *acc, *other; /* two accumulators, reused */
 } run;
 
-static void touch_window(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
+static void touch_window(touches *t, const sluice_record *r, const uint8_t *key, size_t key_len,
                          int64_t end) {
-  touches *t = run->touched;
   if (!t) return;
   if (t->count == t->cap) {
     t->cap = t->cap ? t->cap * 2 : 64;
     t->items = realloc(t->items, t->cap * sizeof *t->items);
     if (!t->items) abort();
   }
-  uint8_t *copy = alloc(key_len);
-  if (key_len) memcpy(copy, key, key_len);
-  t->items[t->count] = (touch){r->index, r->topic, r->topic_len, r->partition, copy, key_len, end, t->count};
+  t->items[t->count] =
+      (touch){r->index, r->topic, r->topic_len, r->partition, copy_bytes(key, key_len), key_len, end, t->count};
   t->count++;
+}
+
+static void push_closed(run *run, uint32_t index, const uint8_t *key, size_t key_len, int64_t start,
+                        int64_t end, const uint8_t *data, size_t len) {
+  closeds *c = &run->closed;
+  if (c->count == c->cap) {
+    c->cap = c->cap ? c->cap * 2 : 16;
+    c->items = realloc(c->items, c->cap * sizeof *c->items);
+    if (!c->items) abort();
+  }
+  c->items[c->count++] =
+      (closed){index, copy_bytes(key, key_len), key_len, start, end, copy_bytes(data, len), len};
 }
 
 /* What `decode` is given for an empty value (which a state read returns
@@ -154,9 +211,52 @@ static int64_t rem_euclid(int64_t a, int64_t b) {
   return r < 0 ? r + b : r;
 }
 
+/* Whether a window ending at `end`, closed by the watermark `wm`, still
+ * takes late records. */
+static bool retained(const run *run, int64_t end, int64_t wm) {
+  return run->w->retain_ms > 0 && end - 1 + run->w->retain_ms > wm;
+}
+
+/* `data` (found or not) decoded into run->acc, or init; `input` added;
+ * encoded into state under `at`. */
+static void add_and_store(run *run, const sluice_record *r, const uint8_t *at, size_t at_len,
+                          bool found, const uint8_t *data, size_t len, const void *input) {
+  const sluice_aggregate *agg = run->w->aggregate;
+  if (!found || !agg->decode(run->acc, data ? data : NO_BYTES, len, run->ctx)) agg->init(run->acc, run->ctx);
+  agg->add(run->acc, input, run->ctx);
+  size_t out_len;
+  uint8_t *encoded = agg->encode(run->acc, &out_len, run->ctx);
+  sluice_state_set(r, at, at_len, encoded, out_len);
+  free(encoded);
+}
+
+/* Adds a late event to the closed window [start, end) if it is retained
+ * (closing it first if its timer has not yet). */
+static bool update_closed_window(run *run, const sluice_record *r, const sluice_event *e, int64_t start,
+                                 int64_t end, int64_t wm) {
+  if (!retained(run, end, wm)) return false;
+  size_t at_len, len = 0;
+  uint8_t *at = window_key(RETAINED_PREFIX, end, e->key, e->key_len, &at_len), *data = NULL;
+  bool found = sluice_state_get(r, at, at_len, &data, &len);
+  if (!found) {
+    size_t open_len;
+    uint8_t *open = window_key(WINDOW_PREFIX, end, e->key, e->key_len, &open_len);
+    found = sluice_state_get(r, open, open_len, &data, &len);
+    if (found) {
+      sluice_state_delete(r, open, open_len);
+      push_closed(run, r->index, e->key, e->key_len, start, end, data, len);
+    }
+    sluice_time_set_timer(r->index, e->key, e->key_len, end - 1 + run->w->retain_ms);
+    free(open);
+  }
+  add_and_store(run, r, at, at_len, found, data, len, e->input);
+  free(data), free(at);
+  touch_window(&run->updated, r, e->key, e->key_len, end);
+  return true;
+}
+
 static bool add_to_windows(run *run, const sluice_record *r, const sluice_event *e, int64_t time,
                            bool has_wm, int64_t wm) {
-  const sluice_aggregate *agg = run->w->aggregate;
   int64_t size = run->w->windows.size_ms;
   int64_t hop = run->w->windows.kind == SLUICE_HOPPING ? run->w->windows.hop_ms : size;
   int64_t latest = time - rem_euclid(time, hop);
@@ -165,40 +265,78 @@ static bool add_to_windows(run *run, const sluice_record *r, const sluice_event 
   bool added = false;
   for (size_t i = windows; i-- > 0;) {
     int64_t end = latest - (int64_t)i * hop + size;
-    if (has_wm && end - 1 <= wm) continue;
+    if (has_wm && end - 1 <= wm) {
+      if (update_closed_window(run, r, e, end - size, end, wm)) added = true;
+      continue;
+    }
     size_t at_len, len = 0;
-    uint8_t *at = window_key(end, e->key, e->key_len, &at_len), *stored = NULL;
+    uint8_t *at = window_key(WINDOW_PREFIX, end, e->key, e->key_len, &at_len), *stored = NULL;
     bool found = sluice_state_get(r, at, at_len, &stored, &len);
     if (!found) sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
-    if (!found || !agg->decode(run->acc, stored ? stored : NO_BYTES, len, run->ctx)) {
-      agg->init(run->acc, run->ctx);
-    }
-    agg->add(run->acc, e->input, run->ctx);
-    size_t out_len;
-    uint8_t *encoded = agg->encode(run->acc, &out_len, run->ctx);
-    sluice_state_set(r, at, at_len, encoded, out_len);
-    free(encoded), free(stored), free(at);
-    touch_window(run, r, e->key, e->key_len, end);
+    add_and_store(run, r, at, at_len, found, stored, len, e->input);
+    free(stored), free(at);
+    touch_window(run->early, r, e->key, e->key_len, end);
     added = true;
   }
   return added;
 }
 
-/* Sessions in start order, the new one after open ones it ties with. */
-static void sort_sessions(session *items, size_t count) {
-  for (size_t i = 1; i < count; i++) {
-    session s = items[i];
-    size_t j = i;
-    for (; j > 0 && items[j - 1].start > s.start; j--) items[j] = items[j - 1];
-    items[j] = s;
+/* The first session of `s` holding `time` within its records (first to
+ * last) that is still retained (and, if `closed_only`, closed by `wm`);
+ * s->count if none. */
+static size_t holding(const run *run, const sessions *s, int64_t time, int64_t wm, bool closed_only) {
+  int64_t gap = run->w->windows.gap_ms;
+  for (size_t i = 0; i < s->count; i++) {
+    const session *x = &s->items[i];
+    bool closed = x->end - 1 <= wm;
+    if ((closed || !closed_only) && retained(run, x->end, wm) && x->start <= time && time <= x->end - gap) {
+      return i;
+    }
   }
+  return s->count;
+}
+
+/* Adds a late event to the retained closed session of its key whose
+ * records' span holds its time (closing it first if its timer has not
+ * yet: `open` are the key's open sessions); false if none. */
+static bool update_closed_session(run *run, const sluice_record *r, const sluice_event *e, int64_t time,
+                                  int64_t wm, sessions *open) {
+  if (run->w->retain_ms <= 0) return false;
+  sessions kept = read_sessions(r, RETAINED_SESSION_PREFIX, e->key, e->key_len);
+  size_t at = holding(run, &kept, time, wm, false);
+  if (at == kept.count) {
+    size_t i = holding(run, open, time, wm, true);
+    if (i == open->count) {
+      free_sessions(&kept);
+      return false;
+    }
+    session s = open->items[i]; /* its bytes stay in open->data */
+    remove_session(r, open, i);
+    push_closed(run, r->index, e->key, e->key_len, s.start, s.end, s.acc, s.acc_len);
+    sluice_time_set_timer(r->index, e->key, e->key_len, s.end - 1 + run->w->retain_ms);
+    kept.items[kept.count++] = s;
+    sort_sessions(kept.items, kept.count);
+    at = holding(run, &kept, time, wm, false);
+  }
+  const sluice_aggregate *agg = run->w->aggregate;
+  session *s = &kept.items[at];
+  if (!agg->decode(run->acc, s->acc_len ? s->acc : NO_BYTES, s->acc_len, run->ctx)) agg->init(run->acc, run->ctx);
+  agg->add(run->acc, e->input, run->ctx);
+  uint8_t *encoded = agg->encode(run->acc, &s->acc_len, run->ctx);
+  s->acc = encoded;
+  int64_t end = s->end;
+  write_sessions(r, &kept, kept.items, kept.count);
+  free(encoded);
+  free_sessions(&kept);
+  touch_window(&run->updated, r, e->key, e->key_len, end);
+  return true;
 }
 
 static bool add_to_session(run *run, const sluice_record *r, const sluice_event *e, int64_t time,
                            bool has_wm, int64_t wm) {
   const sluice_aggregate *agg = run->w->aggregate;
   int64_t gap = run->w->windows.gap_ms, start = time, end = time + gap;
-  sessions s = read_sessions(r, e->key, e->key_len);
+  sessions s = read_sessions(r, SESSION_PREFIX, e->key, e->key_len);
   bool *meets = alloc(s.count);
   for (size_t i = 0; i < s.count; i++) {
     /* A session the watermark has passed is closed, though its timer fires
@@ -208,8 +346,10 @@ static bool add_to_session(run *run, const sluice_record *r, const sluice_event 
     if (meets[i] && s.items[i].start < start) start = s.items[i].start;
     if (meets[i] && s.items[i].end > end) end = s.items[i].end;
   }
-  bool added = !(has_wm && end - 1 <= wm);
-  if (added) {
+  bool added;
+  if (has_wm && end - 1 <= wm) {
+    added = update_closed_session(run, r, e, time, wm, &s);
+  } else {
     agg->init(run->acc, run->ctx);
     agg->add(run->acc, e->input, run->ctx);
     session *kept = alloc((s.count + 1) * sizeof *kept);
@@ -219,7 +359,10 @@ static bool add_to_session(run *run, const sluice_record *r, const sluice_event 
         kept[count++] = s.items[i];
         continue;
       }
-      if (s.items[i].end != end) sluice_time_delete_timer(r->index, e->key, e->key_len, s.items[i].end - 1);
+      /* With a retention, the timer may also forget a closed session. */
+      if (s.items[i].end != end && run->w->retain_ms <= 0) {
+        sluice_time_delete_timer(r->index, e->key, e->key_len, s.items[i].end - 1);
+      }
       if (agg->decode(run->other, s.items[i].acc, s.items[i].acc_len, run->ctx)) {
         agg->merge(run->acc, run->other, run->ctx);
       }
@@ -231,64 +374,87 @@ static bool add_to_session(run *run, const sluice_record *r, const sluice_event 
     sort_sessions(kept, count);
     write_sessions(r, &s, kept, count);
     free(encoded), free(kept);
-    touch_window(run, r, e->key, e->key_len, end);
+    touch_window(run->early, r, e->key, e->key_len, end);
+    added = true;
   }
   free(meets);
   free_sessions(&s);
   return added;
 }
 
-static void emit_window(run *run, uint32_t index, const char *topic, size_t topic_len,
-                        int32_t partition, const uint8_t *key, size_t key_len, int64_t start,
-                        int64_t end, const uint8_t *data, size_t len, bool early) {
+static void emit_window(run *run, uint32_t index, const uint8_t *key, size_t key_len, int64_t start,
+                        int64_t end, const uint8_t *data, size_t len, sluice_emit_kind why) {
   if (!run->w->aggregate->decode(run->acc, data ? data : NO_BYTES, len, run->ctx)) return;
-  sluice_window_value w = {topic, topic_len, partition, key, key_len, start, end, run->acc, early, index};
+  const char *topic = "";
+  size_t topic_len = 0;
+  int32_t partition = 0;
+  /* `index` names a record of the batch: its partition is found. */
+  (void)sluice_partition_of(run->batch, index, &topic, &topic_len, &partition);
+  sluice_window_value w = {topic, topic_len, partition, key, key_len, start, end, run->acc, why, index};
   run->emit(run->out, &w, run->ctx);
 }
 
-/* The window (or session) of `key` ending at `end`: its start and a copy
- * of its bytes, removed from state when `take`. */
+/* The window (or session) of `key` ending at `end`, open or `kept`
+ * (retained): its start and a copy of its bytes, removed from state when
+ * `take`. */
 static bool find_window(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
-                        int64_t end, bool take, int64_t *start, uint8_t **data, size_t *len) {
+                        int64_t end, bool kept, bool take, int64_t *start, uint8_t **data, size_t *len) {
   if (run->w->windows.kind != SLUICE_SESSION) {
     size_t at_len;
-    uint8_t *at = window_key(end, key, key_len, &at_len);
+    uint8_t *at = window_key(kept ? RETAINED_PREFIX : WINDOW_PREFIX, end, key, key_len, &at_len);
     bool found = sluice_state_get(r, at, at_len, data, len);
     if (found && take) sluice_state_delete(r, at, at_len);
     free(at);
     *start = end - run->w->windows.size_ms;
     return found;
   }
-  sessions s = read_sessions(r, key, key_len);
+  sessions s = read_sessions(r, kept ? RETAINED_SESSION_PREFIX : SESSION_PREFIX, key, key_len);
   size_t i = 0;
   while (i < s.count && s.items[i].end != end) i++;
   bool found = i < s.count;
   if (found) {
     *start = s.items[i].start;
     *len = s.items[i].acc_len;
-    *data = alloc(*len);
-    if (*len) memcpy(*data, s.items[i].acc, *len);
-    if (take) {
-      memmove(&s.items[i], &s.items[i + 1], (s.count - i - 1) * sizeof *s.items);
-      write_sessions(r, &s, s.items, s.count - 1);
-    }
+    *data = copy_bytes(s.items[i].acc, *len);
+    if (take) remove_session(r, &s, i);
   }
   free_sessions(&s);
   return found;
 }
 
+/* Keeps a closed window for late records. */
+static void keep_closed(run *run, const sluice_record *r, const uint8_t *key, size_t key_len, int64_t start,
+                        int64_t end, const uint8_t *data, size_t len) {
+  if (run->w->windows.kind != SLUICE_SESSION) {
+    size_t at_len;
+    uint8_t *at = window_key(RETAINED_PREFIX, end, key, key_len, &at_len);
+    sluice_state_set(r, at, at_len, data, len);
+    free(at);
+    return;
+  }
+  sessions kept = read_sessions(r, RETAINED_SESSION_PREFIX, key, key_len);
+  kept.items[kept.count++] = (session){start, end, data, len};
+  sort_sessions(kept.items, kept.count);
+  write_sessions(r, &kept, kept.items, kept.count);
+  free_sessions(&kept);
+}
+
+/* Hands out the window `t` closes, as final, keeping it if there is a
+ * retention; forgets the retained window it ends. */
 static void close_window(run *run, const sluice_fired_timer *t) {
   sluice_record r = sluice_timer_record(t);
-  int64_t start, end = t->at_ms + 1;
+  int64_t start, end = t->at_ms + 1, retain = run->w->retain_ms;
   uint8_t *data = NULL;
   size_t len = 0;
-  if (!find_window(run, &r, t->key, t->key_len, end, true, &start, &data, &len)) return;
-  const char *topic = "";
-  size_t topic_len = 0;
-  int32_t partition = 0;
-  /* A timer names a record of the batch: its partition is found. */
-  (void)sluice_partition_of(run->batch, t->index, &topic, &topic_len, &partition);
-  emit_window(run, t->index, topic, topic_len, partition, t->key, t->key_len, start, end, data, len, false);
+  if (retain > 0 && find_window(run, &r, t->key, t->key_len, end - retain, true, true, &start, &data, &len)) {
+    free(data), data = NULL, len = 0;
+  }
+  if (!find_window(run, &r, t->key, t->key_len, end, false, true, &start, &data, &len)) return;
+  if (retain > 0) {
+    keep_closed(run, &r, t->key, t->key_len, start, end, data, len);
+    sluice_time_set_timer(t->index, t->key, t->key_len, t->at_ms + retain);
+  }
+  emit_window(run, t->index, t->key, t->key_len, start, end, data, len, SLUICE_EMIT_FINAL);
   free(data);
 }
 
@@ -318,9 +484,9 @@ static int compare_order(const void *a, const void *b) {
   return x->order < y->order ? -1 : x->order > y->order ? 1 : 0;
 }
 
-/* Every window the batch changed, once each, in the order first changed. */
-static void emit_early(run *run) {
-  touches *t = run->touched;
+/* Every window in `t` (early: still open; update: still retained), once
+ * each, in the order first changed. */
+static void emit_changed(run *run, touches *t, sluice_emit_kind why) {
   qsort(t->items, t->count, sizeof *t->items, compare_touch);
   size_t kept = 0;
   for (size_t i = 0; i < t->count; i++) {
@@ -335,9 +501,9 @@ static void emit_early(run *run) {
     int64_t start;
     uint8_t *data = NULL;
     size_t len = 0;
-    if (find_window(run, &r, x->key, x->key_len, x->end, false, &start, &data, &len)) {
-      emit_window(run, x->index, x->topic, x->topic_len, x->partition, x->key, x->key_len, start,
-                  x->end, data, len, true);
+    bool kept_window = why == SLUICE_EMIT_UPDATE;
+    if (find_window(run, &r, x->key, x->key_len, x->end, kept_window, false, &start, &data, &len)) {
+      emit_window(run, x->index, x->key, x->key_len, start, x->end, data, len, why);
     }
     free(data), free(x->key);
   }
@@ -373,14 +539,22 @@ static void take_record(run *run, const sluice_record *r, sluice_take_fn take) {
 
 void sluice_windowed_run(const sluice_windowed *windowed, sluice_batch *batch, sluice_output *out,
                          sluice_take_fn take, sluice_emit_fn emit, void *ctx) {
-  touches touched = {0};
-  run run = {windowed, batch, out, emit, ctx, windowed->early ? &touched : NULL,
+  touches early = {0};
+  run run = {windowed, batch, out, emit, ctx, windowed->early ? &early : NULL, {0}, {0},
              alloc(windowed->aggregate->acc_size), alloc(windowed->aggregate->acc_size)};
   sluice_record r;
   while (sluice_next(batch, &r)) take_record(&run, &r, take);
   sluice_fired_timers due = sluice_due_timers();
+  for (size_t i = 0; i < run.closed.count; i++) {
+    closed *c = &run.closed.items[i];
+    emit_window(&run, c->index, c->key, c->key_len, c->start, c->end, c->data, c->len, SLUICE_EMIT_FINAL);
+    free(c->key), free(c->data);
+  }
+  free(run.closed.items);
+  /* Before the timers: one may forget a window this batch updated. */
+  emit_changed(&run, &run.updated, SLUICE_EMIT_UPDATE);
   for (size_t i = 0; i < due.count; i++) close_window(&run, &due.timers[i]);
   sluice_fired_timers_free(&due);
-  if (run.touched) emit_early(&run);
+  if (run.early) emit_changed(&run, run.early, SLUICE_EMIT_EARLY);
   free(run.acc), free(run.other);
 }

@@ -3,7 +3,8 @@
  * aggregate, emitted once when the partition's watermark passes their end
  * (and, optionally, early on every batch that changes them). A record
  * whose windows have all closed is a dead letter of kind `late`, never
- * dropped.
+ * dropped, or, with `retain_ms`, updates a window that closed less than
+ * that ago (handed out again as an update).
  *
  * It keeps windows in state exactly as the Rust, Python and JavaScript
  * SDKs do (docs/event-time.md), so a windowed transform gives the same
@@ -60,6 +61,13 @@ typedef struct sluice_windowed {
   const sluice_aggregate *aggregate;
   /* Also hand out every open window a batch changed, as early. */
   bool early;
+  /* Keep each closed window this much more event time: a record behind
+   * the watermark whose window ended less than `retain_ms` before it
+   * updates the window (handed out again as an update, once per batch)
+   * instead of becoming a `late` dead letter; a closed session only if
+   * the record's time is within its records (first to last), so its
+   * bounds never move. 0: no updates. */
+  int64_t retain_ms;
 } sluice_windowed;
 
 /* What `take` says of a record. */
@@ -83,9 +91,19 @@ typedef struct sluice_event {
   const void *input;
 } sluice_event;
 
-/* A window's value, handed to `emit`; `early` is true for a window the
- * batch changed, still open, false for a final one (handed out once).
- * Pointers live until `emit` returns. */
+/* Why a window's value is handed out. */
+typedef enum sluice_emit_kind {
+  /* The watermark passed the window's end: handed out once. */
+  SLUICE_EMIT_FINAL,
+  /* The batch changed the window, which is still open (with `early`). */
+  SLUICE_EMIT_EARLY,
+  /* Late records changed the closed window (with `retain_ms`), once per
+   * batch that changed it. */
+  SLUICE_EMIT_UPDATE,
+} sluice_emit_kind;
+
+/* A window's value, handed to `emit`. Pointers live until `emit`
+ * returns. */
 typedef struct sluice_window_value {
   const char *topic;
   size_t topic_len;
@@ -94,7 +112,7 @@ typedef struct sluice_window_value {
   size_t key_len;
   int64_t start_ms, end_ms;
   const void *acc;
-  bool early;
+  sluice_emit_kind emit;
   /* Names the window's partition in state calls. */
   uint32_t index;
 } sluice_window_value;
@@ -106,9 +124,11 @@ typedef void (*sluice_emit_fn)(sluice_output *out, const sluice_window_value *wi
 /* Runs the batch: `take` says once per record what it brings (a record in
  * no window does not move the watermark, so a malformed record's Kafka
  * timestamp cannot close windows); each event goes into its windows, or
- * becomes a `late` dead letter; then every window the watermark passed is
- * handed to `emit` once, as final (and, with `early`, every other window
- * the batch changed as early). It reads the batch to its end. */
+ * updates retained ones, or becomes a `late` dead letter; then every
+ * window the watermark passed is handed to `emit` once, as final, every
+ * retained window late records changed as an update (and, with `early`,
+ * every open window the batch changed as early). It reads the batch to
+ * its end. */
 void sluice_windowed_run(const sluice_windowed *windowed, sluice_batch *batch, sluice_output *out,
                          sluice_take_fn take, sluice_emit_fn emit, void *ctx);
 

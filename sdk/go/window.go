@@ -2,7 +2,9 @@
 // session windows per user key, each with a user aggregate, emitted once
 // when the partition's watermark passes their end (and, optionally, early
 // on every batch that changes them). A record whose windows have all
-// closed is a dead letter of kind `late`, never dropped.
+// closed is a dead letter of kind `late`, never dropped, or, with
+// RetainMs, updates a window that closed less than that ago (handed out
+// again as an Update).
 //
 // It keeps windows in state exactly as the Rust, Python, JavaScript and C
 // SDKs do (docs/event-time.md), so a windowed transform gives the same
@@ -14,7 +16,10 @@
 //   - sessions: every open session of key under `sluice/s/` + key, per
 //     session its start and end (8 bytes each, big-endian) and its
 //     aggregate's length (4 bytes, big-endian) and bytes, in start order;
-//     a timer (key, end - 1) per session closes it.
+//     a timer (key, end - 1) per session closes it;
+//   - with a retention R: a closed window's aggregate under `sluice/r/` +
+//     end + key, a closed session under `sluice/t/` + key (the layout of
+//     open ones); a timer (key, end - 1 + R) forgets it.
 //
 // It must not read the host's clock or keep anything between batches
 // outside state.
@@ -98,9 +103,21 @@ func Rejected[In any](reason string) Taken[In] {
 	return Taken[In]{kind: takenRejected, reason: reason}
 }
 
-// WindowValue is a window's value, handed to the emit function; Early is
-// true for a window the batch changed, still open, false for a final one
-// (handed out once).
+// Emit says why a window's value is handed out.
+type Emit uint8
+
+const (
+	// Final: the watermark passed the window's end; handed out once.
+	Final Emit = iota
+	// Early: the batch changed the window, which is still open (with
+	// EmitEarly).
+	Early
+	// Update: late records changed the closed window (with RetainMs); once
+	// per batch that changed it.
+	Update
+)
+
+// WindowValue is a window's value, handed to the emit function.
 type WindowValue[Acc any] struct {
 	Topic     string
 	Partition int32
@@ -108,7 +125,7 @@ type WindowValue[Acc any] struct {
 	StartMs   int64
 	EndMs     int64
 	Acc       Acc
-	Early     bool
+	Emit      Emit
 	State     State
 }
 
@@ -118,17 +135,26 @@ type Windowed[Acc, In any] struct {
 	Aggregate Aggregate[Acc, In]
 	// EmitEarly also hands out every open window a batch changed.
 	EmitEarly bool
+	// RetainMs keeps each closed window that much more event time: a
+	// record behind the watermark whose window ended less than RetainMs
+	// before it updates the window (handed out again as an Update, once
+	// per batch) instead of becoming a `late` dead letter; a closed session
+	// only if the record's time is within its records (first to last), so
+	// its bounds never move. 0: no updates.
+	RetainMs int64
 }
 
 var (
-	windowPrefix  = "sluice/w/"
-	sessionPrefix = "sluice/s/"
+	windowPrefix          = "sluice/w/"
+	sessionPrefix         = "sluice/s/"
+	retainedPrefix        = "sluice/r/"
+	retainedSessionPrefix = "sluice/t/"
 )
 
-// windowKey is `sluice/w/` + end (8 bytes that sort as the numbers do) + key.
-func windowKey(end int64, key string) string {
-	b := make([]byte, 0, len(windowPrefix)+8+len(key))
-	b = append(b, windowPrefix...)
+// orderedKey is prefix + end (8 bytes that sort as the numbers do) + key.
+func orderedKey(prefix string, end int64, key string) string {
+	b := make([]byte, 0, len(prefix)+8+len(key))
+	b = append(b, prefix...)
 	b = binary.BigEndian.AppendUint64(b, uint64(end)^(1<<63))
 	return string(append(b, key...))
 }
@@ -138,8 +164,9 @@ type session struct {
 	acc        []byte
 }
 
-func readSessions(state State, key string) []session {
-	data, _ := state.Get(sessionPrefix + key)
+// readSessions is the sessions under at (an open or a retained sessions key).
+func readSessions(state State, at string) []session {
+	data, _ := state.Get(at)
 	var sessions []session
 	for at := 0; at+20 <= len(data); {
 		n := int(binary.BigEndian.Uint32(data[at+16:]))
@@ -154,9 +181,9 @@ func readSessions(state State, key string) []session {
 	return sessions
 }
 
-func writeSessions(state State, key string, sessions []session) {
+func writeSessions(state State, at string, sessions []session) {
 	if len(sessions) == 0 {
-		state.Delete(sessionPrefix + key)
+		state.Delete(at)
 		return
 	}
 	var value []byte
@@ -166,7 +193,11 @@ func writeSessions(state State, key string, sessions []session) {
 		value = binary.BigEndian.AppendUint32(value, uint32(len(s.acc)))
 		value = append(value, s.acc...)
 	}
-	state.Set(sessionPrefix+key, value)
+	state.Set(at, value)
+}
+
+func sortByStart(sessions []session) {
+	sort.SliceStable(sessions, func(i, j int) bool { return sessions[i].start < sessions[j].start })
 }
 
 type touched struct {
@@ -177,16 +208,40 @@ type touched struct {
 	end       int64
 }
 
+func touchedBy(r *Record, key string, end int64) touched {
+	return touched{r.Index, r.Topic, r.Partition, key, end}
+}
+
+// closedWindow is a window as it was when it closed.
+type closedWindow struct {
+	index      uint32
+	key        string
+	start, end int64
+	acc        []byte
+}
+
+// pending is what a batch's records leave to hand out at its end.
+type pending struct {
+	// early: open windows the batch changed (with EmitEarly).
+	early []touched
+	// closed: windows a late record reached before their timer closed
+	// them, with their final values.
+	closed []closedWindow
+	// updated: closed windows late records changed (with RetainMs).
+	updated []touched
+}
+
 // Run runs a batch: take says once per record what it brings (an Event),
 // or that it is in no window (Ignored, or Rejected: either way it does not
 // move the watermark, so a malformed record's Kafka timestamp cannot close
-// windows). Each event goes into its windows, or becomes a `late` dead
-// letter; then every window the watermark passed is handed to emit once,
-// as final (and, with EmitEarly, every other window the batch changed as
-// early).
+// windows). Each event goes into its windows, or updates retained ones, or
+// becomes a `late` dead letter; then every window the watermark passed is
+// handed to emit once, as Final, every retained window late records
+// changed as an Update (and, with EmitEarly, every open window the batch
+// changed as Early).
 func (w *Windowed[Acc, In]) Run(batch *Batch, out *Output, take func(Record) Taken[In],
 	emit func(*Output, WindowValue[Acc])) {
-	var changed []touched
+	var p pending
 	for r := range batch.Records() {
 		taken := take(r)
 		if taken.kind != takenEvent {
@@ -201,33 +256,48 @@ func (w *Windowed[Acc, In]) Run(batch *Batch, out *Output, take func(Record) Tak
 			at = taken.timeMs
 			r.Time().SetEventTime(at)
 		}
-		watermark, hasWatermark := r.Time().Watermark()
-		var ends []int64
+		e := event[In]{key: taken.key, time: at, input: taken.input}
+		e.watermark, e.hasWatermark = r.Time().Watermark()
+		var added bool
 		if w.Windows.Kind == Session {
-			ends = w.addToSession(&r, taken, at, watermark, hasWatermark)
+			added = w.addToSession(&r, e, &p)
 		} else {
-			ends = w.addToWindows(&r, taken, at, watermark, hasWatermark)
+			added = w.addToWindows(&r, e, &p)
 		}
-		if len(ends) == 0 {
+		if !added {
 			shown := "None"
-			if hasWatermark {
-				shown = fmt.Sprintf("Some(%d)", watermark)
+			if e.hasWatermark {
+				shown = fmt.Sprintf("Some(%d)", e.watermark)
 			}
 			r.Time().Late(fmt.Sprintf("event time %d is behind the watermark %s: its window has closed", at, shown))
 		}
-		if w.EmitEarly {
-			for _, end := range ends {
-				changed = append(changed, touched{r.Index, r.Topic, r.Partition, taken.key, end})
-			}
-		}
 	}
-	for _, timer := range DueTimers() {
+	fired := DueTimers()
+	for _, c := range p.closed {
+		w.handOut(batch, out, emit, c, Final)
+	}
+	// Before the timers: one may forget a window this batch updated.
+	w.emitChanged(batch, p.updated, Update, out, emit)
+	for _, timer := range fired {
 		w.close(batch, timer, out, emit)
 	}
 	if w.EmitEarly {
-		w.emitEarly(changed, out, emit)
+		w.emitChanged(batch, p.early, Early, out, emit)
 	}
 }
+
+// event is a record on its way into its windows.
+type event[In any] struct {
+	key   string
+	time  int64
+	input In
+	// watermark just before the record, if there is one.
+	watermark    int64
+	hasWatermark bool
+}
+
+// closedBy is whether the watermark before e has closed a window ending at end.
+func (e event[In]) closedBy(end int64) bool { return e.hasWatermark && end-1 <= e.watermark }
 
 // windowsOf is [start, end) of every window time falls in, oldest first.
 func (w *Windowed[Acc, In]) windowsOf(time int64) [][2]int64 {
@@ -249,80 +319,175 @@ func (w *Windowed[Acc, In]) windowsOf(time int64) [][2]int64 {
 	return windows
 }
 
-// addToWindows adds the event to its open windows; their ends.
-func (w *Windowed[Acc, In]) addToWindows(r *Record, t Taken[In], time, watermark int64, hasWatermark bool) []int64 {
-	state, agg := r.State(), w.Aggregate
-	var ends []int64
-	for _, window := range w.windowsOf(time) {
-		end := window[1]
-		if hasWatermark && end-1 <= watermark {
-			continue
-		}
-		at := windowKey(end, t.key)
-		acc := agg.Init()
-		if stored, ok := state.Get(at); !ok {
-			r.Time().SetTimer(t.key, end-1)
-		} else if decoded, ok := agg.Decode(stored); ok {
-			acc = decoded
-		}
-		state.Set(at, agg.Encode(agg.Add(acc, t.input)))
-		ends = append(ends, end)
-	}
-	return ends
+// retained is whether a window ending at end, closed by e's watermark,
+// still takes late records.
+func (w *Windowed[Acc, In]) retained(end int64, e event[In]) bool {
+	return w.RetainMs > 0 && e.hasWatermark && end-1+w.RetainMs > e.watermark
 }
 
-// addToSession adds the event to a session, merging those it meets; its
-// end, or none if the session it would make has closed.
-func (w *Windowed[Acc, In]) addToSession(r *Record, t Taken[In], time, watermark int64, hasWatermark bool) []int64 {
+// decode is the aggregate in data, or Init if there is none.
+func (w *Windowed[Acc, In]) decode(data []byte, ok bool) Acc {
+	if ok {
+		if acc, ok := w.Aggregate.Decode(data); ok {
+			return acc
+		}
+	}
+	return w.Aggregate.Init()
+}
+
+// addToWindows adds the event to its open windows and its retained closed
+// ones; false if it reached none.
+func (w *Windowed[Acc, In]) addToWindows(r *Record, e event[In], p *pending) bool {
+	state, agg := r.State(), w.Aggregate
+	added := false
+	for _, window := range w.windowsOf(e.time) {
+		start, end := window[0], window[1]
+		if e.closedBy(end) {
+			added = w.updateClosedWindow(r, e, start, end, p) || added
+			continue
+		}
+		at := orderedKey(windowPrefix, end, e.key)
+		stored, ok := state.Get(at)
+		if !ok {
+			r.Time().SetTimer(e.key, end-1)
+		}
+		state.Set(at, agg.Encode(agg.Add(w.decode(stored, ok), e.input)))
+		if w.EmitEarly {
+			p.early = append(p.early, touchedBy(r, e.key, end))
+		}
+		added = true
+	}
+	return added
+}
+
+// updateClosedWindow adds a late event to the closed window [start, end)
+// if it is retained (closing it first if its timer has not yet).
+func (w *Windowed[Acc, In]) updateClosedWindow(r *Record, e event[In], start, end int64, p *pending) bool {
+	if !w.retained(end, e) {
+		return false
+	}
+	state := r.State()
+	at := orderedKey(retainedPrefix, end, e.key)
+	data, ok := state.Get(at)
+	if !ok {
+		open := orderedKey(windowPrefix, end, e.key)
+		if data, ok = state.Get(open); ok {
+			state.Delete(open)
+			p.closed = append(p.closed, closedWindow{r.Index, e.key, start, end, data})
+		}
+		r.Time().SetTimer(e.key, end-1+w.RetainMs)
+	}
+	state.Set(at, w.Aggregate.Encode(w.Aggregate.Add(w.decode(data, ok), e.input)))
+	p.updated = append(p.updated, touchedBy(r, e.key, end))
+	return true
+}
+
+// addToSession adds the event to a session, merging the open ones it
+// meets, or, if that has closed, to a retained closed one; false if none
+// takes it.
+func (w *Windowed[Acc, In]) addToSession(r *Record, e event[In], p *pending) bool {
 	state, agg, gap := r.State(), w.Aggregate, w.Windows.GapMs
-	start, end := time, time+gap
+	start, end := e.time, e.time+gap
+	sessions := readSessions(state, sessionPrefix+e.key)
 	var meets, apart []session
-	for _, s := range readSessions(state, t.key) {
+	for _, s := range sessions {
 		// A session the watermark has passed is closed, though its timer
 		// fires only at the batch's end: nothing joins it.
-		open := !hasWatermark || s.end-1 > watermark
-		if open && s.start < time+gap && time < s.end {
+		if !e.closedBy(s.end) && s.start < e.time+gap && e.time < s.end {
 			meets = append(meets, s)
 			start, end = min(start, s.start), max(end, s.end)
 		} else {
 			apart = append(apart, s)
 		}
 	}
-	if hasWatermark && end-1 <= watermark {
-		return nil
+	if e.closedBy(end) {
+		return w.updateClosedSession(r, e, sessions, p)
 	}
-	acc := agg.Add(agg.Init(), t.input)
+	acc := agg.Add(agg.Init(), e.input)
 	for _, s := range meets {
-		if s.end != end {
-			r.Time().DeleteTimer(t.key, s.end-1)
+		// With a retention, the timer may also forget a closed session.
+		if s.end != end && w.RetainMs <= 0 {
+			r.Time().DeleteTimer(e.key, s.end-1)
 		}
 		if other, ok := agg.Decode(s.acc); ok {
 			acc = agg.Merge(acc, other)
 		}
 	}
-	r.Time().SetTimer(t.key, end-1)
-	sessions := append(apart, session{start, end, agg.Encode(acc)})
-	sort.SliceStable(sessions, func(i, j int) bool { return sessions[i].start < sessions[j].start })
-	writeSessions(state, t.key, sessions)
-	return []int64{end}
+	r.Time().SetTimer(e.key, end-1)
+	kept := append(apart, session{start, end, agg.Encode(acc)})
+	sortByStart(kept)
+	writeSessions(state, sessionPrefix+e.key, kept)
+	if w.EmitEarly {
+		p.early = append(p.early, touchedBy(r, e.key, end))
+	}
+	return true
 }
 
-// find is the window (or session) of key ending at end: its start and
-// bytes, removed from state when take.
-func (w *Windowed[Acc, In]) find(state State, key string, end int64, take bool) (int64, []byte, bool) {
+// updateClosedSession adds a late event to the retained closed session of
+// its key whose records' span holds its time (closing it first if its
+// timer has not yet: sessions are the key's open ones); false if none.
+func (w *Windowed[Acc, In]) updateClosedSession(r *Record, e event[In], sessions []session, p *pending) bool {
+	holds := func(s session) bool {
+		return w.retained(s.end, e) && s.start <= e.time && e.time <= s.end-w.Windows.GapMs
+	}
+	find := func(sessions []session, also func(session) bool) int {
+		for i, s := range sessions {
+			if also(s) && holds(s) {
+				return i
+			}
+		}
+		return -1
+	}
+	every := func(session) bool { return true }
+	state := r.State()
+	retained := readSessions(state, retainedSessionPrefix+e.key)
+	at := find(retained, every)
+	if at < 0 {
+		i := find(sessions, func(s session) bool { return e.closedBy(s.end) })
+		if i < 0 {
+			return false
+		}
+		s := sessions[i]
+		writeSessions(state, sessionPrefix+e.key, append(sessions[:i:i], sessions[i+1:]...))
+		p.closed = append(p.closed, closedWindow{r.Index, e.key, s.start, s.end, s.acc})
+		r.Time().SetTimer(e.key, s.end-1+w.RetainMs)
+		retained = append(retained, s)
+		sortByStart(retained)
+		at = find(retained, every)
+	}
+	s := &retained[at]
+	s.acc = w.Aggregate.Encode(w.Aggregate.Add(w.decode(s.acc, true), e.input))
+	end := s.end
+	writeSessions(state, retainedSessionPrefix+e.key, retained)
+	p.updated = append(p.updated, touchedBy(r, e.key, end))
+	return true
+}
+
+// find is the window (or session) of key ending at end under the open
+// (or, retained, the retained) prefix: its start and bytes, removed from
+// state when take.
+func (w *Windowed[Acc, In]) find(state State, key string, end int64, retained, take bool) (int64, []byte, bool) {
 	if w.Windows.Kind != Session {
-		at := windowKey(end, key)
+		prefix := windowPrefix
+		if retained {
+			prefix = retainedPrefix
+		}
+		at := orderedKey(prefix, end, key)
 		data, ok := state.Get(at)
 		if ok && take {
 			state.Delete(at)
 		}
 		return end - w.Windows.SizeMs, data, ok
 	}
-	sessions := readSessions(state, key)
+	at := sessionPrefix + key
+	if retained {
+		at = retainedSessionPrefix + key
+	}
+	sessions := readSessions(state, at)
 	for i, s := range sessions {
 		if s.end == end {
 			if take {
-				writeSessions(state, key, append(sessions[:i:i], sessions[i+1:]...))
+				writeSessions(state, at, append(sessions[:i:i], sessions[i+1:]...))
 			}
 			return s.start, s.acc, true
 		}
@@ -330,21 +495,47 @@ func (w *Windowed[Acc, In]) find(state State, key string, end int64, take bool) 
 	return 0, nil, false
 }
 
+// close hands out the window timer closes, as Final, keeping it if there
+// is a retention; forgets the retained window it ends.
 func (w *Windowed[Acc, In]) close(batch *Batch, timer FiredTimer, out *Output, emit func(*Output, WindowValue[Acc])) {
 	state, end := timer.State(), timer.AtMs+1
-	start, data, ok := w.find(state, timer.Key, end, true)
+	if w.RetainMs > 0 {
+		w.find(state, timer.Key, end-w.RetainMs, true, true)
+	}
+	start, data, ok := w.find(state, timer.Key, end, false, true)
 	if !ok {
 		return
 	}
-	acc, ok := w.Aggregate.Decode(data)
-	if !ok {
-		return
+	if w.RetainMs > 0 {
+		w.keepClosed(state, timer.Key, session{start, end, data})
+		timer.Time().SetTimer(timer.Key, timer.AtMs+w.RetainMs)
 	}
-	topic, partition, _ := batch.PartitionOf(timer.Index)
-	emit(out, WindowValue[Acc]{topic, partition, timer.Key, start, end, acc, false, state})
+	w.handOut(batch, out, emit, closedWindow{timer.Index, timer.Key, start, end, data}, Final)
 }
 
-func (w *Windowed[Acc, In]) emitEarly(changed []touched, out *Output, emit func(*Output, WindowValue[Acc])) {
+// keepClosed keeps a closed window for late records.
+func (w *Windowed[Acc, In]) keepClosed(state State, key string, c session) {
+	if w.Windows.Kind != Session {
+		state.Set(orderedKey(retainedPrefix, c.end, key), c.acc)
+		return
+	}
+	retained := append(readSessions(state, retainedSessionPrefix+key), c)
+	sortByStart(retained)
+	writeSessions(state, retainedSessionPrefix+key, retained)
+}
+
+func (w *Windowed[Acc, In]) handOut(batch *Batch, out *Output, emit func(*Output, WindowValue[Acc]), c closedWindow, why Emit) {
+	acc, ok := w.Aggregate.Decode(c.acc)
+	if !ok {
+		return
+	}
+	topic, partition, _ := batch.PartitionOf(c.index)
+	emit(out, WindowValue[Acc]{topic, partition, c.key, c.start, c.end, acc, why, State{index: c.index}})
+}
+
+// emitChanged hands out, as why, each window the batch changed (Early:
+// still open; Update: still retained), once, in the order first changed.
+func (w *Windowed[Acc, In]) emitChanged(batch *Batch, changed []touched, why Emit, out *Output, emit func(*Output, WindowValue[Acc])) {
 	type window struct {
 		topic     string
 		partition int32
@@ -358,13 +549,9 @@ func (w *Windowed[Acc, In]) emitEarly(changed []touched, out *Output, emit func(
 			continue
 		}
 		seen[id] = true
-		state := State{index: t.index}
-		start, data, ok := w.find(state, t.key, t.end, false)
-		if !ok {
-			continue
-		}
-		if acc, ok := w.Aggregate.Decode(data); ok {
-			emit(out, WindowValue[Acc]{t.topic, t.partition, t.key, start, t.end, acc, true, state})
+		start, data, ok := w.find(State{index: t.index}, t.key, t.end, why == Update, false)
+		if ok {
+			w.handOut(batch, out, emit, closedWindow{t.index, t.key, start, t.end, data}, why)
 		}
 	}
 }

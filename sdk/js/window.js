@@ -2,7 +2,9 @@
 // session windows per user key, each with a user aggregate, emitted once
 // when the partition's watermark passes their end (and, optionally, early
 // on every batch that changes them). A record whose windows have all closed
-// is a dead letter of kind `late`, never dropped.
+// is a dead letter of kind `late`, never dropped, or, with `retainMs`,
+// updates a window that closed less than that ago (handed out again as
+// 'update').
 //
 // It keeps windows in state exactly as the Rust SDK's
 // `sluice_plugin::window` and the Python SDK's `sluice_plugin.window` do
@@ -15,7 +17,10 @@
 // - sessions: every open session of `key` under `sluice/s/` + `key`, per
 //   session its start and end (8 bytes each, big-endian) and its
 //   aggregate's length (4 bytes, big-endian) and bytes, in start order; a
-//   timer (`key`, end - 1) per session closes it.
+//   timer (`key`, end - 1) per session closes it;
+// - with a retention R: a closed window's aggregate under `sluice/r/` + end
+//   + `key`, a closed session under `sluice/t/` + `key` (the layout of open
+//   ones); a timer (`key`, end - 1 + R) forgets it.
 //
 //   import { Event, Rejected, Tumbling, Windowed, SUM } from './window.js';
 //   const windowed = new Windowed(new Tumbling(60000n), SUM);
@@ -31,6 +36,8 @@ import { State, dueTimers } from './sluice.js';
 const encoder = new TextEncoder();
 const WINDOW_PREFIX = encoder.encode('sluice/w/');
 const SESSION_PREFIX = encoder.encode('sluice/s/');
+const RETAINED_PREFIX = encoder.encode('sluice/r/');
+const RETAINED_SESSION_PREFIX = encoder.encode('sluice/t/');
 
 /** Back-to-back windows of `sizeMs`, aligned to the Unix epoch. */
 export class Tumbling {
@@ -91,7 +98,8 @@ export class Rejected {
 }
 
 /** A window's value, handed to the emit function; `emit` is 'early' (the
- * batch changed it, still open) or 'final' (handed out once). */
+ * batch changed it, still open), 'final' (handed out once) or 'update' (late
+ * records changed it after it closed, with `retainMs`). */
 export class WindowValue {
   constructor(topic, partition, key, startMs, endMs, acc, emit, state) {
     Object.assign(this, { topic, partition, key, startMs, endMs, acc, emit, state });
@@ -116,10 +124,12 @@ function ordered(at) {
 }
 
 const windowKey = (endMs, key) => concat(WINDOW_PREFIX, ordered(endMs), key);
+const retainedKey = (endMs, key) => concat(RETAINED_PREFIX, ordered(endMs), key);
 
-/** The open sessions of `key`: [start, end, aggregate bytes] each. */
-function readSessions(state, key) {
-  const data = state.get(concat(SESSION_PREFIX, key)) || new Uint8Array();
+/** The sessions under `at` (an open or a retained sessions key):
+ * [start, end, aggregate bytes] each. */
+function readSessions(state, at) {
+  const data = state.get(at) || new Uint8Array();
   const view = new DataView(data.buffer, data.byteOffset, data.length);
   const sessions = [];
   for (let at = 0; at + 20 <= data.length; ) {
@@ -130,9 +140,9 @@ function readSessions(state, key) {
   return sessions;
 }
 
-function writeSessions(state, key, sessions) {
+function writeSessions(state, at, sessions) {
   if (sessions.length === 0) {
-    state.delete(concat(SESSION_PREFIX, key));
+    state.delete(at);
     return;
   }
   const parts = [];
@@ -144,29 +154,40 @@ function writeSessions(state, key, sessions) {
     view.setUint32(16, acc.length);
     parts.push(head, acc);
   }
-  state.set(concat(SESSION_PREFIX, key), concat(...parts));
+  state.set(at, concat(...parts));
 }
+
+const byStart = (a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0);
 
 const bytesOf = (key) => (typeof key === 'string' ? encoder.encode(key) : new Uint8Array(key));
 const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
 
-/** Windows of one kind with one aggregate. */
+/** Windows of one kind with one aggregate. With `retainMs`, a closed window
+ * takes late records that long more (event time): a record behind the
+ * watermark whose window ended less than `retainMs` before it updates the
+ * window, handed out again as 'update' once per batch, instead of becoming a
+ * `late` dead letter; a closed session only if the record's time is within
+ * its records (first to last), so its bounds never move. */
 export class Windowed {
-  constructor(windows, aggregate, early = false) {
+  constructor(windows, aggregate, early = false, retainMs = 0n) {
     this.windows = windows;
     this.aggregate = aggregate;
     this.early = early;
+    this.retainMs = BigInt(retainMs) > 0n ? BigInt(retainMs) : 0n;
   }
 
   /** Runs a batch: `take(record)` says once per record what it brings (an
    * `Event`), or that it is in no window (null, or a `Rejected`: either way
    * it does not move the watermark, so a malformed record's Kafka timestamp
-   * cannot close windows). Each event goes into its windows, or becomes a
-   * `late` dead letter; then every window the watermark passed is handed to
-   * `emit(out, windowValue)` once, as final (and, with `early`, every other
-   * window the batch changed as early). */
+   * cannot close windows). Each event goes into its windows, or updates
+   * retained ones, or becomes a `late` dead letter; then every window the
+   * watermark passed is handed to `emit(out, windowValue)` once, as final,
+   * every retained window late records changed as 'update' (and, with
+   * `early`, every open window the batch changed as early). */
   run(batch, out, take, emit) {
-    const touched = this.early ? [] : null;
+    // early: open windows changed; closed: final values of windows a late
+    // record reached before their timer; updated: closed windows changed.
+    const pending = { early: this.early ? [] : null, closed: [], updated: [] };
     for (const record of batch) {
       const taken = take(record);
       const time = record.time();
@@ -184,15 +205,21 @@ export class Windowed {
       const watermark = time.watermark();
       const added =
         this.windows instanceof Session
-          ? this.addToSession(record, key, at, taken.input, watermark, touched)
-          : this.addToWindows(record, key, at, taken.input, watermark, touched);
+          ? this.addToSession(record, key, at, taken.input, watermark, pending)
+          : this.addToWindows(record, key, at, taken.input, watermark, pending);
       if (!added) {
         const shown = watermark === null ? 'None' : `Some(${watermark})`;
         time.late(`event time ${at} is behind the watermark ${shown}: its window has closed`);
       }
     }
-    for (const timer of dueTimers()) this.close(batch, timer, out, emit);
-    if (touched !== null) this.emitEarly(batch, touched, out, emit);
+    const fired = dueTimers();
+    for (const [index, key, start, end, data] of pending.closed) {
+      this.handOut(batch, out, emit, index, key, start, end, data, 'final');
+    }
+    // Before the timers: one may forget a window this batch updated.
+    this.emitChanged(batch, pending.updated, 'update', out, emit);
+    for (const timer of fired) this.close(batch, timer, out, emit);
+    if (pending.early !== null) this.emitChanged(batch, pending.early, 'early', out, emit);
   }
 
   /** [start, end) of every window `time` falls in, oldest first. */
@@ -205,36 +232,66 @@ export class Windowed {
     return windows.reverse();
   }
 
-  addToWindows(record, key, time, input, watermark, touched) {
+  /** Whether a window ending at `end`, closed by `watermark`, still takes
+   * late records. */
+  retained(end, watermark) {
+    return this.retainMs > 0n && watermark !== null && end - 1n + this.retainMs > watermark;
+  }
+
+  decode(data) {
+    const acc = data === null ? null : this.aggregate.decode(data);
+    return acc === null ? this.aggregate.init() : acc;
+  }
+
+  addToWindows(record, key, time, input, watermark, pending) {
     const state = record.state();
     const agg = this.aggregate;
     let added = false;
-    for (const [, end] of this.windowsOf(time)) {
-      if (watermark !== null && end - 1n <= watermark) continue;
+    for (const [start, end] of this.windowsOf(time)) {
+      if (watermark !== null && end - 1n <= watermark) {
+        if (this.updateClosedWindow(record, key, start, end, input, watermark, pending)) added = true;
+        continue;
+      }
       const at = windowKey(end, key);
       const stored = state.get(at);
-      let acc = null;
-      if (stored === null) {
-        record.time().setTimer(key, end - 1n);
-      } else {
-        acc = agg.decode(stored);
-      }
-      if (acc === null) acc = agg.init();
-      state.set(at, agg.encode(agg.add(acc, input)));
-      if (touched !== null) touched.push([record.index, record.topic, record.partition, key, end]);
+      if (stored === null) record.time().setTimer(key, end - 1n);
+      state.set(at, agg.encode(agg.add(this.decode(stored), input)));
+      if (pending.early !== null) pending.early.push([record.index, record.topic, record.partition, key, end]);
       added = true;
     }
     return added;
   }
 
-  addToSession(record, key, time, input, watermark, touched) {
+  /** Adds a late record to the closed window [start, end) if it is retained
+   * (closing it first if its timer has not yet). */
+  updateClosedWindow(record, key, start, end, input, watermark, pending) {
+    if (!this.retained(end, watermark)) return false;
+    const state = record.state();
+    const at = retainedKey(end, key);
+    let data = state.get(at);
+    if (data === null) {
+      const window = windowKey(end, key);
+      data = state.get(window);
+      if (data !== null) {
+        state.delete(window);
+        pending.closed.push([record.index, key, start, end, data]);
+      }
+      record.time().setTimer(key, end - 1n + this.retainMs);
+    }
+    state.set(at, this.aggregate.encode(this.aggregate.add(this.decode(data), input)));
+    pending.updated.push([record.index, record.topic, record.partition, key, end]);
+    return true;
+  }
+
+  addToSession(record, key, time, input, watermark, pending) {
     const state = record.state();
     const agg = this.aggregate;
     const gap = this.windows.gapMs;
     let [start, end] = [time, time + gap];
+    const sessions = readSessions(state, concat(SESSION_PREFIX, key));
     const meets = [];
     const apart = [];
-    for (const s of readSessions(state, key)) {
+    for (const s of sessions) {
       // A session the watermark has passed is closed, though its timer
       // fires only at the batch's end: nothing joins it.
       const open = watermark === null || s[1] - 1n > watermark;
@@ -244,45 +301,122 @@ export class Windowed {
       if (s[0] < start) start = s[0];
       if (s[1] > end) end = s[1];
     }
-    if (watermark !== null && end - 1n <= watermark) return false;
+    if (watermark !== null && end - 1n <= watermark) {
+      return this.updateClosedSession(record, key, time, input, watermark, sessions, pending);
+    }
     let acc = agg.add(agg.init(), input);
     for (const s of meets) {
-      if (s[1] !== end) record.time().deleteTimer(key, s[1] - 1n);
+      // With a retention, the timer may also forget a closed session.
+      if (s[1] !== end && this.retainMs === 0n) record.time().deleteTimer(key, s[1] - 1n);
       const other = agg.decode(s[2]);
       if (other !== null) acc = agg.merge(acc, other);
     }
     record.time().setTimer(key, end - 1n);
-    const sessions = [...apart, [start, end, agg.encode(acc)]];
-    sessions.sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0));
-    writeSessions(state, key, sessions);
-    if (touched !== null) touched.push([record.index, record.topic, record.partition, key, end]);
+    const kept = [...apart, [start, end, agg.encode(acc)]];
+    kept.sort(byStart);
+    writeSessions(state, concat(SESSION_PREFIX, key), kept);
+    if (pending.early !== null) pending.early.push([record.index, record.topic, record.partition, key, end]);
     return true;
   }
 
+  /** Adds a late record to the retained closed session of its key whose
+   * records' span holds its time (closing it first if its timer has not yet:
+   * `sessions` are the key's open ones). */
+  updateClosedSession(record, key, time, input, watermark, sessions, pending) {
+    const gap = this.windows.gapMs;
+    const holds = (s) => this.retained(s[1], watermark) && s[0] <= time && time <= s[1] - gap;
+    const state = record.state();
+    const retainedAt = concat(RETAINED_SESSION_PREFIX, key);
+    const retained = readSessions(state, retainedAt);
+    let at = retained.findIndex(holds);
+    if (at < 0) {
+      const found = sessions.findIndex((s) => s[1] - 1n <= watermark && holds(s));
+      if (found < 0) return false;
+      const [session] = sessions.splice(found, 1);
+      writeSessions(state, concat(SESSION_PREFIX, key), sessions);
+      pending.closed.push([record.index, key, session[0], session[1], session[2]]);
+      record.time().setTimer(key, session[1] - 1n + this.retainMs);
+      retained.push(session);
+      retained.sort(byStart);
+      at = retained.findIndex(holds);
+    }
+    const session = retained[at];
+    session[2] = this.aggregate.encode(this.aggregate.add(this.decode(session[2]), input));
+    writeSessions(state, retainedAt, retained);
+    pending.updated.push([record.index, record.topic, record.partition, key, session[1]]);
+    return true;
+  }
+
+  /** Hands out the window `timer` closes, as final, keeping it if there is a
+   * retention; forgets the retained window it ends. */
   close(batch, timer, out, emit) {
     const state = timer.state();
     const end = timer.atMs + 1n;
-    let start, data;
-    if (this.windows instanceof Session) {
-      const sessions = readSessions(state, timer.key);
-      const found = sessions.findIndex((s) => s[1] === end);
-      if (found < 0) return;
-      [[start, , data]] = sessions.splice(found, 1);
-      writeSessions(state, timer.key, sessions);
-    } else {
-      const at = windowKey(end, timer.key);
-      data = state.get(at);
-      if (data === null) return;
-      state.delete(at);
-      start = end - this.windows.sizeMs;
+    if (this.retainMs > 0n) this.forget(state, timer.key, end - this.retainMs);
+    const closed = this.takeOpen(state, timer.key, end);
+    if (closed === null) return;
+    const [start, data] = closed;
+    if (this.retainMs > 0n) {
+      this.keepClosed(state, timer.key, start, end, data);
+      timer.time().setTimer(timer.key, timer.atMs + this.retainMs);
     }
-    const acc = this.aggregate.decode(data);
-    if (acc === null) return;
-    const [topic, partition] = batch.partitionOf(timer.index) || ['', 0];
-    emit(out, new WindowValue(topic, partition, timer.key, start, end, acc, 'final', state));
+    this.handOut(batch, out, emit, timer.index, timer.key, start, end, data, 'final');
   }
 
-  emitEarly(batch, touched, out, emit) {
+  /** Removes the open window of `key` ending at `end`: [start, bytes]. */
+  takeOpen(state, key, end) {
+    if (this.windows instanceof Session) {
+      const at = concat(SESSION_PREFIX, key);
+      const sessions = readSessions(state, at);
+      const found = sessions.findIndex((s) => s[1] === end);
+      if (found < 0) return null;
+      const [[start, , data]] = sessions.splice(found, 1);
+      writeSessions(state, at, sessions);
+      return [start, data];
+    }
+    const at = windowKey(end, key);
+    const data = state.get(at);
+    if (data === null) return null;
+    state.delete(at);
+    return [end - this.windows.sizeMs, data];
+  }
+
+  /** Keeps a closed window for late records. */
+  keepClosed(state, key, start, end, data) {
+    if (this.windows instanceof Session) {
+      const at = concat(RETAINED_SESSION_PREFIX, key);
+      const retained = readSessions(state, at);
+      retained.push([start, end, data]);
+      retained.sort(byStart);
+      writeSessions(state, at, retained);
+    } else {
+      state.set(retainedKey(end, key), data);
+    }
+  }
+
+  /** Forgets the retained window of `key` ending at `end`, if any. */
+  forget(state, key, end) {
+    if (this.windows instanceof Session) {
+      const at = concat(RETAINED_SESSION_PREFIX, key);
+      const retained = readSessions(state, at);
+      const kept = retained.filter((s) => s[1] !== end);
+      if (kept.length !== retained.length) writeSessions(state, at, kept);
+    } else {
+      const at = retainedKey(end, key);
+      if (state.get(at) !== null) state.delete(at);
+    }
+  }
+
+  handOut(batch, out, emit, index, key, start, end, data, why) {
+    const acc = this.aggregate.decode(data);
+    if (acc === null) return;
+    const [topic, partition] = batch.partitionOf(index) || ['', 0];
+    emit(out, new WindowValue(topic, partition, key, start, end, acc, why, new State(index)));
+  }
+
+  /** Hands out, as `why`, each window the batch changed (early: still open;
+   * update: still retained), once, in the order first changed. */
+  emitChanged(batch, touched, why, out, emit) {
     const seen = new Set();
     for (const [index, topic, partition, key, end] of touched) {
       const id = `${topic}\u0000${partition}\u0000${hex(key)}\u0000${end}`;
@@ -291,17 +425,16 @@ export class Windowed {
       const state = new State(index);
       let start, data;
       if (this.windows instanceof Session) {
-        const found = readSessions(state, key).find((s) => s[1] === end);
+        const prefix = why === 'update' ? RETAINED_SESSION_PREFIX : SESSION_PREFIX;
+        const found = readSessions(state, concat(prefix, key)).find((s) => s[1] === end);
         if (!found) continue;
         [start, , data] = found;
       } else {
-        data = state.get(windowKey(end, key));
+        data = state.get(why === 'update' ? retainedKey(end, key) : windowKey(end, key));
         if (data === null) continue;
         start = end - this.windows.sizeMs;
       }
-      const acc = this.aggregate.decode(data);
-      if (acc === null) continue;
-      emit(out, new WindowValue(topic, partition, key, start, end, acc, 'early', state));
+      this.handOut(batch, out, emit, index, key, start, end, data, why);
     }
   }
 }

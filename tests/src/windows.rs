@@ -6,7 +6,10 @@
 //! read of the input alone, record by record, as the contract defines it:
 //! the watermark before a record is the highest `ts` of its partition's
 //! records before it minus the lateness; a window `[start, end)` is closed
-//! once the watermark reaches `end - 1`.
+//! once the watermark reaches `end - 1`; with a retention `R`, a record
+//! behind the watermark updates a closed window while `end - 1 + R` is
+//! past it (a closed session: if its time is within the session's first
+//! and last record).
 //!
 //! It must not read what it checks through sluice: rows and dead letters
 //! are read from the sink's tables directly.
@@ -44,14 +47,16 @@ impl Shape {
 }
 
 /// A windows pipeline of `pipeline` reading topic `pipeline`, its event
-/// time the records' `ts`, its watermark `lateness_ms` behind.
-pub fn config(pipeline: &str, brokers: &str, shape: Shape, lateness_ms: i64) -> PipelineToml {
+/// time the records' `ts`, its watermark `lateness.allowed_ms` behind, its
+/// closed windows retained `lateness.retain_ms`.
+pub fn config(pipeline: &str, brokers: &str, shape: Shape, lateness: Lateness) -> PipelineToml {
     let config = PipelineToml::new(pipeline, brokers, &[pipeline], &crate::plugin("windows"))
         .max_records_per_partition(200)
         .batch_interval_ms(100)
         .short_session()
         .module_param("time_field", "ts")
-        .field("event_time", "allowed_lateness_ms", lateness_ms)
+        .module_param("retain_ms", lateness.retain_ms)
+        .field("event_time", "allowed_lateness_ms", lateness.allowed_ms)
         .target(
             Target::new("windows")
                 .column("partition", "integer")
@@ -106,9 +111,23 @@ pub type Row = (i64, String, i64, i64, i64, i64);
 /// What the pipeline must leave.
 #[derive(Debug, Default, PartialEq)]
 pub struct Expected {
+    /// Every window's final row (its value when it closed).
     pub rows: Vec<Row>,
-    /// (partition, offset) of every late record.
+    /// Every window late records updated, with its last value.
+    pub updated: Vec<Row>,
+    /// (partition, offset) of every late record no window took.
     pub late: BTreeSet<(i64, i64)>,
+}
+
+/// How late records are taken.
+#[derive(Debug, Clone, Copy)]
+pub struct Lateness {
+    /// The watermark's distance behind the newest record
+    /// (`event_time.allowed_lateness_ms`).
+    pub allowed_ms: i64,
+    /// How long a closed window still takes late records (the windows'
+    /// `retain_ms`; 0: none, each late record is a dead letter).
+    pub retain_ms: i64,
 }
 
 /// A window being filled: (start, end, total, records).
@@ -124,7 +143,7 @@ fn parse(r: &Seen) -> (i64, i64) {
 
 impl Expected {
     /// Recomputes `input` (in (partition, offset) order) record by record.
-    pub fn of(input: &[Seen], shape: Shape, lateness_ms: i64) -> Expected {
+    pub fn of(input: &[Seen], shape: Shape, lateness: Lateness) -> Expected {
         let mut e = Expected::default();
         let mut by_partition: BTreeMap<i32, Vec<&Seen>> = BTreeMap::new();
         for r in input {
@@ -134,11 +153,22 @@ impl Expected {
             let mut watermark: Option<i64> = None;
             // key -> windows of that key, open or closed (not yet out).
             let mut windows: BTreeMap<String, Vec<Open>> = BTreeMap::new();
+            // (key, start, end) of a closed window -> (total, records) of
+            // the late records that updated it.
+            let mut updates: BTreeMap<(String, i64, i64), (i64, i64)> = BTreeMap::new();
             for r in records {
                 let (ts, amount) = parse(r);
                 let key = r.key.clone().unwrap_or_default();
                 let open = |end: i64| watermark.is_none_or(|w| end - 1 > w);
-                let kept = windows.entry(key).or_default();
+                let retained = |end: i64| {
+                    lateness.retain_ms > 0
+                        && watermark.is_some_and(|w| end - 1 + lateness.retain_ms > w)
+                };
+                let mut update = |start: i64, end: i64| {
+                    let u = updates.entry((key.clone(), start, end)).or_default();
+                    (u.0, u.1) = (u.0 + amount, u.1 + 1);
+                };
+                let kept = windows.entry(key.clone()).or_default();
                 let added = match shape {
                     Shape::Session { gap_ms } => {
                         let (mut start, mut end) = (ts, ts + gap_ms);
@@ -156,8 +186,14 @@ impl Expected {
                                 !joins
                             });
                             kept.push((start, end, total, count));
+                            true
+                        } else {
+                            let holds = |w: &&Open| {
+                                !open(w.1) && retained(w.1) && w.0 <= ts && ts <= w.1 - gap_ms
+                            };
+                            let closed = kept.iter().find(holds);
+                            closed.map(|w| update(w.0, w.1)).is_some()
                         }
-                        open(end)
                     }
                     Shape::Tumbling { size_ms } | Shape::Hopping { size_ms, .. } => {
                         let hop = match shape {
@@ -174,6 +210,9 @@ impl Expected {
                                     None => kept.push((start, end, amount, 1)),
                                 }
                                 added = true;
+                            } else if retained(end) {
+                                update(start, end);
+                                added = true;
                             }
                             start -= hop;
                         }
@@ -183,7 +222,13 @@ impl Expected {
                 if !added {
                     e.late.insert((p as i64, r.offset));
                 }
-                watermark = watermark.max(Some(ts - lateness_ms));
+                watermark = watermark.max(Some(ts - lateness.allowed_ms));
+            }
+            for ((key, start, end), (total, count)) in updates {
+                let closed = windows[&key].iter().find(|w| (w.0, w.1) == (start, end));
+                let (t, c) = closed.map(|w| (w.2, w.3)).unwrap_or_default();
+                e.updated
+                    .push((p as i64, key, start, end, total + t, count + c));
             }
             for (key, kept) in windows {
                 for (start, end, total, count) in kept {
@@ -195,14 +240,31 @@ impl Expected {
             }
         }
         e.rows.sort();
+        e.updated.sort();
         e
     }
 }
 
-/// The final rows of `windows` in `db`, sorted.
-pub async fn final_rows(db: &SinkDb) -> Vec<Row> {
+/// Each window's last `update` row of `rows` (the one with the most
+/// records: each update adds some), sorted.
+pub fn last_updates(rows: impl IntoIterator<Item = Row>) -> Vec<Row> {
+    let mut last: BTreeMap<(i64, String, i64, i64), Row> = BTreeMap::new();
+    for row in rows {
+        let window = (row.0, row.1.clone(), row.2, row.3);
+        match last.get(&window) {
+            Some(kept) if kept.5 >= row.5 => {}
+            _ => {
+                last.insert(window, row);
+            }
+        }
+    }
+    last.into_values().collect()
+}
+
+/// The rows of `windows` in `db` emitted as `emit` (final, update), sorted.
+pub async fn rows_emitted(db: &SinkDb, emit: &str) -> Vec<Row> {
     let sql = format!(
-        "SELECT {}, {}, {}, {}, {}, {} FROM {} WHERE {} = 'final'",
+        "SELECT {}, {}, {}, {}, {}, {} FROM {} WHERE {} = '{emit}'",
         db.ident("partition"),
         db.ident("key"),
         db.ident("start_ms"),
@@ -235,9 +297,10 @@ pub async fn late_records(db: &SinkDb) -> BTreeSet<(i64, i64)> {
 }
 
 /// Asserts `db` holds exactly `expected`: each final window once with its
-/// value, each late record once, nothing else.
+/// value, each updated window's last value, each late record once,
+/// nothing else.
 pub async fn assert_stored(db: &SinkDb, name: &str, expected: &Expected) {
-    let rows = final_rows(db).await;
+    let rows = rows_emitted(db, "final").await;
     let distinct: BTreeSet<&Row> = rows.iter().collect();
     assert_eq!(distinct.len(), rows.len(), "{name}: a window emitted twice");
     if rows != expected.rows {
@@ -250,6 +313,11 @@ pub async fn assert_stored(db: &SinkDb, name: &str, expected: &Expected) {
             expected.rows.len()
         );
     }
+    assert_eq!(
+        last_updates(rows_emitted(db, "update").await),
+        expected.updated,
+        "{name}: updated windows"
+    );
     assert_eq!(
         late_records(db).await,
         expected.late,

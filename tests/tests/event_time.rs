@@ -12,19 +12,45 @@
 use rand::SeedableRng;
 use sluice_tests::control::assert_verified;
 use sluice_tests::sinks::SinkDb;
-use sluice_tests::windows::{self, Expected, Shape};
+use sluice_tests::windows::{self, Expected, Lateness, Shape};
 use sluice_tests::*;
 
 const PARTITIONS: i32 = 3;
-const LATENESS_MS: i64 = 1_000;
+/// The watermark 1 s behind; late records are dead letters.
+const LATENESS: Lateness = Lateness {
+    allowed_ms: 1_000,
+    retain_ms: 0,
+};
+
+/// No lateness, no retention.
+const NO_LATENESS: Lateness = Lateness {
+    allowed_ms: 0,
+    retain_ms: 0,
+};
+
+/// The watermark 1 s behind; a closed window takes late records 1.5 s
+/// more (the input's latest records are up to 4 s behind: some update
+/// their window, some are dead letters).
+const RETAINED: Lateness = Lateness {
+    allowed_ms: 1_000,
+    retain_ms: 1_500,
+};
 
 /// The kill loop over windowed input with `members` processes of the
 /// pipeline (more than one: members of its consumer group, each kill a
 /// rebalance): ≥ 20 SIGKILLs 0-60 ms after a batch lands, a final run,
-/// then every final window once with its value, every late record a
-/// `late` dead letter once, lineage contiguous and every batch replayed
+/// then every final window once with its value, every window late records
+/// updated with its last value (with a retention), every other late record
+/// a `late` dead letter once, lineage contiguous and every batch replayed
 /// alike.
-async fn windows_survive_sigkills(db: SinkDb, name: &str, shape: Shape, seed: u64, members: usize) {
+async fn windows_survive_sigkills(
+    db: SinkDb,
+    name: &str,
+    shape: Shape,
+    lateness: Lateness,
+    seed: u64,
+    members: usize,
+) {
     let broker = Broker::start();
     let brokers = broker.brokers.as_str();
     create_topic(brokers, name, PARTITIONS);
@@ -36,24 +62,30 @@ async fn windows_survive_sigkills(db: SinkDb, name: &str, shape: Shape, seed: u6
     // after one batch lands, several may land before it hits) do not run
     // out of batches before the 20th.
     let per_batch = 100 / members as u32;
-    let windowed = windows::config(name, brokers, shape, LATENESS_MS);
+    let windowed = windows::config(name, brokers, shape, lateness);
     let config = (db.configure(windowed.max_records_per_partition(per_batch))).write(dir.path());
     let committed = async || db.committed_batches().await;
     let (kills, _) = crash::kill_group_loop(&config, committed, 22, members, &mut rng).await;
     assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");
     run_ok(&config);
     let input = read_committed(brokers, name, PARTITIONS);
-    let expected = Expected::of(&input, shape, LATENESS_MS);
+    let expected = Expected::of(&input, shape, lateness);
     assert!(expected.rows.len() > 300, "{} windows", expected.rows.len());
-    assert!(expected.late.len() > 100, "{} late", expected.late.len());
+    assert!(expected.late.len() > 50, "{} late", expected.late.len());
+    if lateness.retain_ms > 0 {
+        let updated = expected.updated.len();
+        assert!(updated > 50, "{updated} windows updated");
+    }
     windows::assert_stored(&db, name, &expected).await;
     db.assert_contiguous_lineage(name).await;
     let batches = assert_verified(&config);
     println!(
         "{name}: {kills} SIGKILLs of one of {members} processes; {} records; {} windows closed \
-         exactly once, {} late records dead-lettered exactly once; {batches} batches verified",
+         exactly once, {} updated by late records, {} late records dead-lettered exactly once; \
+         {batches} batches verified",
         input.len(),
         expected.rows.len(),
+        expected.updated.len(),
         expected.late.len()
     );
 }
@@ -69,7 +101,7 @@ async fn tumbling_windows_close_exactly_once_through_rebalances_and_sigkills() {
     let name = "windows_rebalance";
     let db = SinkDb::fresh_postgres(name).await;
     let shape = Shape::Tumbling { size_ms: 10_000 };
-    windows_survive_sigkills(db, name, shape, 0x7eb, 2).await;
+    windows_survive_sigkills(db, name, shape, LATENESS, 0x7eb, 2).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -77,15 +109,18 @@ async fn tumbling_windows_close_exactly_once_through_sigkills() {
     let name = "windows_tumbling_crash";
     let db = SinkDb::fresh_postgres(name).await;
     let shape = Shape::Tumbling { size_ms: 10_000 };
-    windows_survive_sigkills(db, name, shape, 0x7e1, 1).await;
+    windows_survive_sigkills(db, name, shape, LATENESS, 0x7e1, 1).await;
 }
 
+/// Session windows that take late records for 1.5 s after they close:
+/// each late record within it updates its session, the rest are dead
+/// letters.
 #[tokio::test(flavor = "multi_thread")]
-async fn session_windows_close_exactly_once_through_sigkills() {
+async fn session_windows_close_and_update_exactly_once_through_sigkills() {
     let dir = TempDir::new("windows-session-crash");
     let db = SinkDb::Sqlite(dir.path().join("crash.db"));
     let shape = Shape::Session { gap_ms: 400 };
-    windows_survive_sigkills(db, "windows_session_crash", shape, 0x5e5, 1).await;
+    windows_survive_sigkills(db, "windows_session_crash", shape, RETAINED, 0x5e5, 1).await;
 }
 
 /// Hopping windows with early rows: the final rows are exactly the
@@ -105,11 +140,11 @@ async fn hopping_windows_emit_early_then_once_final() {
         size_ms: 6_000,
         hop_ms: 2_000,
     };
-    let config = windows::config(name, brokers, shape, LATENESS_MS).module_param("early", true);
+    let config = windows::config(name, brokers, shape, LATENESS).module_param("early", true);
     let config = db.configure(config).write(dir.path());
     run_ok(&config);
     let input = read_committed(brokers, name, PARTITIONS);
-    let expected = Expected::of(&input, shape, LATENESS_MS);
+    let expected = Expected::of(&input, shape, LATENESS);
     windows::assert_stored(&db, name, &expected).await;
     let early: Vec<(i64, String, i64, i64, i64)> = {
         let sql = format!(
@@ -157,7 +192,7 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
     let db = SinkDb::Sqlite(dir.path().join("idle.db"));
     let shape = Shape::Tumbling { size_ms: 1_000 };
     let config = db
-        .configure(windows::config(name, brokers, shape, 0))
+        .configure(windows::config(name, brokers, shape, NO_LATENESS))
         .write(dir.path());
     let at = |s: i64| windows::T0 + s * 1_000;
     let both: Vec<Produce> = (0..10)
@@ -177,7 +212,7 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
     produce(brokers, name, &on);
     run_ok(&config);
     let input = read_committed(brokers, name, 2);
-    let expected = Expected::of(&input, shape, 0);
+    let expected = Expected::of(&input, shape, NO_LATENESS);
     windows::assert_stored(&db, name, &expected).await;
     let closed = |p: i64| expected.rows.iter().filter(|r| r.0 == p).count();
     assert_eq!((closed(0), closed(1)), (69, 9), "{:?}", expected.rows);
@@ -185,7 +220,7 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
     produce(brokers, name, &[windows::record(1, "b", at(70), 2)]);
     run_ok(&config);
     let input = read_committed(brokers, name, 2);
-    let expected = Expected::of(&input, shape, 0);
+    let expected = Expected::of(&input, shape, NO_LATENESS);
     windows::assert_stored(&db, name, &expected).await;
     assert_eq!(
         closed(1) + 1,
@@ -197,8 +232,10 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
 /// Two processes statically assigned the same partitions race over
 /// windowed input to the end: the loser of each race is a zombie whose
 /// commit is fenced and rolled back, and whose cached state and timer
-/// index are dropped (read again from the sink). Every window still closes
-/// exactly once with its value, every late record is one dead letter, and
+/// index are dropped (read again from the sink). Closed windows take late
+/// records for 1.5 s. Every window still closes exactly once with its
+/// value, every update lands once (the last has every late record within
+/// the retention), every other late record is one dead letter, and
 /// `verify` replays every batch.
 #[tokio::test(flavor = "multi_thread")]
 async fn two_racing_owners_close_each_window_once() {
@@ -212,7 +249,7 @@ async fn two_racing_owners_close_each_window_once() {
     let db = SinkDb::Sqlite(dir.path().join("race.db"));
     let all: Vec<i32> = (0..PARTITIONS).collect();
     let shape = Shape::Tumbling { size_ms: 5_000 };
-    let config = windows::config(name, brokers, shape, LATENESS_MS)
+    let config = windows::config(name, brokers, shape, RETAINED)
         .max_records_per_partition(100)
         .batch_interval_ms(20)
         .assign(name, &all);
@@ -220,14 +257,16 @@ async fn two_racing_owners_close_each_window_once() {
     let fenced = race_two_owners(&config);
     assert!(fenced > 0, "the two owners never collided");
     let input = read_committed(brokers, name, PARTITIONS);
-    let expected = Expected::of(&input, shape, LATENESS_MS);
+    let expected = Expected::of(&input, shape, RETAINED);
+    assert!(!expected.updated.is_empty() && !expected.late.is_empty());
     windows::assert_stored(&db, name, &expected).await;
     db.assert_contiguous_lineage(name).await;
     let batches = assert_verified(&config);
     println!(
-        "{name}: {fenced} fenced commits rolled back; {} windows closed exactly once, {} late \
-         records; {batches} batches verified",
+        "{name}: {fenced} fenced commits rolled back; {} windows closed exactly once, {} updated \
+         by late records, {} late records; {batches} batches verified",
         expected.rows.len(),
+        expected.updated.len(),
         expected.late.len()
     );
 }

@@ -292,10 +292,11 @@ fn windowed_sample(dir: &Path) -> (PathBuf, Vec<Seen>) {
 /// Python (`sdk/python/windows`), JavaScript (`sdk/js/windows`), C
 /// (`sdk/c/windows`) and Go (`sdk/go/windows`), each on its SDK's
 /// windows, run by `sluice test` over the same out-of-order sample in batches of 37
-/// records (so windows and timers cross batches): for tumbling, hopping
-/// with early rows, and session windows, the same rows, dead letters,
-/// state and digest; and the final windows and late records are the ones
-/// recomputed here from the sample alone.
+/// records (so windows and timers cross batches): for tumbling windows and
+/// session windows that take late records for 1 s after they close, and
+/// hopping windows with early rows, the same rows, dead letters, state and
+/// digest; and the final windows, each updated window's last value and the
+/// late records are the ones recomputed here from the sample alone.
 #[test]
 fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
     let dir = TempDir::new("windowed-conformance");
@@ -307,9 +308,13 @@ fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
         ("c", build("c/windows", dir.path())),
         ("go", build("go/windows", dir.path())),
     ];
+    // Retention: none (late records are dead letters), or long enough
+    // for some late records to update their window and some not.
+    let dead_letters_only = 0;
     let shapes = [
         (
             windows::Shape::Tumbling { size_ms: 1_000 },
+            1_000,
             r#""windows":"tumbling","size_ms":1000"#,
         ),
         (
@@ -317,15 +322,17 @@ fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
                 size_ms: 1_000,
                 hop_ms: 250,
             },
+            dead_letters_only,
             r#""windows":"hopping","size_ms":1000,"hop_ms":250,"early":true"#,
         ),
         (
             windows::Shape::Session { gap_ms: 300 },
+            3_000,
             r#""windows":"session","gap_ms":300"#,
         ),
     ];
-    for (shape, params) in shapes {
-        let params = format!(r#"{{{params},"time_field":"ts"}}"#);
+    for (shape, retain_ms, params) in shapes {
+        let params = format!(r#"{{{params},"retain_ms":{retain_ms},"time_field":"ts"}}"#);
         let reports: Vec<(&str, Report)> = modules
             .iter()
             .map(|(lang, module)| {
@@ -333,11 +340,16 @@ fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
                 (*lang, run_sample(module, &sample, &extra))
             })
             .collect();
-        let expected = windows::Expected::of(&input, shape, 0);
+        let lateness = windows::Lateness {
+            allowed_ms: 0,
+            retain_ms,
+        };
+        let expected = windows::Expected::of(&input, shape, lateness);
         assert!(
-            expected.rows.len() > 50 && expected.late.len() > 20,
+            expected.rows.len() > 50 && expected.late.len() > 10,
             "{shape:?}: {expected:?}"
         );
+        assert_eq!(retain_ms > 0, expected.updated.len() > 5, "{shape:?}");
         let (_, reference) = &reports[0];
         // Batch ids name the module: the rest of each dead letter must agree.
         let dead_letters = |r: &Report| -> Vec<Json> {
@@ -348,27 +360,34 @@ fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
             all
         };
         for (lang, report) in &reports {
-            let finals: Vec<windows::Row> = report
-                .rows_of("windows")
-                .into_iter()
-                .filter(|r| r["emit"] == "final")
-                .map(|r| {
-                    let int = |c: &str| r[c].as_i64().unwrap();
-                    let key = r["key"].as_str().unwrap().to_string();
-                    (
-                        int("partition"),
-                        key,
-                        int("start_ms"),
-                        int("end_ms"),
-                        int("total"),
-                        int("records"),
-                    )
-                })
-                .collect();
+            let emitted = |emit: &str| -> Vec<windows::Row> {
+                (report.rows_of("windows").into_iter())
+                    .filter(|r| r["emit"] == emit)
+                    .map(|r| {
+                        let int = |c: &str| r[c].as_i64().unwrap();
+                        let key = r["key"].as_str().unwrap().to_string();
+                        let (start, end) = (int("start_ms"), int("end_ms"));
+                        (
+                            int("partition"),
+                            key,
+                            start,
+                            end,
+                            int("total"),
+                            int("records"),
+                        )
+                    })
+                    .collect()
+            };
+            let finals = emitted("final");
             let mut sorted = finals.clone();
             sorted.sort();
             assert_eq!(sorted, expected.rows, "{lang} {shape:?}: final windows");
             assert_eq!(finals.len(), sorted.len(), "{lang} {shape:?}");
+            assert_eq!(
+                windows::last_updates(emitted("update")),
+                expected.updated,
+                "{lang} {shape:?}: updated windows"
+            );
             let late: std::collections::BTreeSet<(i64, i64)> = report
                 .dead_letters
                 .iter()
@@ -401,8 +420,10 @@ fn windowed_conformance_gives_the_same_windows_in_every_sdk() {
             );
         }
         println!(
-            "windowed conformance {shape:?}: {} final windows, {} late, {} rows, digest {}",
+            "windowed conformance {shape:?}: {} final windows, {} updated, {} late, {} rows, \
+             digest {}",
             expected.rows.len(),
+            expected.updated.len(),
             expected.late.len(),
             reference.rows.len(),
             reference.summary["output_digest"]

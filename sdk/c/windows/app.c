@@ -7,7 +7,7 @@
  * Records: a key, and a JSON value `{"amount": N}` (optionally the event
  * time under `time_field`; else the Kafka timestamp). Anything else is
  * rejected. Params: `windows` ("tumbling" with `size_ms`, "hopping" with
- * `size_ms` and `hop_ms`, "session" with `gap_ms`), `early`,
+ * `size_ms` and `hop_ms`, "session" with `gap_ms`), `early`, `retain_ms`,
  * `time_field`. */
 #include "sluice.h"
 #include "sluice_json.h"
@@ -98,6 +98,8 @@ static void param(const sluice_json_field *f, void *ctx) {
     params.windowed.windows.gap_ms = positive ? ms : 0;
   } else if (sluice_json_is(f, "early")) {
     params.windowed.early = f->kind == SLUICE_JSON_TRUE;
+  } else if (sluice_json_is(f, "retain_ms")) {
+    params.windowed.retain_ms = positive ? ms : 0;
   } else if (sluice_json_is(f, "time_field")) {
     free(params.time_field);
     params.time_field = NULL;
@@ -183,7 +185,9 @@ static void emit(sluice_output *out, const sluice_window_value *w, void *ctx) {
   sluice_int(out, w->end_ms);
   sluice_int(out, acc->total);
   sluice_int(out, acc->records);
-  sluice_text(out, w->early ? "early" : "final", 5);
+  static const char *const emits[] = {[SLUICE_EMIT_FINAL] = "final", [SLUICE_EMIT_EARLY] = "early",
+                                      [SLUICE_EMIT_UPDATE] = "update"};
+  sluice_text(out, emits[w->emit], strlen(emits[w->emit]));
   free(key);
 }
 

@@ -7,7 +7,8 @@
 // Records: a key, and a JSON value `{"amount": N}` (optionally the event
 // time under `time_field`; else the Kafka timestamp). Anything else is
 // rejected. Params: `windows` ("tumbling" with `size_ms`, "hopping" with
-// `size_ms` and `hop_ms`, "session" with `gap_ms`), `early`, `time_field`.
+// `size_ms` and `hop_ms`, "session" with `gap_ms`), `early`, `retain_ms`,
+// `time_field`.
 package main
 
 import (
@@ -90,7 +91,11 @@ func newWindowSums(params []byte) (sluice.Transform, error) {
 	}
 	var early bool
 	_ = json.Unmarshal(p["early"], &early)
-	t := &windowSums{windowed: sluice.Windowed[sumCount, int64]{Windows: windows, Aggregate: spend{}, EmitEarly: early}}
+	var retainMs int64
+	_ = json.Unmarshal(p["retain_ms"], &retainMs)
+	t := &windowSums{windowed: sluice.Windowed[sumCount, int64]{
+		Windows: windows, Aggregate: spend{}, EmitEarly: early, RetainMs: retainMs,
+	}}
 	t.hasField = json.Unmarshal(p["time_field"], &t.timeField) == nil && p["time_field"] != nil
 	return t, nil
 }
@@ -124,10 +129,7 @@ func (t *windowSums) Process(batch *sluice.Batch, out *sluice.Output) error {
 		sluice.Col("emit", sluice.Text),
 	)
 	t.windowed.Run(batch, out, t.take, func(out *sluice.Output, w sluice.WindowValue[sumCount]) {
-		emit := "final"
-		if w.Early {
-			emit = "early"
-		}
+		emit := map[sluice.Emit]string{sluice.Final: "final", sluice.Early: "early", sluice.Update: "update"}[w.Emit]
 		out.Row(target).Int(int64(w.Partition)).Text(sluice.Lossy([]byte(w.Key))).Int(w.StartMs).Int(w.EndMs).
 			Int(w.Acc.total).Int(w.Acc.records).Text(emit)
 	})

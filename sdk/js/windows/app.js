@@ -9,7 +9,7 @@
 // rejected. JSON.parse reads `5.0` as 5, which Rust and Python reject as
 // not an integer: the sample has no such value.
 // Params: `windows` ("tumbling" with `size_ms`, "hopping" with `size_ms` and
-// `hop_ms`, "session" with `gap_ms`), `early`, `time_field`.
+// `hop_ms`, "session" with `gap_ms`), `early`, `retain_ms`, `time_field`.
 import { exportTransform } from './sluice.js';
 import { Event, Hopping, Rejected, Session, Tumbling, Windowed } from './window.js';
 
@@ -48,7 +48,8 @@ class WindowSums {
     else if (params.windows === 'hopping') windows = new Hopping(ms('size_ms'), ms('hop_ms'));
     else if (params.windows === 'session') windows = new Session(ms('gap_ms'));
     else throw new Error('windows params: `windows` is tumbling, hopping or session');
-    this.windowed = new Windowed(windows, SumCount, params.early === true);
+    const retainMs = int64(params.retain_ms) ?? 0n;
+    this.windowed = new Windowed(windows, SumCount, params.early === true, retainMs);
     this.timeField = typeof params.time_field === 'string' ? params.time_field : null;
   }
 

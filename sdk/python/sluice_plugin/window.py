@@ -2,7 +2,8 @@
 session windows per user key, each with a user aggregate, emitted once when
 the partition's watermark passes their end (and, optionally, early on every
 batch that changes them). A record whose windows have all closed is a dead
-letter of kind `late`, never dropped.
+letter of kind `late`, never dropped, or, with `retain_ms`, updates a window
+that closed less than that ago (handed out again as "update").
 
 It keeps windows in state exactly as the Rust SDK's `sluice_plugin::window`
 does (docs/event-time.md), so a windowed transform gives the same rows,
@@ -14,7 +15,10 @@ state and digest in either language:
 - sessions: every open session of `key` under `sluice/s/` + `key`, per
   session its start and end (8 bytes each, big-endian) and its aggregate's
   length (4 bytes, big-endian) and bytes, in start order; a timer (`key`,
-  end - 1) per session closes it.
+  end - 1) per session closes it;
+- with a retention R: a closed window's aggregate under `sluice/r/` + end +
+  `key`, a closed session under `sluice/t/` + `key` (the layout of open
+  ones); a timer (`key`, end - 1 + R) forgets it.
 
     from sluice_plugin.window import Event, Rejected, Tumbling, Windowed, SUM
 
@@ -50,6 +54,8 @@ __all__ = [
 
 _WINDOW_PREFIX = b"sluice/w/"
 _SESSION_PREFIX = b"sluice/s/"
+_RETAINED_PREFIX = b"sluice/r/"
+_RETAINED_SESSION_PREFIX = b"sluice/t/"
 _U64 = (1 << 64) - 1
 
 
@@ -144,7 +150,8 @@ class Rejected:
 @dataclass(slots=True)
 class WindowValue:
     """A window's value, handed to the emit function; `emit` is "early" (the
-    batch changed it, still open) or "final" (handed out once)."""
+    batch changed it, still open), "final" (handed out once) or "update"
+    (late records changed it after it closed, with `retain_ms`)."""
 
     topic: str
     partition: int
@@ -164,8 +171,13 @@ def _window_key(end_ms: int, key: bytes) -> bytes:
     return _WINDOW_PREFIX + _ordered(end_ms) + key
 
 
-def _read_sessions(state: State, key: bytes) -> List[list]:
-    data = state.get(_SESSION_PREFIX + key) or b""
+def _retained_key(end_ms: int, key: bytes) -> bytes:
+    return _RETAINED_PREFIX + _ordered(end_ms) + key
+
+
+def _read_sessions(state: State, at: bytes) -> List[list]:
+    """The sessions under `at` (an open or a retained sessions key)."""
+    data = state.get(at) or b""
     sessions, at = [], 0
     while at + 20 <= len(data):
         start, end, length = struct.unpack_from(">qqI", data, at)
@@ -174,23 +186,43 @@ def _read_sessions(state: State, key: bytes) -> List[list]:
     return sessions
 
 
-def _write_sessions(state: State, key: bytes, sessions: List[list]) -> None:
+def _write_sessions(state: State, at: bytes, sessions: List[list]) -> None:
     if not sessions:
-        state.delete(_SESSION_PREFIX + key)
+        state.delete(at)
         return
     state.set(
-        _SESSION_PREFIX + key,
+        at,
         b"".join(struct.pack(">qqI", s, e, len(a)) + a for s, e, a in sessions),
     )
 
 
-class Windowed:
-    """Windows of one kind with one aggregate."""
+class _Pending:
+    """What a batch's records leave to hand out at its end: the open windows
+    it changed (with early rows), the final values of windows a late record
+    reached before their timer closed them, and the closed windows late
+    records updated."""
 
-    def __init__(self, windows, aggregate: Aggregate, early: bool = False):
+    __slots__ = ("early", "closed", "updated")
+
+    def __init__(self, early: bool):
+        self.early = [] if early else None
+        self.closed = []
+        self.updated = []
+
+
+class Windowed:
+    """Windows of one kind with one aggregate. With `retain_ms`, a closed
+    window takes late records that long more (event time): a record behind
+    the watermark whose window ended less than `retain_ms` before it updates
+    the window, handed out again as "update" once per batch, instead of
+    becoming a `late` dead letter; a closed session only if the record's
+    time is within its records (first to last), so its bounds never move."""
+
+    def __init__(self, windows, aggregate: Aggregate, early: bool = False, retain_ms: int = 0):
         self.windows = windows
         self.aggregate = aggregate
         self.early = early
+        self.retain_ms = max(int(retain_ms), 0)
 
     def run(
         self,
@@ -203,10 +235,11 @@ class Windowed:
         `Event`), or that it is in no window (None, or `Rejected`: either
         way it does not move the watermark, so a malformed record's Kafka
         timestamp cannot close windows). Each event goes into its windows,
-        or becomes a `late` dead letter; then every window the watermark
-        passed is handed to `emit` once, as final (and, with `early`, every
-        other window the batch changed as early)."""
-        touched = [] if self.early else None
+        or updates retained ones, or becomes a `late` dead letter; then every
+        window the watermark passed is handed to `emit` once, as final,
+        every retained window late records changed as "update" (and, with
+        `early`, every open window the batch changed as early)."""
+        pending = _Pending(self.early)
         for record in batch:
             taken = take(record)
             if not isinstance(taken, Event):
@@ -222,18 +255,23 @@ class Windowed:
                 time = record.timestamp
             watermark = record.time().watermark()
             if isinstance(self.windows, Session):
-                added = self._add_to_session(record, key, time, taken.input, watermark, touched)
+                added = self._add_to_session(record, key, time, taken.input, watermark, pending)
             else:
-                added = self._add_to_windows(record, key, time, taken.input, watermark, touched)
+                added = self._add_to_windows(record, key, time, taken.input, watermark, pending)
             if not added:
                 shown = "None" if watermark is None else f"Some({watermark})"
                 record.time().late(
                     f"event time {time} is behind the watermark {shown}: its window has closed"
                 )
-        for timer in due_timers():
+        fired = due_timers()
+        for index, key, start, end, data in pending.closed:
+            self._hand_out(batch, out, emit, index, key, start, end, data, "final")
+        # Before the timers: one may forget a window this batch updated.
+        self._emit_changed(batch, pending.updated, "update", out, emit)
+        for timer in fired:
             self._close(batch, timer, out, emit)
-        if touched is not None:
-            self._emit_early(batch, touched, out, emit)
+        if pending.early is not None:
+            self._emit_changed(batch, pending.early, "early", out, emit)
 
     def _windows_of(self, time: int) -> List[Tuple[int, int]]:
         size = self.windows.size_ms
@@ -246,32 +284,58 @@ class Windowed:
         windows.reverse()
         return windows
 
-    def _add_to_windows(self, record, key, time, input, watermark, touched) -> bool:
+    def _retained(self, end: int, watermark: Optional[int]) -> bool:
+        """Whether a window ending at `end`, closed by `watermark`, still
+        takes late records."""
+        return self.retain_ms > 0 and watermark is not None and end - 1 + self.retain_ms > watermark
+
+    def _decode(self, data: Optional[bytes]) -> Any:
+        acc = None if data is None else self.aggregate.decode(data)
+        return self.aggregate.init() if acc is None else acc
+
+    def _add_to_windows(self, record, key, time, input, watermark, pending) -> bool:
         state, agg = record.state(), self.aggregate
         added = False
-        for _, end in self._windows_of(time):
+        for start, end in self._windows_of(time):
             if watermark is not None and end - 1 <= watermark:
+                if self._update_closed_window(record, key, start, end, input, watermark, pending):
+                    added = True
                 continue
             at = _window_key(end, key)
             stored = state.get(at)
             if stored is None:
                 record.time().set_timer(key, end - 1)
-                acc = agg.init()
-            else:
-                acc = agg.decode(stored)
-                if acc is None:
-                    acc = agg.init()
-            state.set(at, agg.encode(agg.add(acc, input)))
-            if touched is not None:
-                touched.append((record.index, record.topic, record.partition, key, end))
+            state.set(at, agg.encode(agg.add(self._decode(stored), input)))
+            if pending.early is not None:
+                pending.early.append((record.index, record.topic, record.partition, key, end))
             added = True
         return added
 
-    def _add_to_session(self, record, key, time, input, watermark, touched) -> bool:
+    def _update_closed_window(self, record, key, start, end, input, watermark, pending) -> bool:
+        """Adds a late record to the closed window [start, end) if it is
+        retained (closing it first if its timer has not yet)."""
+        if not self._retained(end, watermark):
+            return False
+        state = record.state()
+        at = _retained_key(end, key)
+        data = state.get(at)
+        if data is None:
+            window = _window_key(end, key)
+            data = state.get(window)
+            if data is not None:
+                state.delete(window)
+                pending.closed.append((record.index, key, start, end, data))
+            record.time().set_timer(key, end - 1 + self.retain_ms)
+        state.set(at, self.aggregate.encode(self.aggregate.add(self._decode(data), input)))
+        pending.updated.append((record.index, record.topic, record.partition, key, end))
+        return True
+
+    def _add_to_session(self, record, key, time, input, watermark, pending) -> bool:
         state, agg, gap = record.state(), self.aggregate, self.windows.gap_ms
         start, end = time, time + gap
+        sessions = _read_sessions(state, _SESSION_PREFIX + key)
         meets, apart = [], []
-        for s in _read_sessions(state, key):
+        for s in sessions:
             # A session the watermark has passed is closed, though its timer
             # fires only at the batch's end: nothing joins it.
             is_open = watermark is None or s[1] - 1 > watermark
@@ -279,10 +343,11 @@ class Windowed:
         for s in meets:
             start, end = min(start, s[0]), max(end, s[1])
         if watermark is not None and end - 1 <= watermark:
-            return False
+            return self._update_closed_session(record, key, time, input, watermark, sessions, pending)
         acc = agg.add(agg.init(), input)
         for s in meets:
-            if s[1] != end:
+            # With a retention, the timer may also forget a closed session.
+            if s[1] != end and self.retain_ms == 0:
                 record.time().delete_timer(key, s[1] - 1)
             other = agg.decode(s[2])
             if other is not None:
@@ -290,34 +355,106 @@ class Windowed:
         record.time().set_timer(key, end - 1)
         sessions = apart + [[start, end, agg.encode(acc)]]
         sessions.sort(key=lambda s: s[0])
-        _write_sessions(state, key, sessions)
-        if touched is not None:
-            touched.append((record.index, record.topic, record.partition, key, end))
+        _write_sessions(state, _SESSION_PREFIX + key, sessions)
+        if pending.early is not None:
+            pending.early.append((record.index, record.topic, record.partition, key, end))
+        return True
+
+    def _update_closed_session(self, record, key, time, input, watermark, sessions, pending) -> bool:
+        """Adds a late record to the retained closed session of its key whose
+        records' span holds its time (closing it first if its timer has not
+        yet: `sessions` are the key's open ones)."""
+        gap = self.windows.gap_ms
+
+        def holds(s):
+            return self._retained(s[1], watermark) and s[0] <= time <= s[1] - gap
+
+        state = record.state()
+        retained = _read_sessions(state, _RETAINED_SESSION_PREFIX + key)
+        at = next((i for i, s in enumerate(retained) if holds(s)), None)
+        if at is None:
+            found = next(
+                (i for i, s in enumerate(sessions) if s[1] - 1 <= watermark and holds(s)), None
+            )
+            if found is None:
+                return False
+            session = sessions.pop(found)
+            _write_sessions(state, _SESSION_PREFIX + key, sessions)
+            pending.closed.append((record.index, key, session[0], session[1], session[2]))
+            record.time().set_timer(key, session[1] - 1 + self.retain_ms)
+            retained.append(session)
+            retained.sort(key=lambda s: s[0])
+            at = next(i for i, s in enumerate(retained) if holds(s))
+        session = retained[at]
+        session[2] = self.aggregate.encode(self.aggregate.add(self._decode(session[2]), input))
+        _write_sessions(state, _RETAINED_SESSION_PREFIX + key, retained)
+        pending.updated.append((record.index, record.topic, record.partition, key, session[1]))
         return True
 
     def _close(self, batch: Batch, timer: FiredTimer, out: Output, emit) -> None:
+        """Hands out the window `timer` closes, as final, keeping it if there
+        is a retention; forgets the retained window it ends."""
         state, end = timer.state(), timer.at_ms + 1
+        if self.retain_ms > 0:
+            self._forget(state, timer.key, end - self.retain_ms)
+        closed = self._take_open(state, timer.key, end)
+        if closed is None:
+            return
+        start, data = closed
+        if self.retain_ms > 0:
+            self._keep_closed(state, timer.key, start, end, data)
+            timer.time().set_timer(timer.key, timer.at_ms + self.retain_ms)
+        self._hand_out(batch, out, emit, timer.index, timer.key, start, end, data, "final")
+
+    def _take_open(self, state: State, key: bytes, end: int):
+        """Removes the open window of `key` ending at `end`: (start, bytes)."""
         if isinstance(self.windows, Session):
-            sessions = _read_sessions(state, timer.key)
+            sessions = _read_sessions(state, _SESSION_PREFIX + key)
             found = next((i for i, s in enumerate(sessions) if s[1] == end), None)
             if found is None:
-                return
+                return None
             start, _, data = sessions.pop(found)
-            _write_sessions(state, timer.key, sessions)
+            _write_sessions(state, _SESSION_PREFIX + key, sessions)
+            return start, data
+        at = _window_key(end, key)
+        data = state.get(at)
+        if data is None:
+            return None
+        state.delete(at)
+        return end - self.windows.size_ms, data
+
+    def _keep_closed(self, state: State, key: bytes, start: int, end: int, data: bytes) -> None:
+        """Keeps a closed window for late records."""
+        if isinstance(self.windows, Session):
+            retained = _read_sessions(state, _RETAINED_SESSION_PREFIX + key)
+            retained.append([start, end, data])
+            retained.sort(key=lambda s: s[0])
+            _write_sessions(state, _RETAINED_SESSION_PREFIX + key, retained)
         else:
-            at = _window_key(end, timer.key)
-            data = state.get(at)
-            if data is None:
-                return
-            state.delete(at)
-            start = end - self.windows.size_ms
+            state.set(_retained_key(end, key), data)
+
+    def _forget(self, state: State, key: bytes, end: int) -> None:
+        """Forgets the retained window of `key` ending at `end`, if any."""
+        if isinstance(self.windows, Session):
+            retained = _read_sessions(state, _RETAINED_SESSION_PREFIX + key)
+            kept = [s for s in retained if s[1] != end]
+            if len(kept) != len(retained):
+                _write_sessions(state, _RETAINED_SESSION_PREFIX + key, kept)
+        else:
+            at = _retained_key(end, key)
+            if state.get(at) is not None:
+                state.delete(at)
+
+    def _hand_out(self, batch, out, emit, index, key, start, end, data, why) -> None:
         acc = self.aggregate.decode(data)
         if acc is None:
             return
-        topic, partition = batch.partition_of(timer.index) or ("", 0)
-        emit(out, WindowValue(topic, partition, timer.key, start, end, acc, "final", state))
+        topic, partition = batch.partition_of(index) or ("", 0)
+        emit(out, WindowValue(topic, partition, key, start, end, acc, why, State(index)))
 
-    def _emit_early(self, batch: Batch, touched, out: Output, emit) -> None:
+    def _emit_changed(self, batch: Batch, touched, why: str, out: Output, emit) -> None:
+        """Hands out, as `why`, each window the batch changed (early: still
+        open; update: still retained), once, in the order first changed."""
         seen = set()
         for index, topic, partition, key, end in touched:
             if (topic, partition, key, end) in seen:
@@ -325,16 +462,15 @@ class Windowed:
             seen.add((topic, partition, key, end))
             state = State(index)
             if isinstance(self.windows, Session):
-                found = [s for s in _read_sessions(state, key) if s[1] == end]
+                prefix = _RETAINED_SESSION_PREFIX if why == "update" else _SESSION_PREFIX
+                found = [s for s in _read_sessions(state, prefix + key) if s[1] == end]
                 if not found:
                     continue
                 start, data = found[0][0], found[0][2]
             else:
-                data = state.get(_window_key(end, key))
+                at = _retained_key(end, key) if why == "update" else _window_key(end, key)
+                data = state.get(at)
                 if data is None:
                     continue
                 start = end - self.windows.size_ms
-            acc = self.aggregate.decode(data)
-            if acc is None:
-                continue
-            emit(out, WindowValue(topic, partition, key, start, end, acc, "early", state))
+            self._hand_out(batch, out, emit, index, key, start, end, data, why)

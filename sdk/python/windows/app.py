@@ -7,7 +7,7 @@ so the two must give the same rows, state and digest on the same input
 Records: a key, and a JSON value `{"amount": N}` (optionally the event time
 under `time_field`; else the Kafka timestamp). Anything else is rejected.
 Params: `windows` ("tumbling" with `size_ms`, "hopping" with `size_ms` and
-`hop_ms`, "session" with `gap_ms`), `early`, `time_field`."""
+`hop_ms`, "session" with `gap_ms`), `early`, `retain_ms`, `time_field`."""
 
 import struct
 
@@ -61,7 +61,10 @@ class WindowSums(Transform):
             windows = Session(ms("gap_ms"))
         else:
             raise ValueError("windows params: `windows` is tumbling, hopping or session")
-        self.windowed = Windowed(windows, SumCount(), early=params.get("early") is True)
+        retain_ms = _int64(params.get("retain_ms")) or 0
+        self.windowed = Windowed(
+            windows, SumCount(), early=params.get("early") is True, retain_ms=retain_ms
+        )
         self.time_field = params.get("time_field")
 
     def take(self, r):

@@ -2,7 +2,8 @@
 //! session windows per user key, each with a user aggregate, emitted once
 //! when the partition's watermark passes their end (and, optionally, early
 //! on every batch that changes them). A record whose windows have all
-//! closed is a dead letter of kind `late`, never dropped.
+//! closed is a dead letter of kind `late`, never dropped, or, with a
+//! retention, updates a window that closed less than the retention ago.
 //!
 //! It owns the window layout in state, which every SDK keeps alike (so one
 //! windowed transform gives one digest in any language; docs/event-time.md):
@@ -13,7 +14,10 @@
 //! - sessions: every open session of `key` under `sluice/s/` + `key`, per
 //!   session its start and end (8 bytes each, big-endian) and its
 //!   aggregate's length (4 bytes, big-endian) and bytes, in start order; a
-//!   timer (`key`, `end - 1`) per session closes it.
+//!   timer (`key`, `end - 1`) per session closes it;
+//! - with a retention `R`: a closed window's aggregate under `sluice/r/` +
+//!   end + `key`, a closed session under `sluice/t/` + `key` (the layout of
+//!   open ones); a timer (`key`, `end - 1 + R`) forgets it.
 //!
 //! A window `[start, end)` closes when the watermark reaches `end - 1` (its
 //! last millisecond), judged per record (the watermark just before it);
@@ -21,7 +25,12 @@
 //! sessions: the session it would make, merged with the open ones it
 //! touches). Closed windows are handed out at the end of the batch that
 //! closed them. So what each window holds and which records are late do
-//! not depend on where batches begin and end.
+//! not depend on where batches begin and end. With a retention, a late
+//! record updates each of its windows whose end - 1 + R is past the
+//! watermark (a session: the closed one whose span, first record to last,
+//! holds its time, so a closed session's bounds never move); a window a
+//! late record reaches before its timer fired is closed right then, with
+//! the value it had, so its final value does not depend on batches either.
 //!
 //! It must not read the host's clock or keep anything between batches
 //! outside state.
@@ -30,6 +39,8 @@ use crate::{Batch, FiredTimer, Output, Record, State};
 
 const WINDOW_PREFIX: &[u8] = b"sluice/w/";
 const SESSION_PREFIX: &[u8] = b"sluice/s/";
+const RETAINED_PREFIX: &[u8] = b"sluice/r/";
+const RETAINED_SESSION_PREFIX: &[u8] = b"sluice/t/";
 
 /// How records are grouped in time.
 #[derive(Debug, Clone, Copy)]
@@ -120,6 +131,9 @@ pub enum Emit {
     /// The watermark passed the window's end: its value is final, and it
     /// is handed out once.
     Final,
+    /// Late records changed the closed window (with [`Windowed::retain`]):
+    /// its value with them, once per batch that changed it.
+    Update,
 }
 
 /// A window's value, handed to the emit function.
@@ -141,6 +155,8 @@ pub struct Windowed<G: Aggregate> {
     windows: Windows,
     aggregate: G,
     early: bool,
+    /// How long (event time) a closed window takes late records; 0: none.
+    retain_ms: i64,
 }
 
 /// `at` as 8 bytes that sort as the numbers do.
@@ -152,8 +168,16 @@ fn window_key(end_ms: i64, key: &[u8]) -> Vec<u8> {
     [WINDOW_PREFIX, &ordered(end_ms), key].concat()
 }
 
+fn retained_key(end_ms: i64, key: &[u8]) -> Vec<u8> {
+    [RETAINED_PREFIX, &ordered(end_ms), key].concat()
+}
+
 fn session_key(key: &[u8]) -> Vec<u8> {
     [SESSION_PREFIX, key].concat()
+}
+
+fn retained_session_key(key: &[u8]) -> Vec<u8> {
+    [RETAINED_SESSION_PREFIX, key].concat()
 }
 
 /// One open session of a key.
@@ -163,8 +187,9 @@ struct Session {
     acc: Vec<u8>,
 }
 
-fn read_sessions(state: &State, key: &[u8]) -> Vec<Session> {
-    let bytes = state.get(&session_key(key)).unwrap_or_default();
+/// The sessions under `at` (`session_key` or `retained_session_key`).
+fn read_sessions(state: &State, at: &[u8]) -> Vec<Session> {
+    let bytes = state.get(at).unwrap_or_default();
     let mut sessions = Vec::new();
     let mut at = 0;
     while at + 20 <= bytes.len() {
@@ -180,9 +205,9 @@ fn read_sessions(state: &State, key: &[u8]) -> Vec<Session> {
     sessions
 }
 
-fn write_sessions(state: &State, key: &[u8], sessions: &[Session]) {
+fn write_sessions(state: &State, at: &[u8], sessions: &[Session]) {
     if sessions.is_empty() {
-        return state.delete(&session_key(key));
+        return state.delete(at);
     }
     let mut bytes = Vec::new();
     for s in sessions {
@@ -191,10 +216,11 @@ fn write_sessions(state: &State, key: &[u8], sessions: &[Session]) {
         bytes.extend_from_slice(&(s.acc.len() as u32).to_be_bytes());
         bytes.extend_from_slice(&s.acc);
     }
-    state.set(&session_key(key), &bytes)
+    state.set(at, &bytes)
 }
 
-/// A window this batch changed: emitted early unless it closes too.
+/// A window this batch changed: emitted early unless it closes too, or
+/// updated if it had closed.
 struct Touched {
     index: u32,
     partition: (String, i32),
@@ -211,6 +237,26 @@ impl Touched {
             end_ms,
         }
     }
+}
+
+/// A window handed out as it was when it closed.
+struct Closed {
+    index: u32,
+    key: Vec<u8>,
+    start_ms: i64,
+    end_ms: i64,
+    acc: Vec<u8>,
+}
+
+/// What a batch's records leave to hand out at its end.
+struct Pending {
+    /// Open windows the batch changed (with early rows).
+    early: Option<Vec<Touched>>,
+    /// Windows a late record reached before their timer closed them:
+    /// their final values.
+    closed: Vec<Closed>,
+    /// Closed windows late records updated (with a retention).
+    updated: Vec<Touched>,
 }
 
 /// A record on its way into its windows.
@@ -230,6 +276,7 @@ impl<G: Aggregate> Windowed<G> {
             windows,
             aggregate,
             early: false,
+            retain_ms: 0,
         }
     }
 
@@ -240,14 +287,27 @@ impl<G: Aggregate> Windowed<G> {
         self
     }
 
+    /// Keeps each closed window `retain_ms` more of event time: a record
+    /// behind the watermark whose window ended less than `retain_ms`
+    /// before it updates the window (handed out again as
+    /// [`Emit::Update`], once per batch) instead of becoming a `late` dead
+    /// letter. A late record updates a closed session only if its time is
+    /// within the session's records (first to last), so a closed
+    /// session's bounds never move. 0 (the default): no updates.
+    pub fn retain(mut self, retain_ms: i64) -> Self {
+        self.retain_ms = retain_ms.max(0);
+        self
+    }
+
     /// Runs a batch: `take` says once per record what it brings (its key,
     /// event time and aggregate input), or that it is in no window
     /// (ignored or rejected: either way it does not move the watermark, so
     /// a malformed record's Kafka timestamp cannot close windows). Each
-    /// event goes into its windows, or becomes a `late` dead letter; then
-    /// every window the watermark passed is handed to `emit` once, as
-    /// final (and, with [`Windowed::early`], every other window the batch
-    /// changed as early).
+    /// event goes into its windows, or updates retained ones, or becomes a
+    /// `late` dead letter; then every window the watermark passed is
+    /// handed to `emit` once, as final, every retained window late records
+    /// changed as an update (and, with [`Windowed::early`], every open
+    /// window the batch changed as early).
     pub fn run(
         &self,
         batch: &Batch,
@@ -255,7 +315,11 @@ impl<G: Aggregate> Windowed<G> {
         mut take: impl FnMut(&Record<'_>) -> Taken<G::Input>,
         mut emit: impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
     ) {
-        let mut touched = self.early.then(Vec::new);
+        let mut pending = Pending {
+            early: self.early.then(Vec::new),
+            closed: Vec::new(),
+            updated: Vec::new(),
+        };
         for record in batch.records() {
             let (key, time_ms, input) = match take(&record) {
                 Taken::Event {
@@ -288,8 +352,8 @@ impl<G: Aggregate> Windowed<G> {
                 watermark: record.time().watermark(),
             };
             let added = match self.windows {
-                Windows::Session { gap_ms } => self.add_to_session(&event, gap_ms, &mut touched),
-                _ => self.add_to_windows(&event, &mut touched),
+                Windows::Session { gap_ms } => self.add_to_session(&event, gap_ms, &mut pending),
+                _ => self.add_to_windows(&event, &mut pending),
             };
             if !added {
                 record.time().late(&format!(
@@ -299,11 +363,19 @@ impl<G: Aggregate> Windowed<G> {
             }
         }
         let fired = crate::due_timers();
+        for closed in pending.closed {
+            let state = State {
+                index: closed.index,
+            };
+            self.hand_out(batch, out, &mut emit, &closed, Emit::Final, state);
+        }
+        // Before the timers: one may forget a window this batch updated.
+        self.emit_changed(batch, pending.updated, Emit::Update, out, &mut emit);
         for timer in &fired {
             self.close(batch, timer, out, &mut emit);
         }
-        if let Some(touched) = touched {
-            self.emit_early(batch, touched, out, &mut emit);
+        if let Some(touched) = pending.early {
+            self.emit_changed(batch, touched, Emit::Early, out, &mut emit);
         }
     }
 
@@ -325,17 +397,21 @@ impl<G: Aggregate> Windowed<G> {
         windows
     }
 
-    /// Adds `event` to each open window of its time; false if all closed.
-    fn add_to_windows(
-        &self,
-        event: &Event<'_, '_, G::Input>,
-        touched: &mut Option<Vec<Touched>>,
-    ) -> bool {
+    /// Whether a window ending at `end_ms`, closed by `watermark`, still
+    /// takes late records.
+    fn retained(&self, end_ms: i64, watermark: Option<i64>) -> bool {
+        self.retain_ms > 0 && watermark.is_some_and(|w| end_ms - 1 + self.retain_ms > w)
+    }
+
+    /// Adds `event` to each open window of its time, and to each retained
+    /// closed one; false if it reached none.
+    fn add_to_windows(&self, event: &Event<'_, '_, G::Input>, pending: &mut Pending) -> bool {
         let record = event.record;
         let state = record.state();
         let mut added = false;
-        for (_, end) in self.windows_of(event.time) {
+        for (start, end) in self.windows_of(event.time) {
             if event.watermark.is_some_and(|w| end - 1 <= w) {
+                added |= self.update_closed_window(event, (start, end), pending);
                 continue;
             }
             let at = window_key(end, event.key);
@@ -348,7 +424,7 @@ impl<G: Aggregate> Windowed<G> {
             };
             self.aggregate.add(&mut acc, event.input);
             state.set(&at, &acc.to_bytes());
-            if let Some(touched) = touched {
+            if let Some(touched) = &mut pending.early {
                 touched.push(Touched::of(event, end));
             }
             added = true;
@@ -356,35 +432,80 @@ impl<G: Aggregate> Windowed<G> {
         added
     }
 
+    /// Adds the late `event` to the closed window `(start, end)` if it is
+    /// retained (closing it first if its timer has not yet).
+    fn update_closed_window(
+        &self,
+        event: &Event<'_, '_, G::Input>,
+        (start, end): (i64, i64),
+        pending: &mut Pending,
+    ) -> bool {
+        if !self.retained(end, event.watermark) {
+            return false;
+        }
+        let state = event.record.state();
+        let at = retained_key(end, event.key);
+        let bytes = match state.get(&at) {
+            Some(bytes) => Some(bytes),
+            None => {
+                let open = window_key(end, event.key);
+                let bytes = state.get(&open);
+                if let Some(acc) = &bytes {
+                    state.delete(&open);
+                    pending.closed.push(Closed {
+                        index: event.record.index,
+                        key: event.key.to_vec(),
+                        start_ms: start,
+                        end_ms: end,
+                        acc: acc.clone(),
+                    });
+                }
+                event
+                    .record
+                    .time()
+                    .set_timer(event.key, end - 1 + self.retain_ms);
+                bytes
+            }
+        };
+        let mut acc = (bytes.as_deref())
+            .and_then(G::Acc::from_bytes)
+            .unwrap_or_else(|| self.aggregate.init());
+        self.aggregate.add(&mut acc, event.input);
+        state.set(&at, &acc.to_bytes());
+        pending.updated.push(Touched::of(event, end));
+        true
+    }
+
     /// Adds `event` to a session of its key: a new one, merged with the
-    /// open sessions it touches; false if the merged session has closed.
+    /// open sessions it touches, or, if that has closed, a retained closed
+    /// one; false if none takes it.
     fn add_to_session(
         &self,
         event: &Event<'_, '_, G::Input>,
         gap_ms: i64,
-        touched: &mut Option<Vec<Touched>>,
+        pending: &mut Pending,
     ) -> bool {
         let (record, key, time, watermark) = (event.record, event.key, event.time, event.watermark);
         let state = record.state();
-        let sessions = read_sessions(&state, key);
-        let (mut start, mut end) = (time, time + gap_ms);
+        let sessions = read_sessions(&state, &session_key(key));
         // A session the watermark has passed is closed, though its timer
         // fires only at the batch's end: nothing joins it.
         let open = |s: &Session| watermark.is_none_or(|w| s.end_ms - 1 > w);
-        let (meets, apart): (Vec<Session>, Vec<Session>) = sessions
-            .into_iter()
-            .partition(|s| open(s) && s.start_ms < time + gap_ms && time < s.end_ms);
-        for s in &meets {
+        let meets = |s: &Session| open(s) && s.start_ms < time + gap_ms && time < s.end_ms;
+        let (mut start, mut end) = (time, time + gap_ms);
+        for s in sessions.iter().filter(|s| meets(s)) {
             start = start.min(s.start_ms);
             end = end.max(s.end_ms);
         }
         if watermark.is_some_and(|w| end - 1 <= w) {
-            return false;
+            return self.update_closed_session(event, gap_ms, sessions, pending);
         }
+        let (meets, apart): (Vec<Session>, Vec<Session>) = sessions.into_iter().partition(meets);
         let mut acc = self.aggregate.init();
         self.aggregate.add(&mut acc, event.input);
         for s in meets {
-            if s.end_ms != end {
+            // With a retention, the timer may also forget a closed session.
+            if s.end_ms != end && self.retain_ms == 0 {
                 record.time().delete_timer(key, s.end_ms - 1);
             }
             if let Some(other) = G::Acc::from_bytes(&s.acc) {
@@ -399,14 +520,63 @@ impl<G: Aggregate> Windowed<G> {
             acc: acc.to_bytes(),
         });
         sessions.sort_by_key(|s| s.start_ms);
-        write_sessions(&state, key, &sessions);
-        if let Some(touched) = touched {
+        write_sessions(&state, &session_key(key), &sessions);
+        if let Some(touched) = &mut pending.early {
             touched.push(Touched::of(event, end));
         }
         true
     }
 
-    /// Hands out the window `timer` closes, as final, and forgets it.
+    /// Adds the late `event` to the retained closed session of its key
+    /// whose records' span holds its time (closing it first if its timer
+    /// has not yet: `sessions` are the key's open ones); false if none.
+    fn update_closed_session(
+        &self,
+        event: &Event<'_, '_, G::Input>,
+        gap_ms: i64,
+        mut sessions: Vec<Session>,
+        pending: &mut Pending,
+    ) -> bool {
+        let (record, key, time, watermark) = (event.record, event.key, event.time, event.watermark);
+        let holds = |s: &Session| {
+            self.retained(s.end_ms, watermark) && s.start_ms <= time && time <= s.end_ms - gap_ms
+        };
+        let state = record.state();
+        let mut retained = read_sessions(&state, &retained_session_key(key));
+        let at = match retained.iter().position(holds) {
+            Some(at) => at,
+            None => {
+                let closed = |s: &Session| watermark.is_some_and(|w| s.end_ms - 1 <= w);
+                let Some(at) = sessions.iter().position(|s| closed(s) && holds(s)) else {
+                    return false;
+                };
+                let session = sessions.remove(at);
+                write_sessions(&state, &session_key(key), &sessions);
+                pending.closed.push(Closed {
+                    index: record.index,
+                    key: key.to_vec(),
+                    start_ms: session.start_ms,
+                    end_ms: session.end_ms,
+                    acc: session.acc.clone(),
+                });
+                (record.time()).set_timer(key, session.end_ms - 1 + self.retain_ms);
+                retained.push(session);
+                retained.sort_by_key(|s| s.start_ms);
+                retained.iter().position(holds).expect("just retained")
+            }
+        };
+        let session = &mut retained[at];
+        let mut acc = G::Acc::from_bytes(&session.acc).unwrap_or_else(|| self.aggregate.init());
+        self.aggregate.add(&mut acc, event.input);
+        session.acc = acc.to_bytes();
+        let end = session.end_ms;
+        write_sessions(&state, &retained_session_key(key), &retained);
+        pending.updated.push(Touched::of(event, end));
+        true
+    }
+
+    /// Hands out the window `timer` closes, as final, keeping it if there
+    /// is a retention; forgets the retained window it ends.
     fn close(
         &self,
         batch: &Batch,
@@ -416,90 +586,164 @@ impl<G: Aggregate> Windowed<G> {
     ) {
         let state = timer.state();
         let end = timer.at_ms + 1;
-        let closed = match self.windows {
+        if self.retain_ms > 0 {
+            self.forget(&state, &timer.key, end - self.retain_ms);
+        }
+        let Some(closed) = self.take_open(timer, end) else {
+            return;
+        };
+        if self.retain_ms > 0 {
+            self.keep_closed(&state, &closed);
+            (timer.time()).set_timer(&timer.key, timer.at_ms + self.retain_ms);
+        }
+        self.hand_out(batch, out, emit, &closed, Emit::Final, state);
+    }
+
+    /// Removes the open window of `timer`'s key ending at `end_ms`.
+    fn take_open(&self, timer: &FiredTimer, end_ms: i64) -> Option<Closed> {
+        let (state, key) = (timer.state(), &timer.key);
+        let (start_ms, acc) = match self.windows {
             Windows::Session { .. } => {
-                let mut sessions = read_sessions(&state, &timer.key);
-                let Some(at) = sessions.iter().position(|s| s.end_ms == end) else {
-                    return;
-                };
+                let mut sessions = read_sessions(&state, &session_key(key));
+                let at = sessions.iter().position(|s| s.end_ms == end_ms)?;
                 let session = sessions.remove(at);
-                write_sessions(&state, &timer.key, &sessions);
+                write_sessions(&state, &session_key(key), &sessions);
                 (session.start_ms, session.acc)
             }
             Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
-                let at = window_key(end, &timer.key);
-                let Some(bytes) = state.get(&at) else { return };
+                let at = window_key(end_ms, key);
+                let bytes = state.get(&at)?;
                 state.delete(&at);
-                (end - size_ms, bytes)
+                (end_ms - size_ms, bytes)
             }
         };
-        let Some(acc) = G::Acc::from_bytes(&closed.1) else {
+        Some(Closed {
+            index: timer.index,
+            key: key.clone(),
+            start_ms,
+            end_ms,
+            acc,
+        })
+    }
+
+    /// Keeps a closed window for late records.
+    fn keep_closed(&self, state: &State, closed: &Closed) {
+        match self.windows {
+            Windows::Session { .. } => {
+                let at = retained_session_key(&closed.key);
+                let mut retained = read_sessions(state, &at);
+                retained.push(Session {
+                    start_ms: closed.start_ms,
+                    end_ms: closed.end_ms,
+                    acc: closed.acc.clone(),
+                });
+                retained.sort_by_key(|s| s.start_ms);
+                write_sessions(state, &at, &retained);
+            }
+            _ => state.set(&retained_key(closed.end_ms, &closed.key), &closed.acc),
+        }
+    }
+
+    /// Forgets the retained window of `key` ending at `end_ms`, if any.
+    fn forget(&self, state: &State, key: &[u8], end_ms: i64) {
+        match self.windows {
+            Windows::Session { .. } => {
+                let at = retained_session_key(key);
+                let mut retained = read_sessions(state, &at);
+                let before = retained.len();
+                retained.retain(|s| s.end_ms != end_ms);
+                if retained.len() != before {
+                    write_sessions(state, &at, &retained);
+                }
+            }
+            _ => {
+                let at = retained_key(end_ms, key);
+                if state.get(&at).is_some() {
+                    state.delete(&at);
+                }
+            }
+        }
+    }
+
+    /// Hands `window` to `emit` as `why`.
+    fn hand_out(
+        &self,
+        batch: &Batch,
+        out: &mut Output,
+        emit: &mut impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
+        window: &Closed,
+        why: Emit,
+        state: State,
+    ) {
+        let Some(acc) = G::Acc::from_bytes(&window.acc) else {
             return;
         };
-        let (topic, partition) = batch.partition_of(timer.index).unwrap_or_default();
+        let (topic, partition) = batch.partition_of(window.index).unwrap_or_default();
         emit(
             out,
             WindowValue {
                 topic,
                 partition,
-                key: &timer.key,
-                start_ms: closed.0,
-                end_ms: end,
+                key: &window.key,
+                start_ms: window.start_ms,
+                end_ms: window.end_ms,
                 acc: &acc,
-                emit: Emit::Final,
+                emit: why,
                 state,
             },
         );
     }
 
-    /// Hands out, as early, each window the batch changed that is still
-    /// open (a closed one's value is gone), once, in the order first
-    /// changed.
-    fn emit_early(
+    /// Hands out, as `why`, each window the batch changed (early: still
+    /// open; update: still retained), once, in the order first changed.
+    fn emit_changed(
         &self,
         batch: &Batch,
         touched: Vec<Touched>,
+        why: Emit,
         out: &mut Output,
         emit: &mut impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
     ) {
         let mut seen = std::collections::HashSet::new();
         for t in touched {
-            let state = State { index: t.index };
-            if !seen.insert((t.partition, t.key.clone(), t.end_ms)) {
+            if !seen.insert((t.partition.clone(), t.key.clone(), t.end_ms)) {
                 continue;
             }
-            let (start, bytes) = match self.windows {
-                Windows::Session { .. } => {
-                    let sessions = read_sessions(&state, &t.key);
-                    let Some(s) = sessions.into_iter().find(|s| s.end_ms == t.end_ms) else {
-                        continue;
-                    };
-                    (s.start_ms, s.acc)
-                }
-                Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
-                    let Some(bytes) = state.get(&window_key(t.end_ms, &t.key)) else {
-                        continue;
-                    };
-                    (t.end_ms - size_ms, bytes)
-                }
-            };
-            let Some(acc) = G::Acc::from_bytes(&bytes) else {
+            let state = State { index: t.index };
+            let Some(window) = self.read_window(&state, &t, why) else {
                 continue;
             };
-            let (topic, partition) = batch.partition_of(t.index).unwrap_or_default();
-            emit(
-                out,
-                WindowValue {
-                    topic,
-                    partition,
-                    key: &t.key,
-                    start_ms: start,
-                    end_ms: t.end_ms,
-                    acc: &acc,
-                    emit: Emit::Early,
-                    state,
-                },
-            );
+            self.hand_out(batch, out, emit, &window, why, state);
         }
+    }
+
+    /// The window `t` names as it is now: open (early) or retained
+    /// (update); none if it is gone.
+    fn read_window(&self, state: &State, t: &Touched, why: Emit) -> Option<Closed> {
+        let (start_ms, acc) = match self.windows {
+            Windows::Session { .. } => {
+                let at = match why {
+                    Emit::Update => retained_session_key(&t.key),
+                    _ => session_key(&t.key),
+                };
+                let sessions = read_sessions(state, &at);
+                let s = sessions.into_iter().find(|s| s.end_ms == t.end_ms)?;
+                (s.start_ms, s.acc)
+            }
+            Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
+                let at = match why {
+                    Emit::Update => retained_key(t.end_ms, &t.key),
+                    _ => window_key(t.end_ms, &t.key),
+                };
+                (t.end_ms - size_ms, state.get(&at)?)
+            }
+        };
+        Some(Closed {
+            index: t.index,
+            key: t.key.clone(),
+            start_ms,
+            end_ms: t.end_ms,
+            acc,
+        })
     }
 }

@@ -25,7 +25,7 @@
 //!       SLUICE_BIN=target/release/sluice target/release/bench-windows [RECORDS] [ROUNDS]`
 
 use sluice_tests::sinks::SinkDb;
-use sluice_tests::windows::{self, Expected, Shape};
+use sluice_tests::windows::{self, Expected, Lateness, Shape};
 use sluice_tests::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -34,6 +34,17 @@ const PARTITIONS: i32 = 4;
 const KEYS: usize = 10_000;
 const MINUTE: Shape = Shape::Tumbling { size_ms: 60_000 };
 const LATENESS_MS: i64 = 1_000;
+/// The watermark [`LATENESS_MS`] behind; late records are dead letters.
+const LATENESS: Lateness = Lateness {
+    allowed_ms: LATENESS_MS,
+    retain_ms: 0,
+};
+
+/// No lateness, no retention.
+const NO_LATENESS: Lateness = Lateness {
+    allowed_ms: 0,
+    retain_ms: 0,
+};
 
 /// `records` over [`PARTITIONS`], key `k` always in partition `k % 4`,
 /// each partition's event time moving evenly over five minutes.
@@ -60,7 +71,7 @@ impl Arm {
     fn config(self, name: &str, brokers: &str) -> PipelineToml {
         match self {
             Arm::Stateless => PipelineToml::identity(name, brokers, "bench", 10_000),
-            Arm::Windows => windows::config(name, brokers, MINUTE, LATENESS_MS)
+            Arm::Windows => windows::config(name, brokers, MINUTE, LATENESS)
                 .topics(&["bench"])
                 .max_records_per_partition(10_000),
         }
@@ -188,9 +199,14 @@ async fn window_latencies(brokers: &str, dir: &TempDir, interval_ms: u64) -> (Ve
     std::fs::create_dir_all(dir.path().join(&name)).unwrap();
     let config = db
         .configure(
-            windows::config(&name, brokers, Shape::Tumbling { size_ms: 1_000 }, 0)
-                .batch_interval_ms(interval_ms)
-                .max_records_per_partition(10_000),
+            windows::config(
+                &name,
+                brokers,
+                Shape::Tumbling { size_ms: 1_000 },
+                NO_LATENESS,
+            )
+            .batch_interval_ms(interval_ms)
+            .max_records_per_partition(10_000),
         )
         .write(&dir.path().join(&name));
     let mut child = std::process::Command::new(sluice_bin())
@@ -273,7 +289,7 @@ async fn main() {
     let expected = Expected::of(
         &read_committed(brokers, "bench", PARTITIONS),
         MINUTE,
-        LATENESS_MS,
+        LATENESS,
     );
     let rows = expected.rows.len() as i64;
     println!(

@@ -3,8 +3,10 @@
 //! one row per window, `windows` (partition, key, start_ms, end_ms, total,
 //! records, emit), written once when the watermark passes the window's end
 //! (`emit` = `final`), and with `"early": true` also on each batch that
-//! changes an open window (`early`). A test recomputes every final row and
-//! every late record from the input alone.
+//! changes an open window (`early`); with `"retain_ms": R`, on each batch
+//! whose late records change a window closed less than R ago (`update`).
+//! A test recomputes every final row, every window's last value and every
+//! late record from the input alone.
 //!
 //! Records: a key, and a JSON value `{"amount": N}` (optionally `"ts"`:
 //! the event time, with `"time_field": "ts"`; else the Kafka timestamp).
@@ -12,7 +14,7 @@
 //!
 //! Params: `"windows"`: `"tumbling"` (with `"size_ms"`), `"hopping"`
 //! (`"size_ms"`, `"hop_ms"`) or `"session"` (`"gap_ms"`); `"early"`;
-//! `"time_field"`.
+//! `"retain_ms"`; `"time_field"`.
 
 use sluice_plugin::window::{Accumulator, Aggregate, Emit, Taken, Windowed, Windows};
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Record, Transform};
@@ -96,8 +98,9 @@ impl Transform for WindowSums {
             _ => return Err("windows params: `windows` is tumbling, hopping or session".into()),
         };
         let early = p.get("early").and_then(|v| v.as_bool()).unwrap_or(false);
+        let retain_ms = p.get("retain_ms").and_then(|v| v.as_i64()).unwrap_or(0);
         Ok(WindowSums {
-            windowed: Windowed::new(windows, Spend).early(early),
+            windowed: Windowed::new(windows, Spend).early(early).retain(retain_ms),
             time_field: p
                 .get("time_field")
                 .and_then(|v| v.as_str())
@@ -136,6 +139,7 @@ impl Transform for WindowSums {
                 let emit = match w.emit {
                     Emit::Early => "early",
                     Emit::Final => "final",
+                    Emit::Update => "update",
                 };
                 out.row(t)
                     .int(w.partition as i64)
