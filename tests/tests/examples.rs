@@ -274,8 +274,9 @@ async fn dedupe_postgres_example_passes_first_sightings_only() {
 
 /// Spend per user per minute of event time: every minute's row as
 /// `expected.py` recomputes it (final ones final, open ones with their
-/// running figure), the late payments `late` dead letters, the line that
-/// is not a payment rejected.
+/// running figure), one late payment updating its final minute (within
+/// the module's 90 s retention), the other a `late` dead letter, the line
+/// that is not a payment rejected.
 #[tokio::test(flavor = "multi_thread")]
 async fn spend_per_minute_example_closes_each_minute_once() {
     let db = SinkDb::fresh_postgres(&schema_of("spend-per-minute-postgres")).await;

@@ -3,8 +3,10 @@
 //! windows per user, with the SDK's windows. Each window's row is upserted
 //! on every batch that changes it (`final` = false: a dashboard's running
 //! figure), then once more when the watermark passes the minute's end
-//! (`final` = true), and never again. A payment for a minute already final
-//! is a `late` dead letter; a record that is not a payment is rejected.
+//! (`final` = true). A payment for a minute already final still counts if
+//! it comes within 90 s of event time after the minute closed (the row is
+//! upserted again, as an update, still final); later than that it is a
+//! `late` dead letter. A record that is not a payment is rejected.
 
 use sluice_plugin::window::{Accumulator, Aggregate, Emit, Taken, Windowed, Windows};
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Record, Transform};
@@ -70,7 +72,7 @@ impl Transform for SpendPerMinute {
     fn init(_params: &Params) -> Result<Self, String> {
         let minutes = Windows::Tumbling { size_ms: 60_000 };
         Ok(SpendPerMinute {
-            windowed: Windowed::new(minutes, Spend).early(true),
+            windowed: Windowed::new(minutes, Spend).early(true).retain(90_000),
         })
     }
 
@@ -104,7 +106,7 @@ impl Transform for SpendPerMinute {
                     .int(w.start_ms)
                     .int(w.acc.cents)
                     .int(w.acc.payments)
-                    .bool(w.emit == Emit::Final);
+                    .bool(w.emit != Emit::Early);
             },
         );
         Ok(())
