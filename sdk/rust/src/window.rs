@@ -362,20 +362,33 @@ impl<G: Aggregate> Windowed<G> {
                 ));
             }
         }
+        self.finish(batch, pending, out, &mut emit);
+    }
+
+    /// The batch's end: moves the watermarks past its records, then hands
+    /// out the finals of windows late records closed, the updates (before
+    /// the timers: one may forget a window this batch updated), the
+    /// windows the due timers close, and the early rows.
+    fn finish(
+        &self,
+        batch: &Batch,
+        pending: Pending,
+        out: &mut Output,
+        emit: &mut impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
+    ) {
         let fired = crate::due_timers();
         for closed in pending.closed {
             let state = State {
                 index: closed.index,
             };
-            self.hand_out(batch, out, &mut emit, &closed, Emit::Final, state);
+            self.hand_out(batch, out, emit, &closed, Emit::Final, state);
         }
-        // Before the timers: one may forget a window this batch updated.
-        self.emit_changed(batch, pending.updated, Emit::Update, out, &mut emit);
+        self.emit_changed(batch, pending.updated, Emit::Update, out, emit);
         for timer in &fired {
-            self.close(batch, timer, out, &mut emit);
+            self.close(batch, timer, out, emit);
         }
         if let Some(touched) = pending.early {
-            self.emit_changed(batch, touched, Emit::Early, out, &mut emit);
+            self.emit_changed(batch, touched, Emit::Early, out, emit);
         }
     }
 
