@@ -3,7 +3,10 @@
 //! per window of the records' own time) over out-of-order input, some of
 //! it behind the allowed lateness. Tumbling and session windows through
 //! ≥ 20 SIGKILLs, two owners racing (each loser a fenced zombie), hopping
-//! windows with early rows, and a partition that goes idle. Every final window and every `late` dead letter is checked
+//! windows with early rows, and a partition that goes idle; the session
+//! kill test and the race retain closed windows, so late records within
+//! the retention update them. Every final window, every updated window's
+//! last value and every `late` dead letter is checked
 //! against a recomputation from an independent `read_committed` read;
 //! `verify` must replay every batch alike, timers fired included.
 //!
