@@ -352,8 +352,8 @@ export class Windowed {
   close(batch, timer, out, emit) {
     const state = timer.state();
     const end = timer.atMs + 1n;
-    if (this.retainMs > 0n) this.forget(state, timer.key, end - this.retainMs);
-    const closed = this.takeOpen(state, timer.key, end);
+    if (this.retainMs > 0n) this.find(state, timer.key, end - this.retainMs, true, true);
+    const closed = this.find(state, timer.key, end, false, true);
     if (closed === null) return;
     const [start, data] = closed;
     if (this.retainMs > 0n) {
@@ -363,21 +363,22 @@ export class Windowed {
     this.handOut(batch, out, emit, timer.index, timer.key, start, end, data, 'final');
   }
 
-  /** Removes the open window of `key` ending at `end`: [start, bytes]. */
-  takeOpen(state, key, end) {
+  /** The window of `key` ending at `end`, open or `retained`: [start,
+   * bytes], removed from state when `take`; null if there is none. */
+  find(state, key, end, retained, take) {
     if (this.windows instanceof Session) {
-      const at = concat(SESSION_PREFIX, key);
+      const at = concat(retained ? RETAINED_SESSION_PREFIX : SESSION_PREFIX, key);
       const sessions = readSessions(state, at);
       const found = sessions.findIndex((s) => s[1] === end);
       if (found < 0) return null;
       const [[start, , data]] = sessions.splice(found, 1);
-      writeSessions(state, at, sessions);
+      if (take) writeSessions(state, at, sessions);
       return [start, data];
     }
-    const at = windowKey(end, key);
+    const at = retained ? retainedKey(end, key) : windowKey(end, key);
     const data = state.get(at);
     if (data === null) return null;
-    state.delete(at);
+    if (take) state.delete(at);
     return [end - this.windows.sizeMs, data];
   }
 
@@ -391,19 +392,6 @@ export class Windowed {
       writeSessions(state, at, retained);
     } else {
       state.set(retainedKey(end, key), data);
-    }
-  }
-
-  /** Forgets the retained window of `key` ending at `end`, if any. */
-  forget(state, key, end) {
-    if (this.windows instanceof Session) {
-      const at = concat(RETAINED_SESSION_PREFIX, key);
-      const retained = readSessions(state, at);
-      const kept = retained.filter((s) => s[1] !== end);
-      if (kept.length !== retained.length) writeSessions(state, at, kept);
-    } else {
-      const at = retainedKey(end, key);
-      if (state.get(at) !== null) state.delete(at);
     }
   }
 
@@ -422,18 +410,9 @@ export class Windowed {
       const id = `${topic}\u0000${partition}\u0000${hex(key)}\u0000${end}`;
       if (seen.has(id)) continue;
       seen.add(id);
-      const state = new State(index);
-      let start, data;
-      if (this.windows instanceof Session) {
-        const prefix = why === 'update' ? RETAINED_SESSION_PREFIX : SESSION_PREFIX;
-        const found = readSessions(state, concat(prefix, key)).find((s) => s[1] === end);
-        if (!found) continue;
-        [start, , data] = found;
-      } else {
-        data = state.get(why === 'update' ? retainedKey(end, key) : windowKey(end, key));
-        if (data === null) continue;
-        start = end - this.windows.sizeMs;
-      }
+      const found = this.find(new State(index), key, end, why === 'update', false);
+      if (found === null) continue;
+      const [start, data] = found;
       this.handOut(batch, out, emit, index, key, start, end, data, why);
     }
   }

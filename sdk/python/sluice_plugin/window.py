@@ -396,8 +396,8 @@ class Windowed:
         is a retention; forgets the retained window it ends."""
         state, end = timer.state(), timer.at_ms + 1
         if self.retain_ms > 0:
-            self._forget(state, timer.key, end - self.retain_ms)
-        closed = self._take_open(state, timer.key, end)
+            self._find(state, timer.key, end - self.retain_ms, retained=True, take=True)
+        closed = self._find(state, timer.key, end, retained=False, take=True)
         if closed is None:
             return
         start, data = closed
@@ -406,21 +406,25 @@ class Windowed:
             timer.time().set_timer(timer.key, timer.at_ms + self.retain_ms)
         self._hand_out(batch, out, emit, timer.index, timer.key, start, end, data, "final")
 
-    def _take_open(self, state: State, key: bytes, end: int):
-        """Removes the open window of `key` ending at `end`: (start, bytes)."""
+    def _find(self, state: State, key: bytes, end: int, retained: bool, take: bool):
+        """The window of `key` ending at `end`, open or `retained`: (start,
+        bytes), removed from state when `take`; None if there is none."""
         if isinstance(self.windows, Session):
-            sessions = _read_sessions(state, _SESSION_PREFIX + key)
+            at = (_RETAINED_SESSION_PREFIX if retained else _SESSION_PREFIX) + key
+            sessions = _read_sessions(state, at)
             found = next((i for i, s in enumerate(sessions) if s[1] == end), None)
             if found is None:
                 return None
             start, _, data = sessions.pop(found)
-            _write_sessions(state, _SESSION_PREFIX + key, sessions)
+            if take:
+                _write_sessions(state, at, sessions)
             return start, data
-        at = _window_key(end, key)
+        at = _retained_key(end, key) if retained else _window_key(end, key)
         data = state.get(at)
         if data is None:
             return None
-        state.delete(at)
+        if take:
+            state.delete(at)
         return end - self.windows.size_ms, data
 
     def _keep_closed(self, state: State, key: bytes, start: int, end: int, data: bytes) -> None:
@@ -432,18 +436,6 @@ class Windowed:
             _write_sessions(state, _RETAINED_SESSION_PREFIX + key, retained)
         else:
             state.set(_retained_key(end, key), data)
-
-    def _forget(self, state: State, key: bytes, end: int) -> None:
-        """Forgets the retained window of `key` ending at `end`, if any."""
-        if isinstance(self.windows, Session):
-            retained = _read_sessions(state, _RETAINED_SESSION_PREFIX + key)
-            kept = [s for s in retained if s[1] != end]
-            if len(kept) != len(retained):
-                _write_sessions(state, _RETAINED_SESSION_PREFIX + key, kept)
-        else:
-            at = _retained_key(end, key)
-            if state.get(at) is not None:
-                state.delete(at)
 
     def _hand_out(self, batch, out, emit, index, key, start, end, data, why) -> None:
         acc = self.aggregate.decode(data)
@@ -460,17 +452,7 @@ class Windowed:
             if (topic, partition, key, end) in seen:
                 continue
             seen.add((topic, partition, key, end))
-            state = State(index)
-            if isinstance(self.windows, Session):
-                prefix = _RETAINED_SESSION_PREFIX if why == "update" else _SESSION_PREFIX
-                found = [s for s in _read_sessions(state, prefix + key) if s[1] == end]
-                if not found:
-                    continue
-                start, data = found[0][0], found[0][2]
-            else:
-                at = _retained_key(end, key) if why == "update" else _window_key(end, key)
-                data = state.get(at)
-                if data is None:
-                    continue
-                start = end - self.windows.size_ms
-            self._hand_out(batch, out, emit, index, key, start, end, data, why)
+            found = self._find(State(index), key, end, retained=why == "update", take=False)
+            if found is not None:
+                start, data = found
+                self._hand_out(batch, out, emit, index, key, start, end, data, why)

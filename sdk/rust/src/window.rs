@@ -248,6 +248,13 @@ struct Closed {
     acc: Vec<u8>,
 }
 
+/// Where a window is kept: open, or closed and retained for late records.
+#[derive(Clone, Copy)]
+enum Kept {
+    Open,
+    Retained,
+}
+
 /// What a batch's records leave to hand out at its end.
 struct Pending {
     /// Open windows the batch changed (with early rows).
@@ -600,10 +607,19 @@ impl<G: Aggregate> Windowed<G> {
         let state = timer.state();
         let end = timer.at_ms + 1;
         if self.retain_ms > 0 {
-            self.forget(&state, &timer.key, end - self.retain_ms);
+            // Forgets the retained window whose retention ends here.
+            let retained_end = end - self.retain_ms;
+            self.find(&state, &timer.key, retained_end, Kept::Retained, true);
         }
-        let Some(closed) = self.take_open(timer, end) else {
+        let Some((start_ms, acc)) = self.find(&state, &timer.key, end, Kept::Open, true) else {
             return;
+        };
+        let closed = Closed {
+            index: timer.index,
+            key: timer.key.clone(),
+            start_ms,
+            end_ms: end,
+            acc,
         };
         if self.retain_ms > 0 {
             self.keep_closed(&state, &closed);
@@ -612,31 +628,42 @@ impl<G: Aggregate> Windowed<G> {
         self.hand_out(batch, out, emit, &closed, Emit::Final, state);
     }
 
-    /// Removes the open window of `timer`'s key ending at `end_ms`.
-    fn take_open(&self, timer: &FiredTimer, end_ms: i64) -> Option<Closed> {
-        let (state, key) = (timer.state(), &timer.key);
-        let (start_ms, acc) = match self.windows {
+    /// The window of `key` ending at `end_ms` kept at `kept`: its start
+    /// and bytes, removed from state when `take`.
+    fn find(
+        &self,
+        state: &State,
+        key: &[u8],
+        end_ms: i64,
+        kept: Kept,
+        take: bool,
+    ) -> Option<(i64, Vec<u8>)> {
+        match self.windows {
             Windows::Session { .. } => {
-                let mut sessions = read_sessions(&state, &session_key(key));
-                let at = sessions.iter().position(|s| s.end_ms == end_ms)?;
-                let session = sessions.remove(at);
-                write_sessions(&state, &session_key(key), &sessions);
-                (session.start_ms, session.acc)
+                let at = match kept {
+                    Kept::Open => session_key(key),
+                    Kept::Retained => retained_session_key(key),
+                };
+                let mut sessions = read_sessions(state, &at);
+                let found = sessions.iter().position(|s| s.end_ms == end_ms)?;
+                let session = sessions.remove(found);
+                if take {
+                    write_sessions(state, &at, &sessions);
+                }
+                Some((session.start_ms, session.acc))
             }
             Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
-                let at = window_key(end_ms, key);
+                let at = match kept {
+                    Kept::Open => window_key(end_ms, key),
+                    Kept::Retained => retained_key(end_ms, key),
+                };
                 let bytes = state.get(&at)?;
-                state.delete(&at);
-                (end_ms - size_ms, bytes)
+                if take {
+                    state.delete(&at);
+                }
+                Some((end_ms - size_ms, bytes))
             }
-        };
-        Some(Closed {
-            index: timer.index,
-            key: key.clone(),
-            start_ms,
-            end_ms,
-            acc,
-        })
+        }
     }
 
     /// Keeps a closed window for late records.
@@ -654,27 +681,6 @@ impl<G: Aggregate> Windowed<G> {
                 write_sessions(state, &at, &retained);
             }
             _ => state.set(&retained_key(closed.end_ms, &closed.key), &closed.acc),
-        }
-    }
-
-    /// Forgets the retained window of `key` ending at `end_ms`, if any.
-    fn forget(&self, state: &State, key: &[u8], end_ms: i64) {
-        match self.windows {
-            Windows::Session { .. } => {
-                let at = retained_session_key(key);
-                let mut retained = read_sessions(state, &at);
-                let before = retained.len();
-                retained.retain(|s| s.end_ms != end_ms);
-                if retained.len() != before {
-                    write_sessions(state, &at, &retained);
-                }
-            }
-            _ => {
-                let at = retained_key(end_ms, key);
-                if state.get(&at).is_some() {
-                    state.delete(&at);
-                }
-            }
         }
     }
 
@@ -723,40 +729,21 @@ impl<G: Aggregate> Windowed<G> {
                 continue;
             }
             let state = State { index: t.index };
-            let Some(window) = self.read_window(&state, &t, why) else {
+            let kept = match why {
+                Emit::Update => Kept::Retained,
+                _ => Kept::Open,
+            };
+            let Some((start_ms, acc)) = self.find(&state, &t.key, t.end_ms, kept, false) else {
                 continue;
+            };
+            let window = Closed {
+                index: t.index,
+                key: t.key,
+                start_ms,
+                end_ms: t.end_ms,
+                acc,
             };
             self.hand_out(batch, out, emit, &window, why, state);
         }
-    }
-
-    /// The window `t` names as it is now: open (early) or retained
-    /// (update); none if it is gone.
-    fn read_window(&self, state: &State, t: &Touched, why: Emit) -> Option<Closed> {
-        let (start_ms, acc) = match self.windows {
-            Windows::Session { .. } => {
-                let at = match why {
-                    Emit::Update => retained_session_key(&t.key),
-                    _ => session_key(&t.key),
-                };
-                let sessions = read_sessions(state, &at);
-                let s = sessions.into_iter().find(|s| s.end_ms == t.end_ms)?;
-                (s.start_ms, s.acc)
-            }
-            Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
-                let at = match why {
-                    Emit::Update => retained_key(t.end_ms, &t.key),
-                    _ => window_key(t.end_ms, &t.key),
-                };
-                (t.end_ms - size_ms, state.get(&at)?)
-            }
-        };
-        Some(Closed {
-            index: t.index,
-            key: t.key.clone(),
-            start_ms,
-            end_ms: t.end_ms,
-            acc,
-        })
     }
 }
