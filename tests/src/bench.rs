@@ -129,6 +129,15 @@ pub fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
     after_first as f64 / ((last.0 - first.0).max(1) as f64 / 1000.0)
 }
 
+/// With `SLUICE_BENCH_LOGS=DIR`, writes a run's log (at
+/// `SLUICE_TEST_LOG`) to `DIR/NAME.log`: each committed batch's
+/// `transform_ms` and `commit_ms` at `SLUICE_TEST_LOG=sluice=info`.
+pub fn keep_log(name: &str, out: &std::process::Output) {
+    if let Ok(dir) = std::env::var("SLUICE_BENCH_LOGS") {
+        std::fs::write(format!("{dir}/{name}.log"), &out.stderr).expect("write the log");
+    }
+}
+
 /// Runs `command` to a successful exit; how long it took (spawn to exit).
 pub fn timed_ok(command: &mut Command, what: &str) -> Duration {
     let started = Instant::now();

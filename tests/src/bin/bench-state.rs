@@ -105,21 +105,13 @@ fn run_kafka(arm: Arm, name: &str, brokers: &str, dir: &TempDir, ids: usize) -> 
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    keep_log(name, &run);
+    bench::keep_log(name, &run);
     print_state_line(name, &run);
     if let Arm::Dedupe = arm {
         let rows = read_committed(brokers, &out, PARTITIONS).len();
         assert_eq!(rows, ids, "{name}: one record per distinct id");
     }
     bench::lineage_topic_rate(brokers, name)
-}
-
-/// With `SLUICE_BENCH_LOGS=DIR`, writes the run's log (at
-/// `SLUICE_TEST_LOG`) to `DIR/NAME.log`.
-fn keep_log(name: &str, out: &std::process::Output) {
-    if let Ok(dir) = std::env::var("SLUICE_BENCH_LOGS") {
-        std::fs::write(format!("{dir}/{name}.log"), &out.stderr).expect("write the log");
-    }
 }
 
 /// Prints the `state:` line of a stateful run's summary (keys read, the
@@ -142,7 +134,7 @@ async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) ->
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    keep_log(name, &out);
+    bench::keep_log(name, &out);
     print_state_line(name, &out);
     bench::lineage_rate(db).await.0
 }

@@ -23,6 +23,7 @@
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-windows --bin handwritten-windows && \
 //!       SLUICE_BIN=target/release/sluice target/release/bench-windows [RECORDS] [ROUNDS]`
+//! (`SLUICE_BENCH_LOGS=DIR` keeps each run's log, at `SLUICE_TEST_LOG`).
 
 use sluice_tests::sinks::SinkDb;
 use sluice_tests::windows::{self, Expected, Lateness, Shape};
@@ -89,6 +90,7 @@ async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) ->
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    bench::keep_log(name, &out);
     bench::lineage_rate(db).await.0
 }
 
