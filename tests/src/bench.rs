@@ -1,7 +1,8 @@
 //! What the benchmark binaries share: the raw-consume baseline, the
 //! pipeline's steady-state rate read from its lineage, the offset commit
-//! of the hand-written jobs (`handwritten-*`), and a whole `sluice verify`
-//! timed from spawn to exit (a command a user runs, not the pipeline).
+//! of the hand-written jobs (`handwritten-*`), a whole `sluice verify`
+//! timed from spawn to exit (a command a user runs, not the pipeline), and
+//! a run's log kept for reading (`SLUICE_BENCH_LOGS`).
 //!
 //! Both leave start-up out (client creation and group join on one side, the
 //! first batch on the other), so the ratios compare steady states. It must
