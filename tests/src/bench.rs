@@ -131,8 +131,8 @@ pub fn lineage_topic_rate(brokers: &str, name: &str) -> f64 {
 }
 
 /// With `SLUICE_BENCH_LOGS=DIR`, writes a run's log (at
-/// `SLUICE_TEST_LOG`) to `DIR/NAME.log`: each committed batch's
-/// `transform_ms` and `commit_ms` at `SLUICE_TEST_LOG=sluice=info`.
+/// `SLUICE_TEST_LOG`) to `DIR/NAME.log`; at `sluice=info` it has each
+/// committed batch's `transform_ms` and `commit_ms`.
 pub fn keep_log(name: &str, out: &std::process::Output) {
     if let Ok(dir) = std::env::var("SLUICE_BENCH_LOGS") {
         std::fs::write(format!("{dir}/{name}.log"), &out.stderr).expect("write the log");
