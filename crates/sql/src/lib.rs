@@ -41,6 +41,7 @@ mod dead_letters;
 mod dialect;
 mod glue;
 mod lineage;
+mod multidelete;
 mod multirow;
 pub mod mysql;
 mod own_tables;
@@ -64,6 +65,7 @@ pub use store::SqlModuleStore;
 
 pub use any::{connect_any, text_at};
 pub use dialect::{Dialect, InsertIgnore, MYSQL, POSTGRES, SQLITE};
+pub use multidelete::MultiRowDelete;
 pub use multirow::MultiRowInsert;
 pub use target::{Cell, Target, TypedColumn};
 

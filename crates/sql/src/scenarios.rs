@@ -1,7 +1,8 @@
 //! Test scenarios every SQL backend must pass, run by each backend's own
 //! `tests.rs` against its real database: fencing, write modes (with keys
 //! repeated inside one batch), identifiers from config, output that does not
-//! fit, dead letters, the at-least-once split, and keyed state.
+//! fit, dead letters, the at-least-once split, and keyed state (with many
+//! deletes in one batch).
 //!
 //! Checks go through the sink's public API and single-value queries, so one
 //! scenario serves every dialect. It must not know any one backend.
@@ -210,6 +211,66 @@ pub async fn state_round_trip<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkCon
     assert_eq!(size(0).await, of(1, 3 + 1), "the odd key and \"3\"");
     assert_eq!(size(1).await, of(1, 1 + 5));
     assert_eq!(size(2).await, of(0, 0), "a partition never numbered");
+}
+
+/// Many state deletes in one batch: three partitions, more keys in one
+/// than a delete statement lists, keys that are prefixes of others and a
+/// key never stored. Exactly the deleted keys go; the others stay.
+pub async fn state_bulk_deletes<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkConfig) {
+    use sluice_core::state::StateStore;
+    let store = crate::SqlStateStore::open(&config.store()).await.unwrap();
+    let tp = |partition: i32| TopicPartition {
+        topic: "bulk".into(),
+        partition,
+    };
+    const KEYS: usize = 1_200;
+    let key = |i: usize| format!("k{i}").into_bytes();
+    let stored = |i: usize| StateValue {
+        value: vec![i as u8],
+        expires_at_ms: None,
+    };
+    let (mut first, mut absent) = (Output::default(), StateMap::default());
+    for p in 0..3 {
+        for i in 0..KEYS {
+            first.state.insert(&tp(p), key(i), Some(stored(i)));
+            absent.insert(&tp(p), key(i), None);
+        }
+    }
+    let landed = try_commit_reading(sink, 0, 1, &first, &[], &absent).await;
+    assert_eq!(landed.unwrap(), CommitOutcome::Committed);
+
+    // Partition 0 loses its even keys, 1 all but k7, 2 nothing; a key
+    // that was never stored is deleted too.
+    let gone = |p: i32, i: usize| match p {
+        0 => i % 2 == 0,
+        1 => i != 7,
+        _ => false,
+    };
+    let (mut second, mut read) = (Output::default(), StateMap::default());
+    for p in 0..2 {
+        for i in (0..KEYS).filter(|&i| gone(p, i)) {
+            second.state.insert(&tp(p), key(i), None);
+            read.insert(&tp(p), key(i), Some(stored(i)));
+        }
+    }
+    second.state.insert(&tp(0), b"never".to_vec(), None);
+    read.insert(&tp(0), b"never".to_vec(), None);
+    let landed = try_commit_reading(sink, 1, 2, &second, &[], &read).await;
+    assert_eq!(landed.unwrap(), CommitOutcome::Committed);
+
+    for p in 0..3 {
+        let mut whole = store.load("p", &tp(p), 1 << 24).await.unwrap().unwrap();
+        whole.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut expected: Vec<(Vec<u8>, StateValue)> = (0..KEYS)
+            .filter(|&i| !gone(p, i))
+            .map(|i| (key(i), stored(i)))
+            .collect();
+        expected.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            whole, expected,
+            "partition {p} keeps exactly its undeleted keys"
+        );
+    }
 }
 
 async fn commit<B: SqlBackend>(

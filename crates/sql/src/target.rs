@@ -170,17 +170,6 @@ impl Target {
             .join(", ")
     }
 
-    /// `DELETE FROM t WHERE k1 = ? AND ...`, for dialects with positional
-    /// `?` placeholders.
-    pub fn delete_by_key(&self) -> String {
-        let keys: Vec<String> = self
-            .quoted_keys()
-            .iter()
-            .map(|k| format!("{k} = ?"))
-            .collect();
-        format!("DELETE FROM {} WHERE {}", self.table, keys.join(" AND "))
-    }
-
     /// `CREATE TABLE IF NOT EXISTS` with the declared columns and key.
     pub fn create_ddl(&self, dialect: &Dialect) -> String {
         let mut cols: Vec<String> = (0..self.columns.len())

@@ -1,7 +1,8 @@
 //! The MySQL/MariaDB backend of the SQL sink: connections, error kinds, and
 //! the bulk row path: multi-row prepared INSERTs sized to the server's
 //! `max_allowed_packet` and the 65,535-placeholder limit, in power-of-two
-//! row counts so the prepared statements are reused across batches.
+//! row counts so the prepared statements are reused across batches, and
+//! DELETEs by key, up to 512 keys a statement (`multidelete.rs`).
 //!
 //! Delivery guarantee: see the module header in `mod.rs`. It must never
 //! report a lost `COMMIT` reply as anything but
@@ -12,7 +13,8 @@ use crate::config::{SinkConfig, StoreConnection, Writes};
 use crate::section::WriteMode;
 use crate::sink::{SinkError, redact_url};
 use crate::{
-    Dialect, MYSQL, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
+    Dialect, MYSQL, MultiRowDelete, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target,
+    TypedColumn,
 };
 use sqlx::mysql::{MySqlArguments, MySqlDatabaseError, MySqlPool};
 use sqlx::{MySql, Row, Transaction};
@@ -66,8 +68,8 @@ pub struct MysqlBackend {
 /// A target's statements.
 pub struct Statements {
     insert: MultiRowInsert,
-    /// `DELETE FROM t WHERE k1 = ? AND ...`
-    delete: String,
+    /// Deletes by key, many keys a statement (`None`: no key).
+    delete: Option<MultiRowDelete>,
     max_statement_bytes: usize,
 }
 
@@ -168,7 +170,7 @@ impl SqlBackend for MysqlBackend {
         };
         Ok(Statements {
             insert: MultiRowInsert::for_target(target, tail, MAX_PARAMS),
-            delete: target.delete_by_key(),
+            delete: MultiRowDelete::for_target(target),
             max_statement_bytes: self.max_statement_bytes,
         })
     }
@@ -195,12 +197,16 @@ impl SqlTx<Statements> for MysqlTx {
         rows: usize,
     ) -> Result<(), SinkError> {
         if target.mode == WriteMode::Delete {
-            for row in 0..rows {
+            let delete = statements.delete.as_ref().ok_or_else(|| {
+                SinkError::Config(format!("{} deletes by key but has no key", target.table))
+            })?;
+            let keys: Vec<&TypedColumn> = target.keys.iter().map(|&k| &columns[k]).collect();
+            for chunk in delete.chunks(&keys, rows) {
                 let mut args = MySqlArguments::default();
-                for &k in &target.keys {
-                    bind(&mut args, columns[k].cell(row))?;
+                for cell in chunk.cells(&keys) {
+                    bind(&mut args, cell)?;
                 }
-                sqlx::query_with(&statements.delete, args)
+                sqlx::query_with(&chunk.sql, args)
                     .execute(&mut *self.tx)
                     .await
                     .map_err(db_err)?;

@@ -123,3 +123,10 @@ async fn keyed_state_round_trips() {
     let sink = open(schema, "", s::COUNTS).await;
     s::state_round_trip(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
 }
+
+#[tokio::test]
+async fn many_state_deletes_in_one_batch() {
+    let schema = "sluice_ut_state_bulk";
+    let sink = open(schema, "", s::COUNTS).await;
+    s::state_bulk_deletes(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
+}

@@ -1,5 +1,6 @@
 //! The SQLite backend of the SQL sink: connections, statements in SQLite's
-//! dialect and its row path (multi-row INSERTs).
+//! dialect and its row path (multi-row INSERTs; DELETEs by key, up to 512
+//! keys a statement: `multidelete.rs`).
 //!
 //! Delivery guarantee: see the crate root, `lib.rs` (one `BEGIN IMMEDIATE` transaction
 //! per batch). It must never write a batch whose commit outcome is unknown
@@ -10,7 +11,9 @@ use super::config::SqliteConfig;
 use crate::config::{SinkConfig, StoreConnection, Writes};
 use crate::section::WriteMode;
 use crate::sink::SinkError;
-use crate::{MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
+use crate::{
+    MultiRowDelete, MultiRowInsert, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn,
+};
 use sluice_core::backoff::{GiveUp, RetryPolicy};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{SqliteArguments, SqliteConnectOptions};
@@ -84,8 +87,8 @@ pub struct SqliteBackend {
 /// A target's statements.
 pub struct Statements {
     insert: MultiRowInsert,
-    /// `DELETE FROM "t" WHERE "k1" = ? AND ...`
-    delete: String,
+    /// Deletes by key, many keys a statement (`None`: no key).
+    delete: Option<MultiRowDelete>,
 }
 
 /// A batch transaction on the one connection.
@@ -166,7 +169,7 @@ impl SqlBackend for SqliteBackend {
         };
         Ok(Statements {
             insert: MultiRowInsert::for_target(target, tail, MAX_PARAMS),
-            delete: target.delete_by_key(),
+            delete: MultiRowDelete::for_target(target),
         })
     }
 }
@@ -192,12 +195,16 @@ impl SqlTx<Statements> for SqliteTx {
         rows: usize,
     ) -> Result<(), SinkError> {
         if target.mode == WriteMode::Delete {
-            for row in 0..rows {
+            let delete = statements.delete.as_ref().ok_or_else(|| {
+                SinkError::Config(format!("{} deletes by key but has no key", target.table))
+            })?;
+            let keys: Vec<&TypedColumn> = target.keys.iter().map(|&k| &columns[k]).collect();
+            for chunk in delete.chunks(&keys, rows) {
                 let mut args = SqliteArguments::default();
-                for &k in &target.keys {
-                    bind(&mut args, columns[k].cell(row))?;
+                for cell in chunk.cells(&keys) {
+                    bind(&mut args, cell)?;
                 }
-                sqlx::query_with(&statements.delete, args)
+                sqlx::query_with(&chunk.sql, args)
                     .execute(&mut *self.conn)
                     .await
                     .map_err(db_err)?;

@@ -137,3 +137,10 @@ async fn keyed_state_round_trips() {
     let sink = super::open(&config).await.unwrap();
     s::state_round_trip(&sink, &config).await;
 }
+
+#[tokio::test]
+async fn many_state_deletes_in_one_batch() {
+    let config = sink_config(&temp_db("state_bulk"), None, "", s::COUNTS);
+    let sink = super::open(&config).await.unwrap();
+    s::state_bulk_deletes(&sink, &config).await;
+}
