@@ -242,7 +242,7 @@ pub async fn state_bulk_deletes<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkC
     // Partition 0 loses its even keys, 1 all but k7, 2 nothing; a key
     // that was never stored is deleted too.
     let gone = |p: i32, i: usize| match p {
-        0 => i % 2 == 0,
+        0 => i.is_multiple_of(2),
         1 => i != 7,
         _ => false,
     };
