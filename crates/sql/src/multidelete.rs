@@ -62,15 +62,31 @@ impl MultiRowDelete {
     }
 
     /// The statements deleting `rows` rows, whose key columns are `keys`
-    /// (in key order).
-    pub fn chunks(&self, keys: &[&TypedColumn<'_>], rows: usize) -> Vec<DeleteChunk> {
-        let prefix = &keys[..self.prefix];
+    /// (in key order), each binding at most `max_bytes` on the wire (the
+    /// filler keys counted; but for a single oversized key).
+    pub fn chunks(
+        &self,
+        keys: &[&TypedColumn<'_>],
+        rows: usize,
+        max_bytes: usize,
+    ) -> Vec<DeleteChunk> {
+        let (last, prefix) = keys.split_last().expect("a delete target has a key");
+        let prefix = &prefix[..self.prefix];
         let same_prefix = |a: usize, b: usize| prefix.iter().all(|c| same(c.cell(a), c.cell(b)));
         let mut chunks = Vec::new();
         let mut start = 0;
         while start < rows {
+            let mut bytes: usize = prefix.iter().map(|c| c.wire_size(start)).sum();
+            bytes += last.wire_size(start);
             let mut end = start + 1;
             while end < rows && end - start < MAX_IN && same_prefix(start, end) {
+                // With `end` in, the list is filled with copies of it.
+                let key = last.wire_size(end);
+                let listed = (end - start + 1).next_power_of_two();
+                if bytes + key * (1 + listed - (end - start + 1)) > max_bytes {
+                    break;
+                }
+                bytes += key;
                 end += 1;
             }
             let listed = (end - start).next_power_of_two();
@@ -156,7 +172,7 @@ mod tests {
     #[test]
     fn one_column_keys_go_in_lists_of_a_power_of_two() {
         let keys = TypedColumn::Integer((0..5).map(Some).collect());
-        let chunks = delete(0).chunks(&[&keys], 5);
+        let chunks = delete(0).chunks(&[&keys], 5, usize::MAX);
         assert_eq!(chunks.len(), 1);
         assert_eq!(
             chunks[0].sql,
@@ -176,7 +192,7 @@ mod tests {
         let scope = TypedColumn::Integer(scopes.iter().map(|s| Some(*s)).collect());
         let names: Vec<[u8; 1]> = (0..6u8).map(|i| [i]).collect();
         let key = TypedColumn::Blob(names.iter().map(|n| Some(&n[..])).collect());
-        let chunks = delete(1).chunks(&[&scope, &key], 6);
+        let chunks = delete(1).chunks(&[&scope, &key], 6, usize::MAX);
         let rows: Vec<&[usize]> = chunks.iter().map(|c| c.rows.as_slice()).collect();
         assert_eq!(rows, [&[0, 1][..], &[2, 3, 4], &[5]]);
         assert_eq!(
@@ -187,10 +203,29 @@ mod tests {
         assert_eq!(ints(&cells), [2, 2, 3, 4, 4].map(Some).to_vec());
 
         let many = TypedColumn::Integer((0..(MAX_IN as i64 + 1)).map(Some).collect());
-        let chunks = delete(0).chunks(&[&many], MAX_IN + 1);
+        let chunks = delete(0).chunks(&[&many], MAX_IN + 1, usize::MAX);
         assert_eq!(chunks.len(), 2);
         assert_eq!((chunks[0].rows.len(), chunks[0].listed), (MAX_IN, MAX_IN));
         assert_eq!((chunks[1].rows.len(), chunks[1].listed), (1, 1));
+    }
+
+    #[test]
+    fn a_statement_stays_under_the_byte_budget_filler_included() {
+        let long: Vec<Vec<u8>> = (0..10u8).map(|i| vec![i; 91]).collect();
+        let keys = TypedColumn::Blob(long.iter().map(|k| Some(&k[..])).collect());
+        // 100 bytes a key on the wire: three keys fill a list of four.
+        let chunks = delete(0).chunks(&[&keys], 10, 400);
+        let sizes: Vec<(usize, usize)> = chunks.iter().map(|c| (c.rows.len(), c.listed)).collect();
+        assert_eq!(sizes, [(4, 4), (4, 4), (2, 2)]);
+        let chunks = delete(0).chunks(&[&keys], 10, 350);
+        let sizes: Vec<(usize, usize)> = chunks.iter().map(|c| (c.rows.len(), c.listed)).collect();
+        assert_eq!(
+            sizes,
+            [(2, 2), (2, 2), (2, 2), (2, 2), (2, 2)],
+            "a third key would need a fourth"
+        );
+        let chunks = delete(0).chunks(&[&keys], 2, 10);
+        assert_eq!(chunks.len(), 2, "a key over the budget goes alone");
     }
 
     #[test]

@@ -201,7 +201,7 @@ impl SqlTx<Statements> for MysqlTx {
                 SinkError::Config(format!("{} deletes by key but has no key", target.table))
             })?;
             let keys: Vec<&TypedColumn> = target.keys.iter().map(|&k| &columns[k]).collect();
-            for chunk in delete.chunks(&keys, rows) {
+            for chunk in delete.chunks(&keys, rows, statements.max_statement_bytes) {
                 let mut args = MySqlArguments::default();
                 for cell in chunk.cells(&keys) {
                     bind(&mut args, cell)?;

@@ -199,7 +199,7 @@ impl SqlTx<Statements> for SqliteTx {
                 SinkError::Config(format!("{} deletes by key but has no key", target.table))
             })?;
             let keys: Vec<&TypedColumn> = target.keys.iter().map(|&k| &columns[k]).collect();
-            for chunk in delete.chunks(&keys, rows) {
+            for chunk in delete.chunks(&keys, rows, usize::MAX) {
                 let mut args = SqliteArguments::default();
                 for cell in chunk.cells(&keys) {
                     bind(&mut args, cell)?;
