@@ -14,6 +14,7 @@
 //! This module must not bind or run anything.
 
 use super::{Cell, Target, TypedColumn};
+use std::ops::Range;
 
 /// Most keys in one `IN` list (MariaDB turns lists of 1,000 or more into a
 /// subquery by default, `in_predicate_conversion_threshold`).
@@ -27,21 +28,17 @@ pub struct MultiRowDelete {
     head: String,
     /// The last key column, quoted.
     last: String,
-    /// How many key columns precede the last.
-    prefix: usize,
 }
 
 /// One statement: its text and the rows whose keys it binds.
 #[derive(Debug, PartialEq, Eq)]
 pub struct DeleteChunk {
-    /// `head` + `last IN (?, ...)`, with a power of two placeholders.
+    /// `head` + `last IN (?, ...)`, with [`DeleteChunk::listed`]
+    /// placeholders.
     pub sql: String,
-    /// Rows of the batch, in order; the first binds the prefix columns,
-    /// then every row its last key column, the last row again to fill the
-    /// list.
-    pub rows: Vec<usize>,
-    /// Placeholders in the `IN` list (at least `rows.len()`).
-    pub listed: usize,
+    /// Rows of the batch; the first binds the prefix columns, then every
+    /// row its last key column, the last row again to fill the list.
+    pub rows: Range<usize>,
 }
 
 impl MultiRowDelete {
@@ -57,13 +54,12 @@ impl MultiRowDelete {
         Some(MultiRowDelete {
             head,
             last: last.to_string(),
-            prefix: prefix.len(),
         })
     }
 
     /// The statements deleting `rows` rows, whose key columns are `keys`
-    /// (in key order), each binding at most `max_bytes` on the wire (the
-    /// filler keys counted; but for a single oversized key).
+    /// (the target's, in key order), each binding at most `max_bytes` on
+    /// the wire (the filler keys counted; but for a single oversized key).
     pub fn chunks(
         &self,
         keys: &[&TypedColumn<'_>],
@@ -71,7 +67,6 @@ impl MultiRowDelete {
         max_bytes: usize,
     ) -> Vec<DeleteChunk> {
         let (last, prefix) = keys.split_last().expect("a delete target has a key");
-        let prefix = &prefix[..self.prefix];
         let same_prefix = |a: usize, b: usize| prefix.iter().all(|c| same(c.cell(a), c.cell(b)));
         let mut chunks = Vec::new();
         let mut start = 0;
@@ -82,18 +77,16 @@ impl MultiRowDelete {
             while end < rows && end - start < MAX_IN && same_prefix(start, end) {
                 // With `end` in, the list is filled with copies of it.
                 let key = last.wire_size(end);
-                let listed = (end - start + 1).next_power_of_two();
-                if bytes + key * (1 + listed - (end - start + 1)) > max_bytes {
+                let count = end - start + 1;
+                if bytes + key * (1 + listed(count) - count) > max_bytes {
                     break;
                 }
                 bytes += key;
                 end += 1;
             }
-            let listed = (end - start).next_power_of_two();
             chunks.push(DeleteChunk {
-                sql: self.sql(listed),
-                rows: (start..end).collect(),
-                listed,
+                sql: self.sql(listed(end - start)),
+                rows: start..end,
             });
             start = end;
         }
@@ -114,18 +107,28 @@ impl MultiRowDelete {
 }
 
 impl DeleteChunk {
+    /// Placeholders in its `IN` list.
+    pub fn listed(&self) -> usize {
+        listed(self.rows.len())
+    }
+
     /// The cells to bind, in placeholder order: the prefix columns of the
     /// first row, then the last key column of each row, the last row
     /// repeated up to `listed`.
     pub fn cells<'a>(&self, keys: &[&TypedColumn<'a>]) -> Vec<Cell<'a>> {
         let (last, prefix) = keys.split_last().expect("a delete target has a key");
-        let first = self.rows[0];
-        let filler = *self.rows.last().expect("a chunk has rows");
-        let listed = (self.rows.iter().copied()).chain(std::iter::repeat(filler));
-        (prefix.iter().map(|c| c.cell(first)))
-            .chain(listed.take(self.listed).map(|row| last.cell(row)))
+        let filler = self.rows.end - 1;
+        let listed = self.rows.clone().chain(std::iter::repeat(filler));
+        (prefix.iter().map(|c| c.cell(self.rows.start)))
+            .chain(listed.take(self.listed()).map(|row| last.cell(row)))
             .collect()
     }
+}
+
+/// Placeholders in the `IN` list of `rows` rows: filled up to a power of
+/// two.
+fn listed(rows: usize) -> usize {
+    rows.next_power_of_two()
 }
 
 /// Whether two cells hold the same value (NULL equal to NULL: rows with
@@ -154,7 +157,6 @@ mod tests {
         MultiRowDelete {
             head,
             last: "k".into(),
-            prefix,
         }
     }
 
@@ -193,8 +195,8 @@ mod tests {
         let names: Vec<[u8; 1]> = (0..6u8).map(|i| [i]).collect();
         let key = TypedColumn::Blob(names.iter().map(|n| Some(&n[..])).collect());
         let chunks = delete(1).chunks(&[&scope, &key], 6, usize::MAX);
-        let rows: Vec<&[usize]> = chunks.iter().map(|c| c.rows.as_slice()).collect();
-        assert_eq!(rows, [&[0, 1][..], &[2, 3, 4], &[5]]);
+        let rows: Vec<Range<usize>> = chunks.iter().map(|c| c.rows.clone()).collect();
+        assert_eq!(rows, [0..2, 2..5, 5..6]);
         assert_eq!(
             chunks[1].sql,
             "DELETE FROM t WHERE k0 = ? AND k IN (?, ?, ?, ?)"
@@ -205,8 +207,8 @@ mod tests {
         let many = TypedColumn::Integer((0..(MAX_IN as i64 + 1)).map(Some).collect());
         let chunks = delete(0).chunks(&[&many], MAX_IN + 1, usize::MAX);
         assert_eq!(chunks.len(), 2);
-        assert_eq!((chunks[0].rows.len(), chunks[0].listed), (MAX_IN, MAX_IN));
-        assert_eq!((chunks[1].rows.len(), chunks[1].listed), (1, 1));
+        assert_eq!((chunks[0].rows.len(), chunks[0].listed()), (MAX_IN, MAX_IN));
+        assert_eq!((chunks[1].rows.len(), chunks[1].listed()), (1, 1));
     }
 
     #[test]
@@ -215,10 +217,12 @@ mod tests {
         let keys = TypedColumn::Blob(long.iter().map(|k| Some(&k[..])).collect());
         // 100 bytes a key on the wire: three keys fill a list of four.
         let chunks = delete(0).chunks(&[&keys], 10, 400);
-        let sizes: Vec<(usize, usize)> = chunks.iter().map(|c| (c.rows.len(), c.listed)).collect();
+        let sizes: Vec<(usize, usize)> =
+            chunks.iter().map(|c| (c.rows.len(), c.listed())).collect();
         assert_eq!(sizes, [(4, 4), (4, 4), (2, 2)]);
         let chunks = delete(0).chunks(&[&keys], 10, 350);
-        let sizes: Vec<(usize, usize)> = chunks.iter().map(|c| (c.rows.len(), c.listed)).collect();
+        let sizes: Vec<(usize, usize)> =
+            chunks.iter().map(|c| (c.rows.len(), c.listed())).collect();
         assert_eq!(
             sizes,
             [(2, 2), (2, 2), (2, 2), (2, 2), (2, 2)],
