@@ -291,12 +291,19 @@ static transform_list_u8_t list_of(const uint8_t *bytes, size_t len) {
   return list;
 }
 
+/* An owned list's bytes for the caller to free: NULL when empty (the
+ * bindings' cabi_realloc hands out no block for zero bytes, only a
+ * non-null marker that must not reach free). */
+static void take_bytes(transform_list_u8_t v, uint8_t **value, size_t *value_len) {
+  *value = v.len ? v.ptr : NULL;
+  *value_len = v.len;
+}
+
 bool sluice_state_get(const sluice_record *r, const uint8_t *key, size_t key_len,
                       uint8_t **value, size_t *value_len) {
   transform_list_u8_t k = list_of(key, key_len), v;
   if (!sluice_plugin_state_get(r->index, &k, &v)) return false;
-  *value = v.ptr;
-  *value_len = v.len;
+  take_bytes(v, value, value_len);
   return true;
 }
 
@@ -374,6 +381,20 @@ void sluice_time_set_timer(uint32_t index, const uint8_t *key, size_t key_len, i
   sluice_plugin_time_set_timer(index, &k, at_ms);
 }
 
+void sluice_time_set_timer_value(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms,
+                                 const uint8_t *value, size_t value_len) {
+  transform_list_u8_t k = list_of(key, key_len), v = list_of(value, value_len);
+  sluice_plugin_time_set_timer_value(index, &k, at_ms, &v);
+}
+
+bool sluice_time_timer_value(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms,
+                             uint8_t **value, size_t *value_len) {
+  transform_list_u8_t k = list_of(key, key_len), v;
+  if (!sluice_plugin_time_timer_value(index, &k, at_ms, &v)) return false;
+  take_bytes(v, value, value_len);
+  return true;
+}
+
 void sluice_time_delete_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms) {
   transform_list_u8_t k = list_of(key, key_len);
   sluice_plugin_time_delete_timer(index, &k, at_ms);
@@ -386,8 +407,8 @@ void sluice_time_late(uint32_t index, const char *reason) {
 }
 
 sluice_fired_timers sluice_due_timers(void) {
-  sluice_plugin_time_list_fired_timer_t due;
-  sluice_plugin_time_due_timers(&due);
+  sluice_plugin_time_list_fired_timer_value_t due;
+  sluice_plugin_time_due_timers_with_values(&due);
   sluice_fired_timers timers = {.count = due.len, .raw = NULL};
   timers.timers = due.len ? calloc(due.len, sizeof *timers.timers) : NULL;
   for (size_t i = 0; i < due.len; i++) {
@@ -395,8 +416,10 @@ sluice_fired_timers sluice_due_timers(void) {
     timers.timers[i].key = due.ptr[i].key.ptr;
     timers.timers[i].key_len = due.ptr[i].key.len;
     timers.timers[i].at_ms = due.ptr[i].at_ms;
+    timers.timers[i].value = due.ptr[i].value.ptr;
+    timers.timers[i].value_len = due.ptr[i].value.len;
   }
-  sluice_plugin_time_list_fired_timer_t *raw = malloc(sizeof *raw);
+  sluice_plugin_time_list_fired_timer_value_t *raw = malloc(sizeof *raw);
   if (!raw) abort();
   *raw = due;
   timers.raw = raw;
@@ -405,7 +428,7 @@ sluice_fired_timers sluice_due_timers(void) {
 
 void sluice_fired_timers_free(sluice_fired_timers *timers) {
   if (timers->raw) {
-    sluice_plugin_time_list_fired_timer_free(timers->raw);
+    sluice_plugin_time_list_fired_timer_value_free(timers->raw);
     free(timers->raw);
   }
   free(timers->timers);

@@ -173,8 +173,19 @@ void sluice_time_set_event_time(uint32_t index, int64_t time_ms);
  * no window takes: no key, not parseable). */
 void sluice_time_clear_event_time(uint32_t index);
 /* Sets the timer (`key`, `at_ms`) on the partition (`key` at most 245
- * bytes); setting it again is one timer. */
+ * bytes); setting it again is one timer (and empties its value). */
 void sluice_time_set_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms);
+/* Sets the timer (`key`, `at_ms`) keeping `value` with it (bounded like a
+ * state value), handed back in the fired timer's `value`: state that lives
+ * as long as the timer, one stored entry where a state key and a timer
+ * would take two. Setting it again replaces the value. */
+void sluice_time_set_timer_value(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms,
+                                 const uint8_t *value, size_t value_len);
+/* The value kept with the timer (`key`, `at_ms`): false if there is no
+ * such timer (never set, deleted, fired); empty if set by
+ * `sluice_time_set_timer`. On true, free `*value`. */
+bool sluice_time_timer_value(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms,
+                             uint8_t **value, size_t *value_len);
 /* Removes the timer (`key`, `at_ms`) of the partition. */
 void sluice_time_delete_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms);
 /* Makes the record a dead letter of kind `late` with `reason`. */
@@ -186,6 +197,10 @@ typedef struct sluice_fired_timer {
   const uint8_t *key;
   size_t key_len;
   int64_t at_ms;
+  /* What `sluice_time_set_timer_value` kept with it (empty for
+   * `sluice_time_set_timer`). */
+  const uint8_t *value;
+  size_t value_len;
 } sluice_fired_timer;
 
 /* The timers `sluice_due_timers` returned; free with
@@ -193,7 +208,7 @@ typedef struct sluice_fired_timer {
 typedef struct sluice_fired_timers {
   sluice_fired_timer *timers;
   size_t count;
-  void *raw; /* the bindings' list the keys point into */
+  void *raw; /* the bindings' list the keys and values point into */
 } sluice_fired_timers;
 
 /* Moves each partition's watermark past the batch's records and returns

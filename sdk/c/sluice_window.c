@@ -14,6 +14,8 @@ static const uint8_t WINDOW_PREFIX[PREFIX_LEN] = "sluice/w/";
 static const uint8_t SESSION_PREFIX[PREFIX_LEN] = "sluice/s/";
 static const uint8_t RETAINED_PREFIX[PREFIX_LEN] = "sluice/r/";
 static const uint8_t RETAINED_SESSION_PREFIX[PREFIX_LEN] = "sluice/t/";
+/* The tag before a window's aggregate in its closing timer's value. */
+#define WINDOW_TAG 1
 
 static void *alloc(size_t n) {
   void *p = malloc(n ? n : 1);
@@ -218,16 +220,78 @@ static bool retained(const run *run, int64_t end, int64_t wm) {
 }
 
 /* `data` (found or not) decoded into run->acc, or init; `input` added;
- * encoded into state under `at`. */
-static void add_and_store(run *run, const sluice_record *r, const uint8_t *at, size_t at_len,
-                          bool found, const uint8_t *data, size_t len, const void *input) {
+ * the result encoded (free it). */
+static uint8_t *add_input(run *run, bool found, const uint8_t *data, size_t len, const void *input,
+                          size_t *out_len) {
   const sluice_aggregate *agg = run->w->aggregate;
   if (!found || !agg->decode(run->acc, data ? data : NO_BYTES, len, run->ctx)) agg->init(run->acc, run->ctx);
   agg->add(run->acc, input, run->ctx);
+  return agg->encode(run->acc, out_len, run->ctx);
+}
+
+/* add_input, stored in state under `at`. */
+static void add_and_store(run *run, const sluice_record *r, const uint8_t *at, size_t at_len,
+                          bool found, const uint8_t *data, size_t len, const void *input) {
   size_t out_len;
-  uint8_t *encoded = agg->encode(run->acc, &out_len, run->ctx);
+  uint8_t *encoded = add_input(run, found, data, len, input, &out_len);
   sluice_state_set(r, at, at_len, encoded, out_len);
   free(encoded);
+}
+
+/* add_input, kept as the value of the timer closing `key`'s window ending
+ * at `end`, after the tag. */
+static void add_and_keep_open(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
+                              int64_t end, bool found, const uint8_t *data, size_t len, const void *input) {
+  size_t out_len;
+  uint8_t *encoded = add_input(run, found, data, len, input, &out_len);
+  uint8_t *value = alloc(out_len + 1);
+  value[0] = WINDOW_TAG;
+  if (out_len) memcpy(value + 1, encoded, out_len);
+  sluice_time_set_timer_value(r->index, key, key_len, end - 1, value, out_len + 1);
+  free(value), free(encoded);
+}
+
+/* The aggregate of `key`'s window ending at `end` kept by its closing
+ * timer's `value` or, for a window opened before timer values, under its
+ * old key (removed when `take`, as its timer is about to hold it): a
+ * copy in *data. */
+static bool window_in(const sluice_record *r, const uint8_t *value, size_t value_len, const uint8_t *key,
+                      size_t key_len, int64_t end, bool take, uint8_t **data, size_t *len) {
+  if (value_len > 0 && value[0] == WINDOW_TAG) {
+    *len = value_len - 1;
+    *data = copy_bytes(value + 1, *len);
+    return true;
+  }
+  size_t at_len;
+  uint8_t *at = window_key(WINDOW_PREFIX, end, key, key_len, &at_len);
+  bool found = sluice_state_get(r, at, at_len, data, len);
+  if (found && take) sluice_state_delete(r, at, at_len);
+  free(at);
+  return found;
+}
+
+/* The aggregate of `key`'s open window ending at `end`: false if no timer
+ * closes one there. */
+static bool open_window(const sluice_record *r, const uint8_t *key, size_t key_len, int64_t end,
+                        bool take, uint8_t **data, size_t *len) {
+  uint8_t *value = NULL;
+  size_t value_len = 0;
+  if (!sluice_time_timer_value(r->index, key, key_len, end - 1, &value, &value_len)) return false;
+  bool found = window_in(r, value, value_len, key, key_len, end, take, data, len);
+  free(value);
+  return found;
+}
+
+/* Sets a timer without a value (a retention's), unless the timer exists:
+ * it may hold a window, and fires at the same time anyway. */
+static void set_bare_timer(uint32_t index, const uint8_t *key, size_t key_len, int64_t at_ms) {
+  uint8_t *value = NULL;
+  size_t len = 0;
+  if (sluice_time_timer_value(index, key, key_len, at_ms, &value, &len)) {
+    free(value);
+    return;
+  }
+  sluice_time_set_timer(index, key, key_len, at_ms);
 }
 
 /* Adds a late event to the closed window [start, end) if it is retained
@@ -239,15 +303,14 @@ static bool update_closed_window(run *run, const sluice_record *r, const sluice_
   uint8_t *at = window_key(RETAINED_PREFIX, end, e->key, e->key_len, &at_len), *data = NULL;
   bool found = sluice_state_get(r, at, at_len, &data, &len);
   if (!found) {
-    size_t open_len;
-    uint8_t *open = window_key(WINDOW_PREFIX, end, e->key, e->key_len, &open_len);
-    found = sluice_state_get(r, open, open_len, &data, &len);
+    found = open_window(r, e->key, e->key_len, end, true, &data, &len);
     if (found) {
-      sluice_state_delete(r, open, open_len);
+      /* Its timer stays, without the window: it may also forget a
+       * retained one. */
+      sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
       push_closed(run, r->index, e->key, e->key_len, start, end, data, len);
     }
-    sluice_time_set_timer(r->index, e->key, e->key_len, end - 1 + run->w->retain_ms);
-    free(open);
+    set_bare_timer(r->index, e->key, e->key_len, end - 1 + run->w->retain_ms);
   }
   add_and_store(run, r, at, at_len, found, data, len, e->input);
   free(data), free(at);
@@ -269,12 +332,11 @@ static bool add_to_windows(run *run, const sluice_record *r, const sluice_event 
       if (update_closed_window(run, r, e, end - size, end, wm)) added = true;
       continue;
     }
-    size_t at_len, len = 0;
-    uint8_t *at = window_key(WINDOW_PREFIX, end, e->key, e->key_len, &at_len), *stored = NULL;
-    bool found = sluice_state_get(r, at, at_len, &stored, &len);
-    if (!found) sluice_time_set_timer(r->index, e->key, e->key_len, end - 1);
-    add_and_store(run, r, at, at_len, found, stored, len, e->input);
-    free(stored), free(at);
+    size_t len = 0;
+    uint8_t *stored = NULL;
+    bool found = open_window(r, e->key, e->key_len, end, true, &stored, &len);
+    add_and_keep_open(run, r, e->key, e->key_len, end, found, stored, len, e->input);
+    free(stored);
     touch_window(run->early, r, e->key, e->key_len, end);
     added = true;
   }
@@ -400,12 +462,13 @@ static void emit_window(run *run, uint32_t index, const uint8_t *key, size_t key
 static bool find_window(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
                         int64_t end, bool kept, bool take, int64_t *start, uint8_t **data, size_t *len) {
   if (run->w->windows.kind != SLUICE_SESSION) {
+    *start = end - run->w->windows.size_ms;
+    if (!kept) return open_window(r, key, key_len, end, take, data, len);
     size_t at_len;
-    uint8_t *at = window_key(kept ? RETAINED_PREFIX : WINDOW_PREFIX, end, key, key_len, &at_len);
+    uint8_t *at = window_key(RETAINED_PREFIX, end, key, key_len, &at_len);
     bool found = sluice_state_get(r, at, at_len, data, len);
     if (found && take) sluice_state_delete(r, at, at_len);
     free(at);
-    *start = end - run->w->windows.size_ms;
     return found;
   }
   sessions s = read_sessions(r, kept ? RETAINED_SESSION_PREFIX : SESSION_PREFIX, key, key_len);
@@ -449,10 +512,18 @@ static void close_window(run *run, const sluice_fired_timer *t) {
   if (retain > 0 && find_window(run, &r, t->key, t->key_len, end - retain, true, true, &start, &data, &len)) {
     free(data), data = NULL, len = 0;
   }
-  if (!find_window(run, &r, t->key, t->key_len, end, false, true, &start, &data, &len)) return;
+  bool session = run->w->windows.kind == SLUICE_SESSION;
+  bool found = session ? find_window(run, &r, t->key, t->key_len, end, false, true, &start, &data, &len)
+                       : window_in(&r, t->value, t->value_len, t->key, t->key_len, end, true, &data, &len);
+  if (!found) return;
+  if (!session) start = end - run->w->windows.size_ms;
   if (retain > 0) {
     keep_closed(run, &r, t->key, t->key_len, start, end, data, len);
-    sluice_time_set_timer(t->index, t->key, t->key_len, t->at_ms + retain);
+    if (session) {
+      sluice_time_set_timer(t->index, t->key, t->key_len, t->at_ms + retain);
+    } else {
+      set_bare_timer(t->index, t->key, t->key_len, t->at_ms + retain);
+    }
   }
   emit_window(run, t->index, t->key, t->key_len, start, end, data, len, SLUICE_EMIT_FINAL);
   free(data);

@@ -32,9 +32,11 @@ func stateDelete(_ uint32, key string) { delete(nativeState, key) }
 
 // Outside Wasm there is no partition clock: no watermark, no timer comes
 // due; setting times and timers does nothing.
-func timeWatermark(uint32) (int64, bool)    { return 0, false }
-func timeSetRecordTime(uint32, bool, int64) {}
-func timeSetTimer(uint32, string, int64)    {}
-func timeDeleteTimer(uint32, string, int64) {}
-func timeLate(uint32, string)               {}
-func timeDueTimers() []FiredTimer           { return nil }
+func timeWatermark(uint32) (int64, bool)                  { return 0, false }
+func timeSetRecordTime(uint32, bool, int64)               {}
+func timeSetTimer(uint32, string, int64)                  {}
+func timeSetTimerValue(uint32, string, int64, []byte)     {}
+func timeTimerValue(uint32, string, int64) ([]byte, bool) { return nil, false }
+func timeDeleteTimer(uint32, string, int64)               {}
+func timeLate(uint32, string)                             {}
+func timeDueTimers() []FiredTimer                         { return nil }

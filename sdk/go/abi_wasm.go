@@ -35,22 +35,22 @@ func collectGarbageFromNowOn() {
 	debug.SetGCPercent(100)
 }
 
-//go:wasmimport sluice:plugin/log@0.1.2 write
+//go:wasmimport sluice:plugin/log@0.1.3 write
 func logWrite(level uint32, message string)
 
 // get: func(index: u32, key: list<u8>) -> option<list<u8>>. The result
 // goes to a 12-byte block: discriminant (u8) at 0, the list at 4.
 //
-//go:wasmimport sluice:plugin/state@0.1.2 get
+//go:wasmimport sluice:plugin/state@0.1.3 get
 func stateGetImport(index uint32, key string, result unsafe.Pointer)
 
 // set: func(index: u32, key: list<u8>, value: list<u8>, expires-at-ms:
 // option<s64>); the option flattens to a discriminant and an s64.
 //
-//go:wasmimport sluice:plugin/state@0.1.2 set
+//go:wasmimport sluice:plugin/state@0.1.3 set
 func stateSetImport(index uint32, key string, value string, hasExpiry uint32, expiresAtMs int64)
 
-//go:wasmimport sluice:plugin/state@0.1.2 delete
+//go:wasmimport sluice:plugin/state@0.1.3 delete
 func stateDeleteImport(index uint32, key string)
 
 // stateGet calls `get`. The host allocates the value through cabi_realloc
@@ -58,10 +58,17 @@ func stateDeleteImport(index uint32, key string)
 // the collector (which reads the clock, an import) is held off for the
 // call, as it is while the batch is lowered.
 func stateGet(index uint32, key string) ([]byte, bool) {
+	return optionalBytes(func(result unsafe.Pointer) { stateGetImport(index, key, result) })
+}
+
+// optionalBytes makes a call whose result is an option<list<u8>> in a
+// 12-byte block (discriminant (u8) at 0, the list at 4), the collector
+// held off meanwhile (see stateGet).
+func optionalBytes(call func(result unsafe.Pointer)) ([]byte, bool) {
 	result := words(3)
 	pinned = append(pinned, result)
 	percent := debug.SetGCPercent(-1)
-	stateGetImport(index, key, unsafe.Pointer(&result[0]))
+	call(unsafe.Pointer(&result[0]))
 	debug.SetGCPercent(percent)
 	if result[0]&0xff == 0 {
 		return nil, false
@@ -86,29 +93,39 @@ func stateDelete(index uint32, key string) { stateDeleteImport(index, key) }
 // watermark: func(index: u32) -> option<s64>. The result goes to a
 // 16-byte block: discriminant (u8) at 0, the s64 at 8.
 //
-//go:wasmimport sluice:plugin/time@0.1.2 watermark
+//go:wasmimport sluice:plugin/time@0.1.3 watermark
 func timeWatermarkImport(index uint32, result unsafe.Pointer)
 
 // set-record-time: func(index: u32, time-ms: option<s64>); the option
 // flattens to a discriminant and an s64.
 //
-//go:wasmimport sluice:plugin/time@0.1.2 set-record-time
+//go:wasmimport sluice:plugin/time@0.1.3 set-record-time
 func timeSetRecordTimeImport(index uint32, hasTime uint32, timeMs int64)
 
-//go:wasmimport sluice:plugin/time@0.1.2 set-timer
+//go:wasmimport sluice:plugin/time@0.1.3 set-timer
 func timeSetTimerImport(index uint32, key string, atMs int64)
 
-//go:wasmimport sluice:plugin/time@0.1.2 delete-timer
+//go:wasmimport sluice:plugin/time@0.1.3 delete-timer
 func timeDeleteTimerImport(index uint32, key string, atMs int64)
 
-// due-timers: func() -> list<fired-timer>. The result goes to an 8-byte
-// block (the list); a fired-timer is 24 bytes: index (u32) at 0, key (a
-// list) at 4, at-ms (s64) at 16.
+//go:wasmimport sluice:plugin/time@0.1.3 set-timer-value
+func timeSetTimerValueImport(index uint32, key string, atMs int64, value string)
+
+// timer-value: func(index: u32, key: list<u8>, at-ms: s64) ->
+// option<list<u8>>: the result as `get`'s.
 //
-//go:wasmimport sluice:plugin/time@0.1.2 due-timers
+//go:wasmimport sluice:plugin/time@0.1.3 timer-value
+func timeTimerValueImport(index uint32, key string, atMs int64, result unsafe.Pointer)
+
+// due-timers-with-values: func() -> list<fired-timer-value>. The result
+// goes to an 8-byte block (the list); a fired-timer-value is 32 bytes:
+// index (u32) at 0, key (a list) at 4, at-ms (s64) at 16, value (a list)
+// at 24.
+//
+//go:wasmimport sluice:plugin/time@0.1.3 due-timers-with-values
 func timeDueTimersImport(result unsafe.Pointer)
 
-//go:wasmimport sluice:plugin/time@0.1.2 late
+//go:wasmimport sluice:plugin/time@0.1.3 late
 func timeLateImport(index uint32, reason string)
 
 // watermarkResult is where `watermark` writes, once per record: one
@@ -131,15 +148,23 @@ func timeSetRecordTime(index uint32, has bool, timeMs int64) {
 
 func timeSetTimer(index uint32, key string, atMs int64) { timeSetTimerImport(index, key, atMs) }
 
+func timeSetTimerValue(index uint32, key string, atMs int64, value []byte) {
+	timeSetTimerValueImport(index, key, atMs, unsafe.String(unsafe.SliceData(value), len(value)))
+}
+
+func timeTimerValue(index uint32, key string, atMs int64) ([]byte, bool) {
+	return optionalBytes(func(result unsafe.Pointer) { timeTimerValueImport(index, key, atMs, result) })
+}
+
 func timeDeleteTimer(index uint32, key string, atMs int64) {
 	timeDeleteTimerImport(index, key, atMs)
 }
 
 func timeLate(index uint32, reason string) { timeLateImport(index, reason) }
 
-// timeDueTimers calls `due-timers`; the host allocates the list and the
-// keys through cabi_realloc while it lowers them, so the collector is held
-// off for the call (as for stateGet).
+// timeDueTimers calls `due-timers-with-values`; the host allocates the
+// list, the keys and the values through cabi_realloc while it lowers
+// them, so the collector is held off for the call (as for stateGet).
 func timeDueTimers() []FiredTimer {
 	result := words(2)
 	pinned = append(pinned, result)
@@ -149,11 +174,12 @@ func timeDueTimers() []FiredTimer {
 	p, n := unsafe.Pointer(uintptr(result[0])), result[1]
 	timers := make([]FiredTimer, n)
 	for i := range timers {
-		e := unsafe.Add(p, 24*i)
+		e := unsafe.Add(p, 32*i)
 		timers[i] = FiredTimer{
 			Index: *(*uint32)(e),
 			Key:   readString(e, 4),
 			AtMs:  *(*int64)(unsafe.Add(e, 16)),
+			Value: readList[byte](e, 24),
 		}
 	}
 	return timers

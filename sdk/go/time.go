@@ -34,8 +34,23 @@ func (t Time) SetEventTime(ms int64) { timeSetRecordTime(t.index, true, ms) }
 func (t Time) ClearEventTime() { timeSetRecordTime(t.index, false, 0) }
 
 // SetTimer sets the timer (key, atMs) on the partition (key at most 245
-// bytes); setting it again is one timer.
+// bytes); setting it again is one timer (and empties its value).
 func (t Time) SetTimer(key string, atMs int64) { timeSetTimer(t.index, key, atMs) }
+
+// SetTimerValue sets the timer (key, atMs) keeping value with it (bounded
+// like a state value), handed back in FiredTimer.Value: state that lives
+// as long as the timer, one stored entry where a state key and a timer
+// would take two. Setting it again replaces the value.
+func (t Time) SetTimerValue(key string, atMs int64, value []byte) {
+	timeSetTimerValue(t.index, key, atMs, value)
+}
+
+// TimerValue is the value kept with the timer (key, atMs): false if there
+// is no such timer (never set, deleted, fired), empty if it was set by
+// SetTimer.
+func (t Time) TimerValue(key string, atMs int64) ([]byte, bool) {
+	return timeTimerValue(t.index, key, atMs)
+}
 
 // DeleteTimer removes the timer (key, atMs) of the partition.
 func (t Time) DeleteTimer(key string, atMs int64) { timeDeleteTimer(t.index, key, atMs) }
@@ -48,6 +63,8 @@ type FiredTimer struct {
 	Index uint32
 	Key   string
 	AtMs  int64
+	// Value is what SetTimerValue kept with it (empty for SetTimer).
+	Value []byte
 }
 
 // State is the keyed state of the timer's partition.

@@ -10,16 +10,20 @@
 // SDKs do (docs/event-time.md), so a windowed transform gives the same
 // rows, state and digest in any of them:
 //
-//   - tumbling and hopping: the aggregate of window [start, end) of key
-//     under `sluice/w/` + end (8 bytes, big-endian, sign bit flipped) +
-//     key; a timer (key, end - 1) closes it;
+//   - tumbling and hopping: the timer (key, end - 1) closes window
+//     [start, end) of key and keeps its aggregate as its value, after a
+//     tag byte 1. A timer with an empty value holds no window (a
+//     retention's) or one opened before timer values, under `sluice/w/` +
+//     end (8 bytes, big-endian, sign bit flipped) + key: read from there,
+//     moved into the timer on its next change;
 //   - sessions: every open session of key under `sluice/s/` + key, per
 //     session its start and end (8 bytes each, big-endian) and its
 //     aggregate's length (4 bytes, big-endian) and bytes, in start order;
 //     a timer (key, end - 1) per session closes it;
 //   - with a retention R: a closed window's aggregate under `sluice/r/` +
 //     end + key, a closed session under `sluice/t/` + key (the layout of
-//     open ones); a timer (key, end - 1 + R) forgets it.
+//     open ones); a timer (key, end - 1 + R) forgets it (set without a
+//     value, unless that timer exists already: it may hold a window).
 //
 // It must not read the host's clock or keep anything between batches
 // outside state.
@@ -157,6 +161,42 @@ func orderedKey(prefix string, end int64, key string) string {
 	b = append(b, prefix...)
 	b = binary.BigEndian.AppendUint64(b, uint64(end)^(1<<63))
 	return string(append(b, key...))
+}
+
+// windowTag comes before a window's aggregate in its closing timer's value.
+const windowTag = 1
+
+// windowIn is the aggregate of key's window ending at end kept by its
+// closing timer's value or, for a window opened before timer values,
+// under its old key (removed when take, as its timer is about to hold it).
+func windowIn(state State, value []byte, key string, end int64, take bool) ([]byte, bool) {
+	if len(value) > 0 && value[0] == windowTag {
+		return value[1:], true
+	}
+	at := orderedKey(windowPrefix, end, key)
+	data, ok := state.Get(at)
+	if ok && take {
+		state.Delete(at)
+	}
+	return data, ok
+}
+
+// openWindow is the aggregate of key's open window ending at end: false if
+// no timer closes one there.
+func openWindow(state State, key string, end int64, take bool) ([]byte, bool) {
+	value, ok := Time{index: state.index}.TimerValue(key, end-1)
+	if !ok {
+		return nil, false
+	}
+	return windowIn(state, value, key, end, take)
+}
+
+// setBareTimer sets a timer without a value (a retention's), unless the
+// timer exists: it may hold a window, and fires at the same time anyway.
+func setBareTimer(t Time, key string, atMs int64) {
+	if _, ok := t.TimerValue(key, atMs); !ok {
+		t.SetTimer(key, atMs)
+	}
 }
 
 type session struct {
@@ -346,12 +386,9 @@ func (w *Windowed[Acc, In]) addToWindows(r *Record, e event[In], p *pending) boo
 			added = w.updateClosedWindow(r, e, start, end, p) || added
 			continue
 		}
-		at := orderedKey(windowPrefix, end, e.key)
-		stored, ok := state.Get(at)
-		if !ok {
-			r.Time().SetTimer(e.key, end-1)
-		}
-		state.Set(at, agg.Encode(agg.Add(w.decode(stored, ok), e.input)))
+		stored, ok := openWindow(state, e.key, end, true)
+		acc := agg.Encode(agg.Add(w.decode(stored, ok), e.input))
+		r.Time().SetTimerValue(e.key, end-1, append([]byte{windowTag}, acc...))
 		if w.EmitEarly {
 			p.early = append(p.early, touchedBy(r, e.key, end))
 		}
@@ -370,12 +407,13 @@ func (w *Windowed[Acc, In]) updateClosedWindow(r *Record, e event[In], start, en
 	at := orderedKey(retainedPrefix, end, e.key)
 	data, ok := state.Get(at)
 	if !ok {
-		open := orderedKey(windowPrefix, end, e.key)
-		if data, ok = state.Get(open); ok {
-			state.Delete(open)
+		if data, ok = openWindow(state, e.key, end, true); ok {
+			// Its timer stays, without the window: it may also forget a
+			// retained one.
+			r.Time().SetTimer(e.key, end-1)
 			p.closed = append(p.closed, closedWindow{r.Index, e.key, start, end, data})
 		}
-		r.Time().SetTimer(e.key, end-1+w.RetainMs)
+		setBareTimer(r.Time(), e.key, end-1+w.RetainMs)
 	}
 	state.Set(at, w.Aggregate.Encode(w.Aggregate.Add(w.decode(data, ok), e.input)))
 	p.updated = append(p.updated, touchedBy(r, e.key, end))
@@ -468,11 +506,11 @@ func (w *Windowed[Acc, In]) updateClosedSession(r *Record, e event[In], sessions
 // state when take.
 func (w *Windowed[Acc, In]) find(state State, key string, end int64, retained, take bool) (int64, []byte, bool) {
 	if w.Windows.Kind != Session {
-		prefix := windowPrefix
-		if retained {
-			prefix = retainedPrefix
+		if !retained {
+			data, ok := openWindow(state, key, end, take)
+			return end - w.Windows.SizeMs, data, ok
 		}
-		at := orderedKey(prefix, end, key)
+		at := orderedKey(retainedPrefix, end, key)
 		data, ok := state.Get(at)
 		if ok && take {
 			state.Delete(at)
@@ -502,13 +540,25 @@ func (w *Windowed[Acc, In]) close(batch *Batch, timer FiredTimer, out *Output, e
 	if w.RetainMs > 0 {
 		w.find(state, timer.Key, end-w.RetainMs, true, true)
 	}
-	start, data, ok := w.find(state, timer.Key, end, false, true)
+	var start int64
+	var data []byte
+	var ok bool
+	if w.Windows.Kind == Session {
+		start, data, ok = w.find(state, timer.Key, end, false, true)
+	} else {
+		start = end - w.Windows.SizeMs
+		data, ok = windowIn(state, timer.Value, timer.Key, end, true)
+	}
 	if !ok {
 		return
 	}
 	if w.RetainMs > 0 {
 		w.keepClosed(state, timer.Key, session{start, end, data})
-		timer.Time().SetTimer(timer.Key, timer.AtMs+w.RetainMs)
+		if w.Windows.Kind == Session {
+			timer.Time().SetTimer(timer.Key, timer.AtMs+w.RetainMs)
+		} else {
+			setBareTimer(timer.Time(), timer.Key, timer.AtMs+w.RetainMs)
+		}
 	}
 	w.handOut(batch, out, emit, closedWindow{timer.Index, timer.Key, start, end, data}, Final)
 }

@@ -18,9 +18,9 @@
 // world: the host gives the module a fixed clock (Date.now() is the batch
 // time), seeded Math.random(), no files and no network.
 
-import { write } from 'sluice:plugin/log@0.1.2';
-import * as stateImport from 'sluice:plugin/state@0.1.2';
-import * as timeImport from 'sluice:plugin/time@0.1.2';
+import { write } from 'sluice:plugin/log@0.1.3';
+import * as stateImport from 'sluice:plugin/state@0.1.3';
+import * as timeImport from 'sluice:plugin/time@0.1.3';
 
 const KINDS = ['int64', 'float64', 'text', 'bytes', 'bool'];
 // ignoreBOM keeps a leading BOM, as the other SDKs' text does.
@@ -109,9 +109,23 @@ export class Time {
     timeImport.setRecordTime(this.index, undefined);
   }
   /** Sets the timer (`key`, `atMs`) on the partition (`key` at most 245
-   * bytes); setting it again is one timer. */
+   * bytes); setting it again is one timer (and empties its value). */
   setTimer(key, atMs) {
     timeImport.setTimer(this.index, stateKey(key), BigInt(atMs));
+  }
+  /** Sets the timer (`key`, `atMs`) keeping `value` (a Uint8Array) with
+   * it, bounded like a state value, handed back in `FiredTimer.value`:
+   * state that lives as long as the timer, one stored entry where a state
+   * key and a timer would take two. Setting it again replaces the value. */
+  setTimerValue(key, atMs, value) {
+    timeImport.setTimerValue(this.index, stateKey(key), BigInt(atMs), value);
+  }
+  /** The value kept with the timer (`key`, `atMs`): null if there is no
+   * such timer (never set, deleted, fired), empty if it was set by
+   * `setTimer`. */
+  timerValue(key, atMs) {
+    const value = timeImport.timerValue(this.index, stateKey(key), BigInt(atMs));
+    return value === undefined ? null : value;
   }
   /** Removes the timer (`key`, `atMs`) of the partition. */
   deleteTimer(key, atMs) {
@@ -124,12 +138,14 @@ export class Time {
 }
 
 /** A timer that came due: `index` names its partition, `key` is a
- * Uint8Array, `atMs` a BigInt. */
+ * Uint8Array, `atMs` a BigInt, `value` what `setTimerValue` kept with it
+ * (a Uint8Array, empty for `setTimer`). */
 export class FiredTimer {
-  constructor(index, key, atMs) {
+  constructor(index, key, atMs, value = new Uint8Array(0)) {
     this.index = index;
     this.key = key;
     this.atMs = atMs;
+    this.value = value;
   }
   /** The keyed state of the timer's partition. */
   state() {
@@ -146,7 +162,7 @@ export class FiredTimer {
  * as they are returned). What the module writes and emits for them commits
  * with this batch. */
 export function dueTimers() {
-  return timeImport.dueTimers().map((t) => new FiredTimer(t.index, t.key, t.atMs));
+  return timeImport.dueTimersWithValues().map((t) => new FiredTimer(t.index, t.key, t.atMs, t.value));
 }
 
 /** How many arrays and objects Record.json() lets nest. Every SDK's JSON

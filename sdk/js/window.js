@@ -11,16 +11,20 @@
 // (docs/event-time.md), so a windowed transform gives the same rows, state
 // and digest in any of them:
 //
-// - tumbling and hopping: the aggregate of window [start, end) of `key`
-//   under `sluice/w/` + end (8 bytes, big-endian, sign bit flipped) + `key`;
-//   a timer (`key`, end - 1) closes it;
+// - tumbling and hopping: the timer (`key`, end - 1) closes window [start,
+//   end) of `key` and keeps its aggregate as its value, after a tag byte 1.
+//   A timer with an empty value holds no window (a retention's) or one
+//   opened before timer values, under `sluice/w/` + end (8 bytes,
+//   big-endian, sign bit flipped) + `key`: read from there, moved into the
+//   timer on its next change;
 // - sessions: every open session of `key` under `sluice/s/` + `key`, per
 //   session its start and end (8 bytes each, big-endian) and its
 //   aggregate's length (4 bytes, big-endian) and bytes, in start order; a
 //   timer (`key`, end - 1) per session closes it;
 // - with a retention R: a closed window's aggregate under `sluice/r/` + end
 //   + `key`, a closed session under `sluice/t/` + `key` (the layout of open
-//   ones); a timer (`key`, end - 1 + R) forgets it.
+//   ones); a timer (`key`, end - 1 + R) forgets it (set without a value,
+//   unless that timer exists already: it may hold a window).
 //
 //   import { Event, Rejected, Tumbling, Windowed, SUM } from './window.js';
 //   const windowed = new Windowed(new Tumbling(60000n), SUM);
@@ -31,7 +35,7 @@
 // Times are ms since the Unix epoch as BigInt. It must not read the host's
 // clock or keep anything between batches outside state.
 
-import { State, dueTimers } from './sluice.js';
+import { State, Time, dueTimers } from './sluice.js';
 
 const encoder = new TextEncoder();
 const WINDOW_PREFIX = encoder.encode('sluice/w/');
@@ -125,6 +129,32 @@ function ordered(at) {
 
 const windowKey = (endMs, key) => concat(WINDOW_PREFIX, ordered(endMs), key);
 const retainedKey = (endMs, key) => concat(RETAINED_PREFIX, ordered(endMs), key);
+/** The tag before a window's aggregate in its closing timer's value. */
+const WINDOW_TAG = 1;
+
+/** The aggregate of `key`'s window ending at `end` kept by its closing
+ * timer's `value` or, for a window opened before timer values, under its
+ * old key (removed when `take`, as its timer is about to hold it). */
+function windowIn(state, value, key, end, take) {
+  if (value.length > 0 && value[0] === WINDOW_TAG) return value.slice(1);
+  const at = windowKey(end, key);
+  const data = state.get(at);
+  if (data !== null && take) state.delete(at);
+  return data;
+}
+
+/** The aggregate of `key`'s open window ending at `end`: null if no timer
+ * closes one there. */
+function openWindow(state, time, key, end, take) {
+  const value = time.timerValue(key, end - 1n);
+  return value === null ? null : windowIn(state, value, key, end, take);
+}
+
+/** Sets a timer without a value (a retention's), unless the timer exists:
+ * it may hold a window, and fires at the same time anyway. */
+function setBareTimer(time, key, atMs) {
+  if (time.timerValue(key, atMs) === null) time.setTimer(key, atMs);
+}
 
 /** The sessions under `at` (an open or a retained sessions key):
  * [start, end, aggregate bytes] each. */
@@ -252,10 +282,10 @@ export class Windowed {
         if (this.updateClosedWindow(record, key, start, end, input, watermark, pending)) added = true;
         continue;
       }
-      const at = windowKey(end, key);
-      const stored = state.get(at);
-      if (stored === null) record.time().setTimer(key, end - 1n);
-      state.set(at, agg.encode(agg.add(this.decode(stored), input)));
+      const timers = record.time();
+      const stored = openWindow(state, timers, key, end, true);
+      const acc = agg.encode(agg.add(this.decode(stored), input));
+      timers.setTimerValue(key, end - 1n, concat(Uint8Array.of(WINDOW_TAG), acc));
       if (pending.early !== null) pending.early.push([record.index, record.topic, record.partition, key, end]);
       added = true;
     }
@@ -270,13 +300,15 @@ export class Windowed {
     const at = retainedKey(end, key);
     let data = state.get(at);
     if (data === null) {
-      const window = windowKey(end, key);
-      data = state.get(window);
+      const time = record.time();
+      data = openWindow(state, time, key, end, true);
       if (data !== null) {
-        state.delete(window);
+        // Its timer stays, without the window: it may also forget a
+        // retained one.
+        time.setTimer(key, end - 1n);
         pending.closed.push([record.index, key, start, end, data]);
       }
-      record.time().setTimer(key, end - 1n + this.retainMs);
+      setBareTimer(time, key, end - 1n + this.retainMs);
     }
     state.set(at, this.aggregate.encode(this.aggregate.add(this.decode(data), input)));
     pending.updated.push([record.index, record.topic, record.partition, key, end]);
@@ -353,12 +385,21 @@ export class Windowed {
     const state = timer.state();
     const end = timer.atMs + 1n;
     if (this.retainMs > 0n) this.find(state, timer.key, end - this.retainMs, true, true);
-    const closed = this.find(state, timer.key, end, false, true);
+    const session = this.windows instanceof Session;
+    let closed;
+    if (session) {
+      closed = this.find(state, timer.key, end, false, true);
+    } else {
+      const data = windowIn(state, timer.value, timer.key, end, true);
+      closed = data === null ? null : [end - this.windows.sizeMs, data];
+    }
     if (closed === null) return;
     const [start, data] = closed;
     if (this.retainMs > 0n) {
       this.keepClosed(state, timer.key, start, end, data);
-      timer.time().setTimer(timer.key, timer.atMs + this.retainMs);
+      const at = timer.atMs + this.retainMs;
+      if (session) timer.time().setTimer(timer.key, at);
+      else setBareTimer(timer.time(), timer.key, at);
     }
     this.handOut(batch, out, emit, timer.index, timer.key, start, end, data, 'final');
   }
@@ -375,10 +416,15 @@ export class Windowed {
       if (take) writeSessions(state, at, sessions);
       return [start, data];
     }
-    const at = retained ? retainedKey(end, key) : windowKey(end, key);
-    const data = state.get(at);
+    let data;
+    if (retained) {
+      const at = retainedKey(end, key);
+      data = state.get(at);
+      if (data !== null && take) state.delete(at);
+    } else {
+      data = openWindow(state, new Time(state.index), key, end, take);
+    }
     if (data === null) return null;
-    if (take) state.delete(at);
     return [end - this.windows.sizeMs, data];
   }
 

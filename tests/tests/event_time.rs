@@ -232,6 +232,88 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
     assert_verified(&config);
 }
 
+/// Windows opened by a module built before contract 0.1.3 (each
+/// aggregate under a `sluice/w/` state key, its timer without a value:
+/// the `windows` plugin's stand-in mode) are taken over after an upgrade:
+/// one the new module adds records to, ones it only closes, each closes
+/// once with every record's amount, no old key is left behind, and
+/// `verify` replays both modules' batches.
+#[tokio::test(flavor = "multi_thread")]
+async fn windows_opened_before_timer_values_close_after_an_upgrade() {
+    let name = "windows_upgrade";
+    let broker = Broker::start();
+    let brokers = broker.brokers.as_str();
+    create_topic(brokers, name, 2);
+    let dir = TempDir::new(name);
+    let db = SinkDb::Sqlite(dir.path().join("upgrade.db"));
+    let shape = Shape::Tumbling { size_ms: 10_000 };
+    let at = |s: i64| windows::T0 + s * 1_000;
+    // Before the upgrade every window stays open (the last record is at 5 s).
+    let before: Vec<Produce> = (0..6)
+        .flat_map(|s| {
+            [
+                windows::record(0, "a", at(s), 1),
+                windows::record(0, "b", at(s), 2),
+                windows::record(1, "c", at(s), 3),
+            ]
+        })
+        .collect();
+    produce(brokers, name, &before);
+    let legacy =
+        windows::config(name, brokers, shape, NO_LATENESS).module_param("legacy_layout", true);
+    run_ok(&db.configure(legacy).write(dir.path()));
+    assert_eq!(
+        old_window_keys(&db, name).await,
+        3,
+        "a, b and c open, the old way"
+    );
+    // After it, `b`'s first window takes more records; every window before 20 s closes.
+    let after: Vec<Produce> = (6..25)
+        .map(|s| windows::record(0, "b", at(s), 2))
+        .chain([windows::record(1, "c", at(26), 3)])
+        .collect();
+    produce(brokers, name, &after);
+    let config = db
+        .configure(windows::config(name, brokers, shape, NO_LATENESS))
+        .write(dir.path());
+    run_ok(&config);
+    let input = read_committed(brokers, name, 2);
+    let expected = Expected::of(&input, shape, NO_LATENESS);
+    windows::assert_stored(&db, name, &expected).await;
+    let row = |p: i64, key: &str| {
+        let row = expected
+            .rows
+            .iter()
+            .find(|r| r.0 == p && r.1 == key && r.2 == at(0));
+        row.map(|r| (r.4, r.5))
+    };
+    assert_eq!(row(0, "a"), Some((6, 6)), "{:?}", expected.rows);
+    assert_eq!(row(0, "b"), Some((20, 10)), "{:?}", expected.rows);
+    assert_eq!(row(1, "c"), Some((18, 6)), "{:?}", expected.rows);
+    assert_eq!(old_window_keys(&db, name).await, 0, "old keys left behind");
+    assert_verified(&config);
+}
+
+/// How many windows `pipeline` keeps the way modules before contract
+/// 0.1.3 did (under a `sluice/w/` state key), read from the SQLite state
+/// table directly.
+async fn old_window_keys(db: &SinkDb, pipeline: &str) -> i64 {
+    let sql = format!(
+        "SELECT count(*) FROM {state} k JOIN {scopes} s ON s.scope = k.scope \
+         WHERE s.pipeline = '{pipeline}' AND hex(k.state_key) LIKE '{prefix}%'",
+        state = db.table("sluice_keyed_state"),
+        scopes = db.table("sluice_state_scopes"),
+        prefix = hex::encode_upper(b"sluice/w/"),
+    );
+    let pool = db.pool().await;
+    let (n,): (i64,) = sqlx::query_as(&sql)
+        .fetch_one(&pool)
+        .await
+        .expect("state table");
+    pool.close().await;
+    n
+}
+
 /// Two processes statically assigned the same partitions race over
 /// windowed input to the end: the loser of each race is a zombie whose
 /// commit is fenced and rolled back, and whose cached state and timer

@@ -56,7 +56,8 @@ pub fn timer_prefix() -> &'static [u8] {
 }
 
 impl Timer {
-    /// The state key the timer is stored under (its value is empty).
+    /// The state key the timer is stored under (its value is what
+    /// `set-timer-value` kept with it, empty for `set-timer`).
     pub fn state_key(&self) -> Vec<u8> {
         let mut key = Vec::with_capacity(10 + self.key.len());
         key.extend_from_slice(TIMER_PREFIX);
@@ -144,6 +145,18 @@ pub struct EventTimeSettings {
 pub struct FiredTimer {
     pub index: u32,
     pub timer: Timer,
+    /// The value kept with it, when the module asked for values
+    /// ([`FiredValues::Read`]); else empty.
+    pub value: Vec<u8>,
+}
+
+/// Whether fired timers are handed out with their values: reading a
+/// stored timer's value is a state read (recorded for replays), so a
+/// module that does not ask for values (contract 0.1.2) makes none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FiredValues {
+    Leave,
+    Read,
 }
 
 /// A record the module found late, with its reason.

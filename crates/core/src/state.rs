@@ -14,8 +14,8 @@
 
 use crate::batch::{Records, TopicPartition};
 use crate::event_time::{
-    self, EventTimeSettings, FiredTimer, HOST_KEY_BYTE, LateRecord, MAX_TIMER_KEY_BYTES,
-    PartitionClock, RunClock, Timer, WATERMARK_KEY,
+    self, EventTimeSettings, FiredTimer, FiredValues, HOST_KEY_BYTE, LateRecord,
+    MAX_TIMER_KEY_BYTES, PartitionClock, RunClock, Timer, WATERMARK_KEY,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -849,18 +849,46 @@ impl RunState {
         }
     }
 
-    /// Sets the timer (`key`, `at_ms`) on record `index`'s partition.
+    /// Sets the timer (`key`, `at_ms`) on record `index`'s partition,
+    /// keeping `value` with it (empty: none), bounded like a state value.
     pub fn set_timer(
         &mut self,
         index: u32,
         key: Vec<u8>,
         at_ms: i64,
+        value: Vec<u8>,
     ) -> Result<(), StateCallError> {
+        if value.len() > self.limits.max_value_bytes {
+            return Err(StateMisuse::ValueTooLarge {
+                bytes: value.len(),
+                limit: self.limits.max_value_bytes,
+            }
+            .into());
+        }
         let set = StateValue {
-            value: Vec::new(),
+            value,
             expires_at_ms: None,
         };
         self.timer(index, Timer { at_ms, key }, Some(set))
+    }
+
+    /// The value kept with the timer (`key`, `at_ms`) of record `index`'s
+    /// partition; `None` if there is no such timer (never set, deleted,
+    /// fired). A stored one is read through the base (recorded).
+    pub fn timer_value(
+        &self,
+        index: u32,
+        key: Vec<u8>,
+        at_ms: i64,
+    ) -> Result<Option<Vec<u8>>, StateCallError> {
+        Self::check_timer_key(&key)?;
+        let p = self.partition(index)?;
+        let key = Timer { at_ms, key }.state_key();
+        let value = match self.writes[p].get(&key) {
+            Some(written) => written.clone(),
+            None => self.base.get(&self.partitions[p], &key)?,
+        };
+        Ok(value.map(|v| v.value))
     }
 
     /// Removes the timer (`key`, `at_ms`) of record `index`'s partition.
@@ -897,11 +925,12 @@ impl RunState {
     /// to, oldest first, removed as they are returned: those stored (read
     /// through the base under a due key, so a replay is served the same)
     /// that the run has not changed, and those the run set.
-    pub fn due_timers(&mut self) -> Result<Vec<FiredTimer>, StateCallError> {
+    /// With [`FiredValues::Read`], each with the value kept with it.
+    pub fn due_timers(&mut self, values: FiredValues) -> Result<Vec<FiredTimer>, StateCallError> {
         let settings = self.limits.event_time;
         self.clock()?;
         let clock = self.clock.take().expect("made above");
-        let fired = self.due_in(&clock, settings);
+        let fired = self.due_in(&clock, settings, values);
         self.clock = Some(clock);
         fired
     }
@@ -910,6 +939,7 @@ impl RunState {
         &mut self,
         clock: &RunClock,
         settings: EventTimeSettings,
+        values: FiredValues,
     ) -> Result<Vec<FiredTimer>, StateCallError> {
         let mut fired = Vec::new();
         for p in 0..self.partitions.len() {
@@ -935,8 +965,17 @@ impl RunState {
             );
             let index = clock.partitions[p].index;
             for timer in due {
-                self.host_write(p, timer.state_key(), None);
-                fired.push(FiredTimer { index, timer });
+                let key = timer.state_key();
+                let value = match values {
+                    FiredValues::Leave => None,
+                    FiredValues::Read => self.timer_value(index, timer.key.clone(), timer.at_ms)?,
+                };
+                self.host_write(p, key, None);
+                fired.push(FiredTimer {
+                    index,
+                    timer,
+                    value: value.unwrap_or_default(),
+                });
             }
         }
         fired.sort_by_key(|f| (f.timer.at_ms, f.index));
@@ -1061,7 +1100,10 @@ mod tests {
                     value(event_time::encode_timers(&due))
                 }
                 None if key == WATERMARK_KEY => value(event_time::encode_watermark(self.watermark)),
-                None => None,
+                // A stored timer's state key: the value kept with it.
+                None => Timer::from_state_key(key)
+                    .filter(|t| self.stored.contains(t))
+                    .and_then(|_| value(b"kept".to_vec())),
             })
         }
     }
@@ -1106,17 +1148,20 @@ mod tests {
         run.set_record_time(1, Some(250)).unwrap();
         assert_eq!(run.watermark(2).unwrap(), Some(240));
         run.delete_timer(0, b"gone".to_vec(), 150).unwrap();
-        run.set_timer(2, b"new".to_vec(), 200).unwrap();
-        run.set_timer(2, b"next".to_vec(), 295).unwrap();
+        run.set_timer(2, b"new".to_vec(), 200, Vec::new()).unwrap();
+        run.set_timer(2, b"next".to_vec(), 295, Vec::new()).unwrap();
         assert_eq!(
             run.set(0, b"\xFFw".to_vec(), b"x".to_vec(), None),
             Err(StateCallError::Misuse(StateMisuse::HostKey))
         );
-        let fired: Vec<(i64, Vec<u8>)> = (run.due_timers().unwrap().into_iter())
+        let fired: Vec<(i64, Vec<u8>)> = (run.due_timers(FiredValues::Leave).unwrap().into_iter())
             .map(|f| (f.timer.at_ms, f.timer.key))
             .collect();
         assert_eq!(fired, vec![(80, b"old".to_vec()), (200, b"new".to_vec())]);
-        assert!(run.due_timers().unwrap().is_empty(), "each once");
+        assert!(
+            run.due_timers(FiredValues::Leave).unwrap().is_empty(),
+            "each once"
+        );
         run.late(1, "behind".into()).unwrap();
         let writes = run.finish();
         assert_eq!(writes.late.len(), 1);
@@ -1139,5 +1184,65 @@ mod tests {
         let reads = base.take_reads();
         assert!(reads.lookup(&tp, WATERMARK_KEY).is_some());
         assert!(reads.lookup(&tp, &event_time::due_key(290)).is_some());
+    }
+
+    /// A timer keeps its value until it fires: read back and replaced
+    /// while set, handed out with it (a stored one's read through the
+    /// base, so a replay is served it), none once fired.
+    #[test]
+    fn timers_keep_values_until_they_fire() {
+        let rec = |offset: i64, timestamp: i64| crate::batch::OwnedRecord {
+            offset,
+            timestamp,
+            key: None,
+            value: None,
+            headers: Vec::new(),
+        };
+        let mut recs = Records::default();
+        recs.push_slice("t", 0, &[rec(0, 100), rec(1, 300)]);
+        let old = Timer {
+            at_ms: 80,
+            key: b"old".to_vec(),
+        };
+        let base = BatchBase::new(Arc::new(Timed {
+            watermark: 0,
+            stored: vec![old.clone()],
+        }));
+        let limits = StateLimits {
+            max_value_bytes: 4,
+            max_keys_per_batch: 100,
+            event_time: EventTimeSettings::default(),
+        };
+        let mut run = RunState::new(base.clone(), &recs, 0, limits);
+        let value = |run: &RunState, key: &[u8], at| run.timer_value(0, key.to_vec(), at).unwrap();
+        assert_eq!(value(&run, b"new", 200), None, "never set");
+        run.set_timer(0, b"new".to_vec(), 200, b"v1".to_vec())
+            .unwrap();
+        assert_eq!(value(&run, b"new", 200), Some(b"v1".to_vec()));
+        run.set_timer(1, b"new".to_vec(), 200, b"v2".to_vec())
+            .unwrap();
+        assert_eq!(value(&run, b"old", 80), Some(b"kept".to_vec()));
+        run.set_timer(0, b"plain".to_vec(), 900, Vec::new())
+            .unwrap();
+        assert_eq!(value(&run, b"plain", 900), Some(Vec::new()));
+        assert!(matches!(
+            run.set_timer(0, b"big".to_vec(), 1, b"12345".to_vec()),
+            Err(StateCallError::Misuse(StateMisuse::ValueTooLarge { .. }))
+        ));
+        let fired: Vec<(i64, Vec<u8>, Vec<u8>)> = (run.due_timers(FiredValues::Read).unwrap())
+            .into_iter()
+            .map(|f| (f.timer.at_ms, f.timer.key, f.value))
+            .collect();
+        assert_eq!(
+            fired,
+            vec![
+                (80, b"old".to_vec(), b"kept".to_vec()),
+                (200, b"new".to_vec(), b"v2".to_vec())
+            ]
+        );
+        assert_eq!(value(&run, b"new", 200), None, "fired");
+        assert_eq!(value(&run, b"old", 80), None, "fired");
+        let reads = base.take_reads();
+        assert!(reads.lookup(&tp(0), &old.state_key()).is_some(), "recorded");
     }
 }

@@ -9,6 +9,7 @@ use super::memory_cap::MemoryCap;
 use super::wasi::{BatchInputs, BatchWasi, HasBatchWasi};
 use crate::batch::Records;
 use crate::output as host;
+use sluice_core::event_time::FiredValues;
 use sluice_core::state::{RunState, StateCallError};
 
 wasmtime::component::bindgen!({
@@ -192,7 +193,32 @@ impl self::sluice::plugin::time::Host for BatchState {
     fn set_timer(&mut self, index: u32, key: Vec<u8>, at_ms: i64) -> wasmtime::Result<()> {
         let state = self.run_state()?;
         Ok(state
-            .set_timer(index, key, at_ms)
+            .set_timer(index, key, at_ms, Vec::new())
+            .map_err(StateCallFailed)?)
+    }
+
+    fn set_timer_value(
+        &mut self,
+        index: u32,
+        key: Vec<u8>,
+        at_ms: i64,
+        value: Vec<u8>,
+    ) -> wasmtime::Result<()> {
+        let state = self.run_state()?;
+        Ok(state
+            .set_timer(index, key, at_ms, value)
+            .map_err(StateCallFailed)?)
+    }
+
+    fn timer_value(
+        &mut self,
+        index: u32,
+        key: Vec<u8>,
+        at_ms: i64,
+    ) -> wasmtime::Result<Option<Vec<u8>>> {
+        let state = self.run_state()?;
+        Ok(state
+            .timer_value(index, key, at_ms)
             .map_err(StateCallFailed)?)
     }
 
@@ -205,13 +231,29 @@ impl self::sluice::plugin::time::Host for BatchState {
 
     fn due_timers(&mut self) -> wasmtime::Result<Vec<self::sluice::plugin::time::FiredTimer>> {
         let state = self.run_state()?;
-        let fired = state.due_timers().map_err(StateCallFailed)?;
+        let fired = (state.due_timers(FiredValues::Leave)).map_err(StateCallFailed)?;
         Ok(fired
             .into_iter()
             .map(|f| self::sluice::plugin::time::FiredTimer {
                 index: f.index,
                 key: f.timer.key,
                 at_ms: f.timer.at_ms,
+            })
+            .collect())
+    }
+
+    fn due_timers_with_values(
+        &mut self,
+    ) -> wasmtime::Result<Vec<self::sluice::plugin::time::FiredTimerValue>> {
+        let state = self.run_state()?;
+        let fired = (state.due_timers(FiredValues::Read)).map_err(StateCallFailed)?;
+        Ok(fired
+            .into_iter()
+            .map(|f| self::sluice::plugin::time::FiredTimerValue {
+                index: f.index,
+                key: f.timer.key,
+                at_ms: f.timer.at_ms,
+                value: f.value,
             })
             .collect())
     }

@@ -15,10 +15,15 @@ use std::path::Path;
 use wasmtime::component::{Component, Linker, types::ComponentItem};
 use wasmtime::{Engine, Store};
 
-/// Interfaces a module may import: the world's own, of 0.1.2 (the host's),
-/// 0.1.1 (built before `time`) or 0.1.0 (before `state`); the linker
-/// serves older ones 0.1.2's, which semver makes compatible.
+/// Interfaces a module may import: the world's own, of 0.1.3 (the host's),
+/// 0.1.2 (built before timer values), 0.1.1 (before `time`) or 0.1.0
+/// (before `state`); the linker serves older ones 0.1.3's, which semver
+/// makes compatible.
 const ALLOWED_IMPORTS: &[&str] = &[
+    "sluice:plugin/types@0.1.3",
+    "sluice:plugin/log@0.1.3",
+    "sluice:plugin/state@0.1.3",
+    "sluice:plugin/time@0.1.3",
     "sluice:plugin/types@0.1.2",
     "sluice:plugin/log@0.1.2",
     "sluice:plugin/state@0.1.2",
@@ -94,7 +99,9 @@ pub enum ModuleError {
     NotAComponent(String),
     #[error("{}", forbidden_imports(.0))]
     ForbiddenImport(Vec<String>),
-    #[error("module does not implement the sluice:plugin/transform@0.1.1 world (or 0.1.0): {0}")]
+    #[error(
+        "module does not implement the sluice:plugin/transform world (0.1.3, or an older 0.1): {0}"
+    )]
     WrongWorld(String),
     /// Compiling it would take more time or memory than the limits give.
     #[error("module refused: {0}")]

@@ -158,8 +158,22 @@ class Time:
 
     def set_timer(self, key, at_ms: int) -> None:
         """Sets the timer (`key`, `at_ms`) on the partition (`key` at most
-        245 bytes); setting it again is one timer."""
+        245 bytes); setting it again is one timer (and empties its value)."""
         _time.set_timer(self._index, _key(key), int(at_ms))
+
+    def set_timer_value(self, key, at_ms: int, value: bytes) -> None:
+        """Sets the timer (`key`, `at_ms`) keeping `value` with it (bounded
+        like a state value), handed back in `FiredTimer.value`: state that
+        lives as long as the timer, one stored entry where a state key and
+        a timer would take two. Setting it again replaces the value."""
+        _time.set_timer_value(self._index, _key(key), int(at_ms), bytes(value))
+
+    def timer_value(self, key, at_ms: int) -> Optional[bytes]:
+        """The value kept with the timer (`key`, `at_ms`): None if there is
+        no such timer (never set, deleted, fired), b"" if it was set by
+        `set_timer`."""
+        value = _time.timer_value(self._index, _key(key), int(at_ms))
+        return None if value is None else bytes(value)
 
     def delete_timer(self, key, at_ms: int) -> None:
         """Removes the timer (`key`, `at_ms`) of the partition."""
@@ -177,6 +191,8 @@ class FiredTimer:
     index: int
     key: bytes
     at_ms: int
+    # What `Time.set_timer_value` kept with it (b"" for `set_timer`).
+    value: bytes = b""
 
     def state(self) -> "State":
         """The keyed state of the timer's partition."""
@@ -192,7 +208,10 @@ def due_timers() -> List[FiredTimer]:
     the timers that came due by it, oldest first, each once (they are
     removed as they are returned). What the module writes and emits for
     them commits with this batch."""
-    return [FiredTimer(t.index, bytes(t.key), t.at_ms) for t in _time.due_timers()]
+    return [
+        FiredTimer(t.index, bytes(t.key), t.at_ms, bytes(t.value))
+        for t in _time.due_timers_with_values()
+    ]
 
 
 _I64 = (-(1 << 63), (1 << 63) - 1)

@@ -9,16 +9,20 @@ It keeps windows in state exactly as the Rust SDK's `sluice_plugin::window`
 does (docs/event-time.md), so a windowed transform gives the same rows,
 state and digest in either language:
 
-- tumbling and hopping: the aggregate of window [start, end) of `key` under
-  `sluice/w/` + end (8 bytes, big-endian, sign bit flipped) + `key`; a timer
-  (`key`, end - 1) closes it;
+- tumbling and hopping: the timer (`key`, end - 1) closes window [start,
+  end) of `key` and keeps its aggregate as its value, after a tag byte 1. A
+  timer with an empty value holds no window (a retention's) or one opened
+  before timer values, under `sluice/w/` + end (8 bytes, big-endian, sign
+  bit flipped) + `key`: read from there, moved into the timer on its next
+  change;
 - sessions: every open session of `key` under `sluice/s/` + `key`, per
   session its start and end (8 bytes each, big-endian) and its aggregate's
   length (4 bytes, big-endian) and bytes, in start order; a timer (`key`,
   end - 1) per session closes it;
 - with a retention R: a closed window's aggregate under `sluice/r/` + end +
   `key`, a closed session under `sluice/t/` + `key` (the layout of open
-  ones); a timer (`key`, end - 1 + R) forgets it.
+  ones); a timer (`key`, end - 1 + R) forgets it (set without a value,
+  unless that timer exists already: it may hold a window).
 
     from sluice_plugin.window import Event, Rejected, Tumbling, Windowed, SUM
 
@@ -38,7 +42,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Tuple
 
-from . import Batch, FiredTimer, Output, Record, State, due_timers
+from . import Batch, FiredTimer, Output, Record, State, Time, due_timers
 
 __all__ = [
     "Aggregate",
@@ -171,6 +175,36 @@ def _window_key(end_ms: int, key: bytes) -> bytes:
     return _WINDOW_PREFIX + _ordered(end_ms) + key
 
 
+_WINDOW_TAG = b"\x01"
+
+
+def _window_in(state: State, value: bytes, key: bytes, end: int, take: bool) -> Optional[bytes]:
+    """The aggregate of `key`'s window ending at `end` kept by its closing
+    timer's `value` or, for a window opened before timer values, under its
+    old key (removed when `take`, as its timer is about to hold it)."""
+    if value[:1] == _WINDOW_TAG:
+        return value[1:]
+    at = _window_key(end, key)
+    data = state.get(at)
+    if data is not None and take:
+        state.delete(at)
+    return data
+
+
+def _open_window(state: State, time, key: bytes, end: int, take: bool) -> Optional[bytes]:
+    """The aggregate of `key`'s open window ending at `end`: None if no
+    timer closes one there."""
+    value = time.timer_value(key, end - 1)
+    return None if value is None else _window_in(state, value, key, end, take)
+
+
+def _set_bare_timer(time, key: bytes, at_ms: int) -> None:
+    """Sets a timer without a value (a retention's), unless the timer
+    exists: it may hold a window, and fires at the same time anyway."""
+    if time.timer_value(key, at_ms) is None:
+        time.set_timer(key, at_ms)
+
+
 def _retained_key(end_ms: int, key: bytes) -> bytes:
     return _RETAINED_PREFIX + _ordered(end_ms) + key
 
@@ -301,11 +335,10 @@ class Windowed:
                 if self._update_closed_window(record, key, start, end, input, watermark, pending):
                     added = True
                 continue
-            at = _window_key(end, key)
-            stored = state.get(at)
-            if stored is None:
-                record.time().set_timer(key, end - 1)
-            state.set(at, agg.encode(agg.add(self._decode(stored), input)))
+            timers = record.time()
+            stored = _open_window(state, timers, key, end, True)
+            acc = agg.encode(agg.add(self._decode(stored), input))
+            timers.set_timer_value(key, end - 1, _WINDOW_TAG + acc)
             if pending.early is not None:
                 pending.early.append((record.index, record.topic, record.partition, key, end))
             added = True
@@ -320,12 +353,14 @@ class Windowed:
         at = _retained_key(end, key)
         data = state.get(at)
         if data is None:
-            window = _window_key(end, key)
-            data = state.get(window)
+            time = record.time()
+            data = _open_window(state, time, key, end, True)
             if data is not None:
-                state.delete(window)
+                # Its timer stays, without the window: it may also forget
+                # a retained one.
+                time.set_timer(key, end - 1)
                 pending.closed.append((record.index, key, start, end, data))
-            record.time().set_timer(key, end - 1 + self.retain_ms)
+            _set_bare_timer(time, key, end - 1 + self.retain_ms)
         state.set(at, self.aggregate.encode(self.aggregate.add(self._decode(data), input)))
         pending.updated.append((record.index, record.topic, record.partition, key, end))
         return True
@@ -397,13 +432,20 @@ class Windowed:
         state, end = timer.state(), timer.at_ms + 1
         if self.retain_ms > 0:
             self._find(state, timer.key, end - self.retain_ms, retained=True, take=True)
-        closed = self._find(state, timer.key, end, retained=False, take=True)
+        if isinstance(self.windows, Session):
+            closed = self._find(state, timer.key, end, retained=False, take=True)
+        else:
+            data = _window_in(state, timer.value, timer.key, end, True)
+            closed = None if data is None else (end - self.windows.size_ms, data)
         if closed is None:
             return
         start, data = closed
         if self.retain_ms > 0:
             self._keep_closed(state, timer.key, start, end, data)
-            timer.time().set_timer(timer.key, timer.at_ms + self.retain_ms)
+            if isinstance(self.windows, Session):
+                timer.time().set_timer(timer.key, timer.at_ms + self.retain_ms)
+            else:
+                _set_bare_timer(timer.time(), timer.key, timer.at_ms + self.retain_ms)
         self._hand_out(batch, out, emit, timer.index, timer.key, start, end, data, "final")
 
     def _find(self, state: State, key: bytes, end: int, retained: bool, take: bool):
@@ -419,12 +461,15 @@ class Windowed:
             if take:
                 _write_sessions(state, at, sessions)
             return start, data
-        at = _retained_key(end, key) if retained else _window_key(end, key)
-        data = state.get(at)
+        if retained:
+            at = _retained_key(end, key)
+            data = state.get(at)
+            if data is not None and take:
+                state.delete(at)
+        else:
+            data = _open_window(state, Time(state._index), key, end, take)
         if data is None:
             return None
-        if take:
-            state.delete(at)
         return end - self.windows.size_ms, data
 
     def _keep_closed(self, state: State, key: bytes, start: int, end: int, data: bytes) -> None:

@@ -192,9 +192,25 @@ impl Time {
     }
 
     /// Sets the timer (`key`, `at_ms`) on the partition (`key` at most 245
-    /// bytes); setting it again is one timer.
+    /// bytes); setting it again is one timer (and empties its value).
     pub fn set_timer(&self, key: &[u8], at_ms: i64) {
         bindings::sluice::plugin::time::set_timer(self.index, key, at_ms)
+    }
+
+    /// Sets the timer (`key`, `at_ms`) keeping `value` with it (bounded
+    /// like a state value), handed back in [`FiredTimer::value`] when it
+    /// fires: state that lives as long as the timer, one stored entry
+    /// where a state key and a timer would take two. Setting it again
+    /// replaces the value.
+    pub fn set_timer_value(&self, key: &[u8], at_ms: i64, value: &[u8]) {
+        bindings::sluice::plugin::time::set_timer_value(self.index, key, at_ms, value)
+    }
+
+    /// The value kept with the timer (`key`, `at_ms`): `None` if there is
+    /// no such timer (never set, deleted, fired), empty if it was set by
+    /// [`Time::set_timer`].
+    pub fn timer_value(&self, key: &[u8], at_ms: i64) -> Option<Vec<u8>> {
+        bindings::sluice::plugin::time::timer_value(self.index, key, at_ms)
     }
 
     /// Removes the timer (`key`, `at_ms`) of the partition.
@@ -215,6 +231,9 @@ pub struct FiredTimer {
     pub index: u32,
     pub key: Vec<u8>,
     pub at_ms: i64,
+    /// The value [`Time::set_timer_value`] kept with it (empty for
+    /// [`Time::set_timer`]).
+    pub value: Vec<u8>,
 }
 
 impl FiredTimer {
@@ -234,12 +253,13 @@ impl FiredTimer {
 /// removed as they are returned). What the module writes and emits for
 /// them commits with this batch.
 pub fn due_timers() -> Vec<FiredTimer> {
-    bindings::sluice::plugin::time::due_timers()
+    bindings::sluice::plugin::time::due_timers_with_values()
         .into_iter()
         .map(|t| FiredTimer {
             index: t.index,
             key: t.key,
             at_ms: t.at_ms,
+            value: t.value,
         })
         .collect()
 }

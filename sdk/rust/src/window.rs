@@ -8,16 +8,21 @@
 //! It owns the window layout in state, which every SDK keeps alike (so one
 //! windowed transform gives one digest in any language; docs/event-time.md):
 //!
-//! - tumbling and hopping: the aggregate of window `[start, end)` of `key`
-//!   under `sluice/w/` + end (8 bytes, big-endian, sign bit flipped) +
-//!   `key`; a timer (`key`, `end - 1`) closes it;
+//! - tumbling and hopping: the timer (`key`, `end - 1`) closes window
+//!   `[start, end)` of `key` and keeps its aggregate as its value, after a
+//!   tag byte 1 (one stored entry a window). A timer whose value is empty
+//!   holds no window (a retention's, below) or one opened before timer
+//!   values, whose aggregate is under `sluice/w/` + end (8 bytes,
+//!   big-endian, sign bit flipped) + `key`: read from there, and moved
+//!   into the timer on its next change;
 //! - sessions: every open session of `key` under `sluice/s/` + `key`, per
 //!   session its start and end (8 bytes each, big-endian) and its
 //!   aggregate's length (4 bytes, big-endian) and bytes, in start order; a
 //!   timer (`key`, `end - 1`) per session closes it;
 //! - with a retention `R`: a closed window's aggregate under `sluice/r/` +
 //!   end + `key`, a closed session under `sluice/t/` + `key` (the layout of
-//!   open ones); a timer (`key`, `end - 1 + R`) forgets it.
+//!   open ones); a timer (`key`, `end - 1 + R`) forgets it (set without a
+//!   value, unless that timer exists already: it may hold a window).
 //!
 //! A window `[start, end)` closes when the watermark reaches `end - 1` (its
 //! last millisecond), judged per record (the watermark just before it);
@@ -35,7 +40,7 @@
 //! It must not read the host's clock or keep anything between batches
 //! outside state.
 
-use crate::{Batch, FiredTimer, Output, Record, State};
+use crate::{Batch, FiredTimer, Output, Record, State, Time};
 
 const WINDOW_PREFIX: &[u8] = b"sluice/w/";
 const SESSION_PREFIX: &[u8] = b"sluice/s/";
@@ -164,8 +169,58 @@ fn ordered(at: i64) -> [u8; 8] {
     ((at as u64) ^ (1 << 63)).to_be_bytes()
 }
 
+/// The tag before a window's aggregate in its closing timer's value.
+const WINDOW_TAG: u8 = 1;
+
+/// Where a window opened before timer values keeps its aggregate.
 fn window_key(end_ms: i64, key: &[u8]) -> Vec<u8> {
     [WINDOW_PREFIX, &ordered(end_ms), key].concat()
+}
+
+/// The aggregate a closing timer's value holds, if it holds one.
+fn tagged(value: &[u8]) -> Option<&[u8]> {
+    match value.split_first() {
+        Some((&WINDOW_TAG, acc)) => Some(acc),
+        _ => None,
+    }
+}
+
+/// The aggregate of `key`'s window ending at `end_ms` kept by the
+/// timer's `value` or, for a window opened before timer values, under its
+/// old key (removed when `take`, as its timer is about to hold it).
+fn window_in(state: &State, value: &[u8], key: &[u8], end_ms: i64, take: bool) -> Option<Vec<u8>> {
+    if let Some(acc) = tagged(value) {
+        return Some(acc.to_vec());
+    }
+    let at = window_key(end_ms, key);
+    let bytes = state.get(&at)?;
+    if take {
+        state.delete(&at);
+    }
+    Some(bytes)
+}
+
+/// The aggregate of `key`'s open window ending at `end_ms`: `None` if no
+/// timer closes one there.
+fn open_window(state: &State, key: &[u8], end_ms: i64, take: bool) -> Option<Vec<u8>> {
+    let time = Time { index: state.index };
+    let value = time.timer_value(key, end_ms - 1)?;
+    window_in(state, &value, key, end_ms, take)
+}
+
+/// Keeps `acc` as the value of the timer closing `key`'s window ending at
+/// `end_ms`.
+fn keep_open(time: &Time, key: &[u8], end_ms: i64, acc: &[u8]) {
+    let value = [&[WINDOW_TAG][..], acc].concat();
+    time.set_timer_value(key, end_ms - 1, &value);
+}
+
+/// Sets a timer without a value (a retention's), unless the timer exists:
+/// it may hold a window, and fires at the same time anyway.
+fn set_bare_timer(time: &Time, key: &[u8], at_ms: i64) {
+    if time.timer_value(key, at_ms).is_none() {
+        time.set_timer(key, at_ms);
+    }
 }
 
 fn retained_key(end_ms: i64, key: &[u8]) -> Vec<u8> {
@@ -434,16 +489,11 @@ impl<G: Aggregate> Windowed<G> {
                 added |= self.update_closed_window(event, (start, end), pending);
                 continue;
             }
-            let at = window_key(end, event.key);
-            let mut acc = match state.get(&at) {
-                Some(bytes) => G::Acc::from_bytes(&bytes).unwrap_or_else(|| self.aggregate.init()),
-                None => {
-                    record.time().set_timer(event.key, end - 1);
-                    self.aggregate.init()
-                }
-            };
+            let mut acc = (open_window(&state, event.key, end, true).as_deref())
+                .and_then(G::Acc::from_bytes)
+                .unwrap_or_else(|| self.aggregate.init());
             self.aggregate.add(&mut acc, event.input);
-            state.set(&at, &acc.to_bytes());
+            keep_open(&record.time(), event.key, end, &acc.to_bytes());
             if let Some(touched) = &mut pending.early {
                 touched.push(Touched::of(event, end));
             }
@@ -468,10 +518,12 @@ impl<G: Aggregate> Windowed<G> {
         let bytes = match state.get(&at) {
             Some(bytes) => Some(bytes),
             None => {
-                let open = window_key(end, event.key);
-                let bytes = state.get(&open);
+                let time = event.record.time();
+                let bytes = open_window(&state, event.key, end, true);
                 if let Some(acc) = &bytes {
-                    state.delete(&open);
+                    // Its timer stays, without the window: it may also
+                    // forget a retained one.
+                    time.set_timer(event.key, end - 1);
                     pending.closed.push(Closed {
                         index: event.record.index,
                         key: event.key.to_vec(),
@@ -480,10 +532,7 @@ impl<G: Aggregate> Windowed<G> {
                         acc: acc.clone(),
                     });
                 }
-                event
-                    .record
-                    .time()
-                    .set_timer(event.key, end - 1 + self.retain_ms);
+                set_bare_timer(&time, event.key, end - 1 + self.retain_ms);
                 bytes
             }
         };
@@ -611,7 +660,14 @@ impl<G: Aggregate> Windowed<G> {
             let retained_end = end - self.retain_ms;
             self.find(&state, &timer.key, retained_end, Kept::Retained, true);
         }
-        let Some((start_ms, acc)) = self.find(&state, &timer.key, end, Kept::Open, true) else {
+        let window = match self.windows {
+            Windows::Session { .. } => self.find(&state, &timer.key, end, Kept::Open, true),
+            Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
+                window_in(&state, &timer.value, &timer.key, end, true)
+                    .map(|acc| (end - size_ms, acc))
+            }
+        };
+        let Some((start_ms, acc)) = window else {
             return;
         };
         let closed = Closed {
@@ -623,7 +679,11 @@ impl<G: Aggregate> Windowed<G> {
         };
         if self.retain_ms > 0 {
             self.keep_closed(&state, &closed);
-            (timer.time()).set_timer(&timer.key, timer.at_ms + self.retain_ms);
+            let at_ms = timer.at_ms + self.retain_ms;
+            match self.windows {
+                Windows::Session { .. } => timer.time().set_timer(&timer.key, at_ms),
+                _ => set_bare_timer(&timer.time(), &timer.key, at_ms),
+            }
         }
         self.hand_out(batch, out, emit, &closed, Emit::Final, state);
     }
@@ -653,14 +713,17 @@ impl<G: Aggregate> Windowed<G> {
                 Some((session.start_ms, session.acc))
             }
             Windows::Tumbling { size_ms } | Windows::Hopping { size_ms, .. } => {
-                let at = match kept {
-                    Kept::Open => window_key(end_ms, key),
-                    Kept::Retained => retained_key(end_ms, key),
+                let bytes = match kept {
+                    Kept::Open => open_window(state, key, end_ms, take)?,
+                    Kept::Retained => {
+                        let at = retained_key(end_ms, key);
+                        let bytes = state.get(&at)?;
+                        if take {
+                            state.delete(&at);
+                        }
+                        bytes
+                    }
                 };
-                let bytes = state.get(&at)?;
-                if take {
-                    state.delete(&at);
-                }
                 Some((end_ms - size_ms, bytes))
             }
         }

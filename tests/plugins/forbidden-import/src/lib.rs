@@ -9,7 +9,7 @@ wit_bindgen::generate!({
         }
         world evil {
             import net;
-            include sluice:plugin/transform@0.1.2;
+            include sluice:plugin/transform@0.1.3;
         }
     ",
     path: "../../../wit",

@@ -14,7 +14,11 @@
 //!
 //! Params: `"windows"`: `"tumbling"` (with `"size_ms"`), `"hopping"`
 //! (`"size_ms"`, `"hop_ms"`) or `"session"` (`"gap_ms"`); `"early"`;
-//! `"retain_ms"`; `"time_field"`.
+//! `"retain_ms"`; `"time_field"`. With `"legacy_layout": true` (tumbling
+//! only) it stands in for a module built with an SDK before contract
+//! 0.1.3: it opens windows in that layout (the aggregate under
+//! `sluice/w/` + end + key, a timer without a value) and closes none, so a
+//! test can hand such windows over to the current SDK.
 
 use sluice_plugin::window::{Accumulator, Aggregate, Emit, Taken, Windowed, Windows};
 use sluice_plugin::{Batch, BatchError, Kind, Output, Params, Record, Transform};
@@ -70,6 +74,42 @@ impl Aggregate for Spend {
 struct WindowSums {
     windowed: Windowed<Spend>,
     time_field: Option<String>,
+    /// The window size, when standing in for a module built before 0.1.3.
+    legacy_size_ms: Option<i64>,
+}
+
+impl WindowSums {
+    /// Adds each record to its tumbling window the way the SDKs before
+    /// contract 0.1.3 kept it (docs/event-time.md): no lateness, no
+    /// closing (the test keeps every window of this part open).
+    fn open_legacy_windows(&self, batch: &Batch, size_ms: i64) {
+        for record in batch.records() {
+            let Some(v) = parse(&record) else {
+                record.time().clear_event_time();
+                continue;
+            };
+            let field = self.time_field.as_deref().unwrap_or("ts");
+            let time = v
+                .get(field)
+                .and_then(|t| t.as_i64())
+                .unwrap_or(record.timestamp);
+            record.time().set_event_time(time);
+            let end = time - time.rem_euclid(size_ms) + size_ms;
+            let key = record.key.unwrap_or_default();
+            let ordered = ((end as u64) ^ (1 << 63)).to_be_bytes();
+            let at = [&b"sluice/w/"[..], &ordered, key].concat();
+            let state = record.state();
+            let stored = state.get(&at);
+            if stored.is_none() {
+                record.time().set_timer(key, end - 1);
+            }
+            let mut acc = (stored.as_deref())
+                .and_then(SumCount::from_bytes)
+                .unwrap_or_else(|| Spend.init());
+            Spend.add(&mut acc, &v["amount"].as_i64().unwrap_or_default());
+            state.set(&at, &acc.to_bytes());
+        }
+    }
 }
 
 impl Transform for WindowSums {
@@ -97,6 +137,13 @@ impl Transform for WindowSums {
             },
             _ => return Err("windows params: `windows` is tumbling, hopping or session".into()),
         };
+        let legacy_size_ms = match (windows, p.get("legacy_layout")) {
+            (Windows::Tumbling { size_ms }, Some(serde_json::Value::Bool(true))) => Some(size_ms),
+            (_, Some(serde_json::Value::Bool(true))) => {
+                return Err("windows params: `legacy_layout` is for tumbling windows".into());
+            }
+            _ => None,
+        };
         let early = p.get("early").and_then(|v| v.as_bool()).unwrap_or(false);
         let retain_ms = p.get("retain_ms").and_then(|v| v.as_i64()).unwrap_or(0);
         Ok(WindowSums {
@@ -105,10 +152,15 @@ impl Transform for WindowSums {
                 .get("time_field")
                 .and_then(|v| v.as_str())
                 .map(str::to_string),
+            legacy_size_ms,
         })
     }
 
     fn process(&self, batch: &Batch, out: &mut Output) -> Result<(), BatchError> {
+        if let Some(size_ms) = self.legacy_size_ms {
+            self.open_legacy_windows(batch, size_ms);
+            return Ok(());
+        }
         let t = out.target(
             "windows",
             &[
