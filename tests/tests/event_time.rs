@@ -234,10 +234,11 @@ async fn an_idle_partition_holds_back_only_its_own_windows() {
 
 /// Windows opened by a module built before contract 0.1.3 (each
 /// aggregate under a `sluice/w/` state key, its timer without a value:
-/// the `windows` plugin's stand-in mode) are taken over after an upgrade:
-/// one the new module adds records to, ones it only closes, each closes
-/// once with every record's amount, no old key is left behind, and
-/// `verify` replays both modules' batches.
+/// the `windows` plugin's stand-in mode) are taken over by the current SDK
+/// deployed and activated on the running host: one window the new version
+/// adds records to, ones it only closes, each closes once with every
+/// record's amount, no old key is left behind, and `verify` replays both
+/// versions' batches.
 #[tokio::test(flavor = "multi_thread")]
 async fn windows_opened_before_timer_values_close_after_an_upgrade() {
     let name = "windows_upgrade";
@@ -247,6 +248,13 @@ async fn windows_opened_before_timer_values_close_after_an_upgrade() {
     let dir = TempDir::new(name);
     let db = SinkDb::Sqlite(dir.path().join("upgrade.db"));
     let shape = Shape::Tumbling { size_ms: 10_000 };
+    let (port, url) = sluice_tests::control::control_port();
+    let legacy = windows::config(name, brokers, shape, NO_LATENESS)
+        .module_param("legacy_layout", true)
+        .control(port, 1 << 25);
+    let config = db.configure(legacy).write(dir.path());
+    let host = sluice_tests::control::Host::start(&config, &dir.path().join("host.log"));
+    host.wait_for_api(port);
     let at = |s: i64| windows::T0 + s * 1_000;
     // Before the upgrade every window stays open (the last record is at 5 s).
     let before: Vec<Produce> = (0..6)
@@ -259,32 +267,37 @@ async fn windows_opened_before_timer_values_close_after_an_upgrade() {
         })
         .collect();
     produce(brokers, name, &before);
-    let legacy =
-        windows::config(name, brokers, shape, NO_LATENESS).module_param("legacy_layout", true);
-    run_ok(&db.configure(legacy).write(dir.path()));
+    let limit = std::time::Duration::from_secs(120);
+    host.wait_for_metric("sluice_records_in_total", before.len() as f64, limit);
+    let opened = std::time::Instant::now();
+    while old_window_keys(&db, name).await < 3 && opened.elapsed() < limit {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     assert_eq!(
         old_window_keys(&db, name).await,
         3,
         "a, b and c open, the old way"
     );
+    let windows = plugin("windows").display().to_string();
+    let params = r#"{"windows":"tumbling","size_ms":10000,"retain_ms":0,"time_field":"ts"}"#;
+    let deploy = ["deploy", &windows, "--params", params, "--activate"];
+    let out = sluice_tests::control::cli_ok(&url, &deploy);
+    assert!(out.contains("activated version 2"), "{out}");
+    host.wait_for_metric("sluice_module_swaps_total", 1.0, limit);
     // After it, `b`'s first window takes more records; every window before 20 s closes.
     let after: Vec<Produce> = (6..25)
         .map(|s| windows::record(0, "b", at(s), 2))
         .chain([windows::record(1, "c", at(26), 3)])
         .collect();
     produce(brokers, name, &after);
-    let config = db
-        .configure(windows::config(name, brokers, shape, NO_LATENESS))
-        .write(dir.path());
-    run_ok(&config);
+    let all = (before.len() + after.len()) as f64;
+    host.wait_for_metric("sluice_records_in_total", all, limit);
+    host.stop();
     let input = read_committed(brokers, name, 2);
     let expected = Expected::of(&input, shape, NO_LATENESS);
     windows::assert_stored(&db, name, &expected).await;
     let row = |p: i64, key: &str| {
-        let row = expected
-            .rows
-            .iter()
-            .find(|r| r.0 == p && r.1 == key && r.2 == at(0));
+        let row = (expected.rows.iter()).find(|r| r.0 == p && r.1 == key && r.2 == at(0));
         row.map(|r| (r.4, r.5))
     };
     assert_eq!(row(0, "a"), Some((6, 6)), "{:?}", expected.rows);
