@@ -251,6 +251,18 @@ static void add_and_keep_open(run *run, const sluice_record *r, const uint8_t *k
   free(value), free(encoded);
 }
 
+/* The bytes under `prefix` + `end` + `key` (into *data: free it),
+ * removed from state when `take`. */
+static bool read_window(const sluice_record *r, const uint8_t *prefix, const uint8_t *key, size_t key_len,
+                        int64_t end, bool take, uint8_t **data, size_t *len) {
+  size_t at_len;
+  uint8_t *at = window_key(prefix, end, key, key_len, &at_len);
+  bool found = sluice_state_get(r, at, at_len, data, len);
+  if (found && take) sluice_state_delete(r, at, at_len);
+  free(at);
+  return found;
+}
+
 /* The aggregate of `key`'s window ending at `end` kept by its closing
  * timer's `value` or, for a window opened before timer values, under its
  * old key (removed when `take`, as its timer is about to hold it): a
@@ -262,12 +274,7 @@ static bool window_in(const sluice_record *r, const uint8_t *value, size_t value
     *data = copy_bytes(value + 1, *len);
     return true;
   }
-  size_t at_len;
-  uint8_t *at = window_key(WINDOW_PREFIX, end, key, key_len, &at_len);
-  bool found = sluice_state_get(r, at, at_len, data, len);
-  if (found && take) sluice_state_delete(r, at, at_len);
-  free(at);
-  return found;
+  return read_window(r, WINDOW_PREFIX, key, key_len, end, take, data, len);
 }
 
 /* The aggregate of `key`'s open window ending at `end`: false if no timer
@@ -464,12 +471,7 @@ static bool find_window(run *run, const sluice_record *r, const uint8_t *key, si
   if (run->w->windows.kind != SLUICE_SESSION) {
     *start = end - run->w->windows.size_ms;
     if (!kept) return open_window(r, key, key_len, end, take, data, len);
-    size_t at_len;
-    uint8_t *at = window_key(RETAINED_PREFIX, end, key, key_len, &at_len);
-    bool found = sluice_state_get(r, at, at_len, data, len);
-    if (found && take) sluice_state_delete(r, at, at_len);
-    free(at);
-    return found;
+    return read_window(r, RETAINED_PREFIX, key, key_len, end, take, data, len);
   }
   sessions s = read_sessions(r, kept ? RETAINED_SESSION_PREFIX : SESSION_PREFIX, key, key_len);
   size_t i = 0;

@@ -1108,20 +1108,28 @@ mod tests {
         }
     }
 
+    /// Records of partition 0 of `t`, with these Kafka timestamps.
+    fn timed(timestamps: &[i64]) -> Records {
+        let records: Vec<OwnedRecord> = (timestamps.iter().enumerate())
+            .map(|(offset, &timestamp)| OwnedRecord {
+                offset: offset as i64,
+                timestamp,
+                key: None,
+                value: None,
+                headers: Vec::new(),
+            })
+            .collect();
+        let mut recs = Records::default();
+        recs.push_slice("t", 0, &records);
+        recs
+    }
+
     /// The watermark a record sees moves with the records before it in
     /// its partition; due timers are the stored ones the run left alone
     /// plus those it set, each once; the run's end writes the watermark.
     #[test]
     fn event_time_moves_per_record_and_fires_each_due_timer_once() {
-        let rec = |offset: i64, timestamp: i64| crate::batch::OwnedRecord {
-            offset,
-            timestamp,
-            key: None,
-            value: None,
-            headers: Vec::new(),
-        };
-        let mut recs = Records::default();
-        recs.push_slice("t", 0, &[rec(0, 100), rec(1, 50), rec(2, 300)]);
+        let recs = timed(&[100, 50, 300]);
         let timer = |at_ms, key: &[u8]| Timer {
             at_ms,
             key: key.to_vec(),
@@ -1191,15 +1199,7 @@ mod tests {
     /// base, so a replay is served it), none once fired.
     #[test]
     fn timers_keep_values_until_they_fire() {
-        let rec = |offset: i64, timestamp: i64| crate::batch::OwnedRecord {
-            offset,
-            timestamp,
-            key: None,
-            value: None,
-            headers: Vec::new(),
-        };
-        let mut recs = Records::default();
-        recs.push_slice("t", 0, &[rec(0, 100), rec(1, 300)]);
+        let recs = timed(&[100, 300]);
         let old = Timer {
             at_ms: 80,
             key: b"old".to_vec(),
