@@ -551,7 +551,12 @@ fn broker_defect_a_departed_static_member_is_never_expired() {
             let _ = c.poll(Duration::from_millis(10));
         }
     }
-    group.truncate(1);
+    // Closing a member waits for the broker's answer to its leaving,
+    // which this broker may never send (a close was seen to hang for
+    // good): the departed members, and at the end the one left, are
+    // closed on threads of their own, never waited for.
+    let departed: Vec<BaseConsumer> = group.drain(1..).collect();
+    std::thread::spawn(move || drop(departed));
     let left = Instant::now();
     // The most the member left owns at any moment: a rebalance of its own
     // (its session lapsing on a busy broker) may leave it with none for a
@@ -561,6 +566,7 @@ fn broker_defect_a_departed_static_member_is_never_expired() {
         let _ = group[0].poll(Duration::from_millis(10));
         most = most.max(owned(&group[0]));
     }
+    std::thread::spawn(move || drop(group));
     assert_eq!(
         most, 2,
         "the departed static members' partitions were handed over: the broker defect is gone"
