@@ -883,10 +883,15 @@ impl RunState {
     ) -> Result<Option<Vec<u8>>, StateCallError> {
         Self::check_timer_key(&key)?;
         let p = self.partition(index)?;
-        let key = Timer { at_ms, key }.state_key();
-        let value = match self.writes[p].get(&key) {
+        self.timer_value_at(p, &Timer { at_ms, key }.state_key())
+    }
+
+    /// The value under timer state key `key` of partition `p`: the run's
+    /// own change, else the base's (recorded).
+    fn timer_value_at(&self, p: usize, key: &[u8]) -> Result<Option<Vec<u8>>, StateCallError> {
+        let value = match self.writes[p].get(key) {
             Some(written) => written.clone(),
-            None => self.base.get(&self.partitions[p], &key)?,
+            None => self.base.get(&self.partitions[p], key)?,
         };
         Ok(value.map(|v| v.value))
     }
@@ -968,7 +973,7 @@ impl RunState {
                 let key = timer.state_key();
                 let value = match values {
                     FiredValues::Leave => None,
-                    FiredValues::Read => self.timer_value(index, timer.key.clone(), timer.at_ms)?,
+                    FiredValues::Read => self.timer_value_at(p, &key)?,
                 };
                 self.host_write(p, key, None);
                 fired.push(FiredTimer {
