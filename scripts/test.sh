@@ -6,7 +6,8 @@
 # missing, builds the Rust plugins from source (the tests build the Python
 # and JavaScript ones with `sluice build`), builds the `sluice` binary and
 # runs all tests (unit, integration, fault injection, API fuzzing).
-# Postgres, MariaDB and Redis are expected on their standard local ports.
+# Postgres and MariaDB are expected on their standard local ports;
+# scripts/services.sh starts either one that is down (see there why).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -27,4 +28,5 @@ command -v socat >/dev/null || { apt-get update -qq && apt-get install -y -qq so
 command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 cargo build --quiet -p sluice --bin sluice
 cargo build --quiet -p sluice-tests --bins
+scripts/services.sh
 cargo test --workspace --no-fail-fast "$@"
