@@ -369,25 +369,24 @@ async fn two_racing_owners_close_each_window_once() {
     );
 }
 
-/// A module that sets 600,000 timers of 240-byte keys (far in the future),
-/// then one record that passes them all: the host holds only the earliest
-/// (4 MiB a partition) and fires the rest, oldest first, as the
-/// partition's next batches come; every timer fires exactly once, the
-/// host's peak memory stays bounded (with every timer held and all fired
-/// in one batch, it peaked at 1,661 MiB; bounded, 185 MiB), and `verify`
-/// replays every batch.
-#[tokio::test(flavor = "multi_thread")]
-async fn a_module_flooding_timers_is_held_to_a_bounded_index_and_each_fires_once() {
-    let name = "timer_flood";
+/// A hostile `timers` pipeline over one partition holding `values`, one
+/// record a batch, into SQLite, with a small state cache (16 MiB: what is
+/// measured is the timers' bounds, not the cache's) and `limits`
+/// besides, run to its end and measured.
+struct TimerFlood {
+    /// Serves the input (`verify` reads it again).
+    _broker: Broker,
+    /// Holds the database.
+    _dir: TempDir,
+    db: SinkDb,
+    config: std::path::PathBuf,
+    run: MeasuredRun,
+}
+
+fn flood_timers(name: &str, values: Vec<String>, limits: &[(&str, i64)]) -> TimerFlood {
     let broker = Broker::start();
     let brokers = broker.brokers.as_str();
     create_topic(brokers, name, 1);
-    let (sets, per_set, ticks) = (15, 40_000, 150);
-    let values: Vec<String> = (0..sets)
-        .map(|_| format!("timers:{per_set}"))
-        .chain(["flush".to_string()])
-        .chain((0..ticks).map(|_| "tick".to_string()))
-        .collect();
     let records: Vec<Produce> = values
         .into_iter()
         .map(|value| Produce {
@@ -402,38 +401,125 @@ async fn a_module_flooding_timers_is_held_to_a_bounded_index_and_each_fires_once
     let config = PipelineToml::new(name, brokers, &[name], &plugin("hostile"))
         .module_param("mode", "timers")
         .max_records_per_partition(1)
-        // The state cache holds what it can of the committed keys, timers
-        // included, up to its own budget: small here, so what is measured
-        // is the timer index's bound.
         .field("limits", "state_cache_mib", 16)
         .target(
             Target::new("fired")
                 .column("timer", "text")
                 .column("at_ms", "integer"),
         );
+    let config = limits.iter().fold(config, |config, (key, value)| {
+        config.field("limits", key, *value)
+    });
     let config = db.configure(config).write(dir.path());
     let run = run_measured(&config, "warn");
-    assert!(run.success, "{}", run.log);
+    TimerFlood {
+        _broker: broker,
+        _dir: dir,
+        db,
+        config,
+        run,
+    }
+}
+
+impl TimerFlood {
+    /// The timers fired (rows) and the distinct ones among them.
+    async fn fired(&self) -> (Option<i64>, Option<i64>) {
+        let fired = self.db.scalar("SELECT COUNT(*) FROM fired").await;
+        let distinct = (self.db)
+            .scalar("SELECT COUNT(*) FROM (SELECT DISTINCT timer, at_ms FROM fired)")
+            .await;
+        (fired, distinct)
+    }
+
+    /// Timers still in the committed state.
+    async fn timers_left(&self) -> Option<i64> {
+        (self.db)
+            .scalar("SELECT COUNT(*) FROM sluice_keyed_state WHERE hex(state_key) LIKE 'FF74%'")
+            .await
+    }
+
+    fn assert_peak_within(&self, allowance_mib: u64) {
+        assert!(
+            self.run.peak_rss_mib <= allowance_mib,
+            "host peak RSS {} MiB over {allowance_mib} MiB",
+            self.run.peak_rss_mib
+        );
+    }
+}
+
+/// A module that sets 600,000 timers of 240-byte keys (far in the future),
+/// then one record that passes them all: the host holds only the earliest
+/// (4 MiB a partition) and fires the rest, oldest first, as the
+/// partition's next batches come; every timer fires exactly once, the
+/// host's peak memory stays bounded (with every timer held and all fired
+/// in one batch, it peaked at 1,661 MiB; bounded, 185 MiB), and `verify`
+/// replays every batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_module_flooding_timers_is_held_to_a_bounded_index_and_each_fires_once() {
+    let (sets, per_set, ticks) = (15, 40_000, 150);
+    let values: Vec<String> = (0..sets)
+        .map(|_| format!("timers:{per_set}"))
+        .chain(["flush".to_string()])
+        .chain((0..ticks).map(|_| "tick".to_string()))
+        .collect();
+    let flood = flood_timers("timer_flood", values, &[]);
+    assert!(flood.run.success, "{}", flood.run.log);
     let total = (sets * per_set) as i64;
-    let fired = db.scalar("SELECT COUNT(*) FROM fired").await;
-    let distinct = db
-        .scalar("SELECT COUNT(*) FROM (SELECT DISTINCT timer, at_ms FROM fired)")
-        .await;
-    assert_eq!((fired, distinct), (Some(total), Some(total)));
-    let left = db
-        .scalar("SELECT COUNT(*) FROM sluice_keyed_state WHERE hex(state_key) LIKE 'FF74%'")
-        .await;
-    assert_eq!(left, Some(0), "timers left in state");
-    let allowance_mib = 256;
-    assert!(
-        run.peak_rss_mib <= allowance_mib,
-        "host peak RSS {} MiB over {allowance_mib} MiB",
-        run.peak_rss_mib
-    );
-    let batches = assert_verified(&config);
+    assert_eq!(flood.fired().await, (Some(total), Some(total)));
+    assert_eq!(flood.timers_left().await, Some(0), "timers left in state");
+    flood.assert_peak_within(256);
+    let batches = assert_verified(&flood.config);
     println!(
         "{total} timers of 240-byte keys set and fired exactly once; host peak RSS {} MiB; \
          {batches} batches verified",
-        run.peak_rss_mib
+        flood.run.peak_rss_mib
+    );
+}
+
+/// A module that keeps 256 KiB with each of 2,304 timers (576 MiB in all,
+/// 24 MiB a batch) and then passes them all, under a 32 MiB module memory
+/// (so `max_output_mib` is 32 too): one record asking for 40 MiB of timer
+/// values in its batch is stopped at the budget as it writes them and
+/// becomes an `output` dead letter, the others commit; due timers hand out at most a quarter of the module's memory
+/// (8 MiB) of values a batch, so each timer fires exactly once with its
+/// value whole over the next batches, the host's peak memory stays under
+/// a fraction of the values' total, and `verify` replays every batch.
+#[tokio::test(flavor = "multi_thread")]
+async fn timers_keeping_large_values_fire_a_bounded_share_a_batch_and_each_once() {
+    let (sets, per_set, kept) = (24, 96, 256 << 10);
+    let values: Vec<String> = (0..sets)
+        .map(|_| format!("timers:{per_set}:{kept}"))
+        .chain([format!("timers:160:{kept}"), "flush".to_string()])
+        .chain((0..100).map(|_| "tick".to_string()))
+        .collect();
+    let flood = flood_timers("valued_timers", values, &[("max_memory_mib", 32)]);
+    assert!(flood.run.success, "{}", flood.run.log);
+    let total = (sets * per_set) as i64;
+    assert_eq!(flood.fired().await, (Some(total), Some(total)));
+    let whole = (flood.db)
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM fired WHERE timer LIKE '%={kept}'"
+        ))
+        .await;
+    assert_eq!(whole, Some(total), "every value handed out whole");
+    let refused = (flood.db)
+        .scalar(&format!(
+            "SELECT COUNT(*) FROM sluice_dead_letters WHERE kind = 'output' \
+             AND \"offset\" = {sets} AND reason LIKE '%max_output_mib%'"
+        ))
+        .await;
+    let dead = flood
+        .db
+        .scalar("SELECT COUNT(*) FROM sluice_dead_letters")
+        .await;
+    assert_eq!((refused, dead), (Some(1), Some(1)));
+    assert_eq!(flood.timers_left().await, Some(0), "timers left in state");
+    flood.assert_peak_within(320);
+    let batches = assert_verified(&flood.config);
+    println!(
+        "{total} timers keeping {} MiB set and fired exactly once with their values; \
+         host peak RSS {} MiB; {batches} batches verified",
+        total * kept / (1 << 20),
+        flood.run.peak_rss_mib
     );
 }

@@ -216,6 +216,8 @@ impl Limits {
         crate::state::StateLimits {
             max_value_bytes: self.max_state_value_bytes,
             max_keys_per_batch: self.max_state_keys_per_batch,
+            max_write_bytes: self.max_output_bytes,
+            max_fired_value_bytes: self.max_memory_bytes() / 4,
             event_time: self.event_time,
         }
     }

@@ -541,6 +541,13 @@ pub struct StateLimits {
     pub max_value_bytes: usize,
     /// Most distinct keys one run may write or delete.
     pub max_keys_per_batch: usize,
+    /// Most bytes one run's state changes may hold (keys and values,
+    /// timers' values among them): `limits.max_output_mib`.
+    pub max_write_bytes: usize,
+    /// Most bytes of timer values one run's due timers hand out; the rest
+    /// stay due for the next batch (a quarter of the module's memory, so
+    /// the module can take them).
+    pub max_fired_value_bytes: usize,
     /// How event time is judged.
     pub event_time: EventTimeSettings,
 }
@@ -572,6 +579,12 @@ pub enum StateMisuse {
 pub enum StateCallError {
     #[error(transparent)]
     Misuse(#[from] StateMisuse),
+    /// The run's state changes would hold more than `max_write_bytes`:
+    /// its output is too large (isolated as such, not as a misuse).
+    #[error(
+        "the batch's state changes would hold {bytes} bytes, over the limit of {limit} bytes (`limits.max_output_mib`)"
+    )]
+    OverOutput { bytes: usize, limit: usize },
     #[error(transparent)]
     Base(#[from] StateError),
 }
@@ -591,6 +604,8 @@ pub struct RunState {
     writes: Vec<KeyTable>,
     /// Keys in `writes`, over all partitions.
     keys_written: usize,
+    /// What `writes` holds, in [`written_bytes`].
+    bytes_written: usize,
     /// The records' Kafka timestamps: their event times unless the module
     /// sets others.
     timestamps: Vec<i64>,
@@ -605,6 +620,12 @@ pub struct RunState {
 pub struct RunWrites {
     pub state: StateMap,
     pub late: Vec<LateRecord>,
+}
+
+/// What a change of a key of `key_len` bytes holds, as the write budget
+/// counts it: the key and the value (a delete, the key).
+fn written_bytes(key_len: usize, value: &Option<StateValue>) -> usize {
+    key_len + value.as_ref().map_or(0, |v| v.value.len())
 }
 
 impl RunState {
@@ -636,6 +657,7 @@ impl RunState {
             partitions,
             records: records.len(),
             keys_written: 0,
+            bytes_written: 0,
             timestamps: records.timestamps.clone(),
             clock: None,
         }
@@ -707,26 +729,46 @@ impl RunState {
 
     /// Keeps a change of `key` in partition `p`, refusing a key the run has
     /// not written yet once it has written `max_keys_per_batch` keys (a key
-    /// written again is free).
+    /// written again is free), and a change that takes what the run's
+    /// changes hold past `max_write_bytes` (one that holds no more than
+    /// the key's last change is free).
     fn write(
         &mut self,
         p: usize,
         key: Vec<u8>,
         value: Option<StateValue>,
     ) -> Result<(), StateCallError> {
-        let keys = &mut self.writes[p];
-        let full = self.keys_written >= self.limits.max_keys_per_batch;
-        if full && !keys.contains_key(&key) {
+        let before = self.writes[p]
+            .get(&key)
+            .map(|v| written_bytes(key.len(), v));
+        if before.is_none() && self.keys_written >= self.limits.max_keys_per_batch {
             return Err(StateMisuse::TooManyKeys {
                 limit: self.limits.max_keys_per_batch,
             }
             .into());
         }
-        self.base.writable()?;
-        if keys.insert(key, value).is_none() {
-            self.keys_written += 1;
+        let after = written_bytes(key.len(), &value);
+        let held = self.bytes_written - before.unwrap_or(0) + after;
+        if after > before.unwrap_or(0) && held > self.limits.max_write_bytes {
+            return Err(StateCallError::OverOutput {
+                bytes: held,
+                limit: self.limits.max_write_bytes,
+            });
         }
+        self.base.writable()?;
+        self.keep(p, key, value);
         Ok(())
+    }
+
+    /// Puts a change into `writes`, counting its key and bytes.
+    fn keep(&mut self, p: usize, key: Vec<u8>, value: Option<StateValue>) {
+        let key_len = key.len();
+        let added = written_bytes(key_len, &value);
+        match self.writes[p].insert(key, value) {
+            None => self.keys_written += 1,
+            Some(before) => self.bytes_written -= written_bytes(key_len, &before),
+        }
+        self.bytes_written += added;
     }
 
     /// What the run wrote, one change per key (the last), with the
@@ -756,9 +798,7 @@ impl RunState {
             value,
             expires_at_ms: None,
         });
-        if self.writes[p].insert(key, value).is_none() {
-            self.keys_written += 1;
-        }
+        self.keep(p, key, value);
     }
 
     /// The run's event time, made at the first call that needs it: the
@@ -930,7 +970,9 @@ impl RunState {
     /// to, oldest first, removed as they are returned: those stored (read
     /// through the base under a due key, so a replay is served the same)
     /// that the run has not changed, and those the run set.
-    /// With [`FiredValues::Read`], each with the value kept with it.
+    /// With [`FiredValues::Read`], each with the value kept with it, as
+    /// many as `max_fired_value_bytes` of values take (at least one): the
+    /// rest stay, due, for the partition's next batch.
     pub fn due_timers(&mut self, values: FiredValues) -> Result<Vec<FiredTimer>, StateCallError> {
         let settings = self.limits.event_time;
         self.clock()?;
@@ -947,7 +989,8 @@ impl RunState {
         values: FiredValues,
     ) -> Result<Vec<FiredTimer>, StateCallError> {
         let mut fired = Vec::new();
-        for p in 0..self.partitions.len() {
+        let mut value_bytes = 0usize;
+        'partitions: for p in 0..self.partitions.len() {
             let highest = self.highest(clock, p);
             let Some(watermark) = clock.partitions[p].moved(highest, settings) else {
                 continue;
@@ -975,6 +1018,11 @@ impl RunState {
                     FiredValues::Leave => None,
                     FiredValues::Read => self.timer_value_at(p, &key)?,
                 };
+                let size = value.as_ref().map_or(0, Vec::len);
+                if value_bytes > 0 && value_bytes + size > self.limits.max_fired_value_bytes {
+                    break 'partitions;
+                }
+                value_bytes += size;
                 self.host_write(p, key, None);
                 fired.push(FiredTimer {
                     index,
@@ -1050,6 +1098,8 @@ mod tests {
         let limits = StateLimits {
             max_value_bytes: 4,
             max_keys_per_batch: 2,
+            max_write_bytes: 1 << 20,
+            max_fired_value_bytes: 1 << 20,
             event_time: EventTimeSettings::default(),
         };
         let mut run = RunState::new(base.clone(), &recs, 100, limits);
@@ -1147,6 +1197,8 @@ mod tests {
         let limits = StateLimits {
             max_value_bytes: 64,
             max_keys_per_batch: 100,
+            max_write_bytes: 1 << 20,
+            max_fired_value_bytes: 1 << 20,
             event_time: EventTimeSettings {
                 allowed_lateness_ms: 10,
             },
@@ -1216,6 +1268,8 @@ mod tests {
         let limits = StateLimits {
             max_value_bytes: 4,
             max_keys_per_batch: 100,
+            max_write_bytes: 1 << 20,
+            max_fired_value_bytes: 1 << 20,
             event_time: EventTimeSettings::default(),
         };
         let mut run = RunState::new(base.clone(), &recs, 0, limits);
@@ -1249,5 +1303,69 @@ mod tests {
         assert_eq!(value(&run, b"old", 80), None, "fired");
         let reads = base.take_reads();
         assert!(reads.lookup(&tp(0), &old.state_key()).is_some(), "recorded");
+    }
+
+    fn budgets(max_write_bytes: usize, max_fired_value_bytes: usize) -> StateLimits {
+        StateLimits {
+            max_value_bytes: 64,
+            max_keys_per_batch: 100,
+            max_write_bytes,
+            max_fired_value_bytes,
+            event_time: EventTimeSettings::default(),
+        }
+    }
+
+    /// A run's changes hold at most `max_write_bytes` (keys and values): a
+    /// change past it is refused, one that holds no more than the key's
+    /// last change never is, a refused change leaves the run as it was.
+    #[test]
+    fn a_runs_state_changes_are_held_to_the_write_budget() {
+        let base = BatchBase::new(Arc::new(EmptyState));
+        let mut run = RunState::new(base, &records(), 0, budgets(20, 0));
+        let set = |run: &mut RunState, key: &[u8], len: usize| {
+            run.set(0, key.to_vec(), vec![7; len], None)
+        };
+        let refused = |r: Result<(), StateCallError>| {
+            matches!(r, Err(StateCallError::OverOutput { limit: 20, .. }))
+        };
+        set(&mut run, b"k1", 10).unwrap(); // 12
+        assert!(refused(set(&mut run, b"k2", 10)), "24 bytes");
+        assert_eq!(run.get(0, b"k2").unwrap(), None, "nothing kept");
+        set(&mut run, b"k1", 5).unwrap(); // 7
+        set(&mut run, b"k2", 10).unwrap(); // 19
+        assert!(refused(set(&mut run, b"k1", 10)), "24 bytes");
+        run.delete(0, b"k1".to_vec()).unwrap(); // 14
+        assert!(refused(set(&mut run, b"k3", 5)), "21 bytes");
+        assert!(
+            refused(run.set_timer(0, b"t".to_vec(), 1, vec![0; 16])),
+            "a timer's value counts"
+        );
+        let writes = run.finish().state;
+        let change = |key: &[u8]| writes.lookup(&tp(0), key).map(|v| v.map(|v| v.value.len()));
+        assert_eq!(
+            (change(b"k1"), change(b"k2"), change(b"k3")),
+            (Some(None), Some(Some(10)), None)
+        );
+    }
+
+    /// Due timers hand out as many values as `max_fired_value_bytes`
+    /// takes, oldest first, at least one; the rest stay due.
+    #[test]
+    fn due_timers_hand_out_values_up_to_their_budget() {
+        let recs = timed(&[100]);
+        let base = BatchBase::new(Arc::new(EmptyState));
+        let mut run = RunState::new(base, &recs, 0, budgets(1 << 20, 10));
+        for (key, at, len) in [(b"a", 1, 12), (b"b", 2, 6), (b"c", 3, 4), (b"d", 4, 0)] {
+            run.set_timer(0, key.to_vec(), at, vec![1; len]).unwrap();
+        }
+        let due = |run: &mut RunState| -> Vec<Vec<u8>> {
+            (run.due_timers(FiredValues::Read).unwrap())
+                .into_iter()
+                .map(|f| f.timer.key)
+                .collect()
+        };
+        assert_eq!(due(&mut run), [b"a".to_vec()], "alone over the budget");
+        assert_eq!(due(&mut run), [b"b".to_vec(), b"c".to_vec(), b"d".to_vec()]);
+        assert!(due(&mut run).is_empty());
     }
 }

@@ -323,6 +323,11 @@ impl Runtime {
             return match failed {
                 // The record the call was made for is at fault.
                 StateCallError::Misuse(m) => RunError::BadOutput(m.to_string()),
+                // Caught as the module writes, before the host holds it.
+                StateCallError::OverOutput { bytes, limit } => RunError::OutputTooLarge {
+                    mib: bytes.div_ceil(1 << 20) as u64,
+                    limit_mib: (limit >> 20) as u64,
+                },
                 StateCallError::Base(b) => RunError::State(b.clone()),
             };
         }

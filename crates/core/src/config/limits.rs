@@ -43,7 +43,11 @@ pub struct LimitsConfig {
     /// fails the run before the sink copies it: bisected like a poison, a
     /// record whose output alone is larger becomes an `output` dead letter;
     /// a batch whose records are each fine but together too large fails,
-    /// saying to lower `source.max_records_per_partition`.
+    /// saying to lower `source.max_records_per_partition`. A batch's keyed
+    /// state changes count (keys and values, timers' values among them),
+    /// and are held to it as the module writes them: the write that would
+    /// take them alone past it stops the run then, not after the host has
+    /// held more.
     #[serde(default)]
     pub max_output_mib: Option<Bounded<1>>,
     /// Wall-clock budget for compiling a module, in milliseconds (100 to

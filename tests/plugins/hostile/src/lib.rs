@@ -28,10 +28,12 @@
 //!   host keeps each line cut to 4 KiB)
 //! - `"timers"`: for a record whose value is `timers:N`, sets N event-time
 //!   timers on its partition, keys of 240 bytes (`offset.i` then dots),
-//!   far in the future (4e12 + i ms); a record whose value is `flush` has
+//!   far in the future (4e12 + i ms); `timers:N:V` keeps V bytes with each
+//!   (`set-timer-value`); a record whose value is `flush` has
 //!   the event time 5e12 (past them all); each timer that comes due is one
-//!   row of target `fired` (`timer`: the key without its dots, `at_ms`).
-//!   The host must not hold every timer in memory.
+//!   row of target `fired` (`timer`: the key without its dots, then
+//!   `=V` if it kept V bytes, all as set; `at_ms`).
+//!   The host must not hold every timer, nor every value, in memory.
 //! - `"fail"`: returns a declared, non-retryable batch error
 //! - `"echo"`: passes every value through as text (the default)
 
@@ -140,20 +142,32 @@ fn timers(batch: &Batch, out: &mut Output) {
         if value == "flush" {
             r.time().set_event_time(5_000_000_000_000);
         }
-        let Some(n) = value
-            .strip_prefix("timers:")
-            .and_then(|n| n.parse::<i64>().ok())
-        else {
+        let Some(ask) = value.strip_prefix("timers:") else {
             continue;
         };
+        let (n, kept) = ask.split_once(':').unwrap_or((ask, "0"));
+        let (Ok(n), Ok(kept)) = (n.parse::<i64>(), kept.parse::<usize>()) else {
+            continue;
+        };
+        let kept = vec![b'v'; kept];
         for i in 0..n {
             let key = format!("{:.<240}", format!("{}.{i}", r.offset));
-            r.time().set_timer(key.as_bytes(), 4_000_000_000_000 + i);
+            r.time()
+                .set_timer_value(key.as_bytes(), 4_000_000_000_000 + i, &kept);
         }
     }
     for timer in sluice_plugin::due_timers() {
         let key = String::from_utf8_lossy(&timer.key);
-        out.row(t).text(key.trim_end_matches('.')).int(timer.at_ms);
+        let key = key.trim_end_matches('.');
+        let row = out.row(t);
+        let row = match timer.value.len() {
+            0 => row.text(key),
+            _ if timer.value.iter().all(|b| *b == b'v') => {
+                row.text(&format!("{key}={}", timer.value.len()))
+            }
+            _ => row.text(&format!("{key}=garbled")),
+        };
+        row.int(timer.at_ms);
     }
 }
 
