@@ -480,10 +480,11 @@ async fn a_module_flooding_timers_is_held_to_a_bounded_index_and_each_fires_once
 /// 24 MiB a batch) and then passes them all, under a 32 MiB module memory
 /// (so `max_output_mib` is 32 too): one record asking for 40 MiB of timer
 /// values in its batch is stopped at the budget as it writes them and
-/// becomes an `output` dead letter, the others commit; due timers hand out at most a quarter of the module's memory
-/// (8 MiB) of values a batch, so each timer fires exactly once with its
-/// value whole over the next batches, the host's peak memory stays under
-/// a fraction of the values' total, and `verify` replays every batch.
+/// becomes an `output` dead letter, the others commit; due timers hand
+/// out at most a quarter of the module's memory (8 MiB) of values a batch,
+/// so each timer fires exactly once with its value whole over the next
+/// batches, the host's peak memory stays under a fraction of the values'
+/// total, and `verify` replays every batch.
 #[tokio::test(flavor = "multi_thread")]
 async fn timers_keeping_large_values_fire_a_bounded_share_a_batch_and_each_once() {
     let (sets, per_set, kept) = (24, 96, 256 << 10);

@@ -68,13 +68,14 @@ impl BatchState {
 
     /// The run's state, or the error a call from `init` gets.
     fn run_state(&mut self) -> Result<&mut RunState, StateCallFailed> {
-        self.state
-            .as_mut()
-            .ok_or(StateCallFailed(StateCallError::Base(
+        // Made only when it fails: this runs on every state and time call.
+        self.state.as_mut().ok_or_else(|| {
+            StateCallFailed(StateCallError::Base(
                 sluice_core::state::StateError::Unsupported(
                     "state is only there while a batch runs (in `process`), not in `init`".into(),
                 ),
-            )))
+            ))
+        })
     }
 
     /// Appends what the module printed to stdout (as info) and stderr (as
