@@ -204,7 +204,12 @@ fn window_in(state: &State, value: &[u8], key: &[u8], end_ms: i64, take: bool) -
 /// timer closes one there.
 fn open_window(state: &State, key: &[u8], end_ms: i64, take: bool) -> Option<Vec<u8>> {
     let time = Time { index: state.index };
-    let value = time.timer_value(key, end_ms - 1)?;
+    let mut value = time.timer_value(key, end_ms - 1)?;
+    if tagged(&value).is_some() {
+        // The aggregate in place, without a copy.
+        value.remove(0);
+        return Some(value);
+    }
     window_in(state, &value, key, end_ms, take)
 }
 
@@ -457,7 +462,10 @@ impl<G: Aggregate> Windowed<G> {
     /// The windows `time` falls in, as (start, end).
     fn windows_of(&self, time: i64) -> Vec<(i64, i64)> {
         let (size, hop) = match self.windows {
-            Windows::Tumbling { size_ms } => (size_ms, size_ms),
+            Windows::Tumbling { size_ms } => {
+                let start = time - time.rem_euclid(size_ms);
+                return vec![(start, start + size_ms)];
+            }
             Windows::Hopping { size_ms, hop_ms } => (size_ms, hop_ms),
             Windows::Session { .. } => unreachable!("sessions are not aligned"),
         };

@@ -109,10 +109,18 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `ts` and `amount` of a JSON value, if it has both.
+/// A record's value: `ts` and `amount`.
+#[derive(serde::Deserialize)]
+struct Spent {
+    ts: i64,
+    amount: i64,
+}
+
+/// `ts` and `amount` of a JSON value, if it has both (parsed into a
+/// struct, as sluice's windowed module does).
 fn parse(value: &[u8]) -> Option<(i64, i64)> {
-    let v: serde_json::Value = serde_json::from_slice(value).ok()?;
-    Some((v.get("ts")?.as_i64()?, v.get("amount")?.as_i64()?))
+    let v: Spent = serde_json::from_slice(value).ok()?;
+    Some((v.ts, v.amount))
 }
 
 /// Takes the windows each partition's watermark has closed.
