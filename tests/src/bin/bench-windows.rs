@@ -9,7 +9,7 @@
 //!   rows are counted against a recomputation from the input;
 //! - against the job a user would write by hand (`handwritten-windows`:
 //!   rdkafka, a `HashMap` of windows, closed windows flushed to Postgres
-//!   every 10,000 records, then offsets: at-least-once, open windows only
+//!   every BATCH records, then offsets: at-least-once, open windows only
 //!   in memory), into Postgres with all partitions assigned, both timed
 //!   from spawn to exit;
 //! - latency: a steady producer (2,000 records/s, `ts` = the send time)
@@ -22,7 +22,9 @@
 //!
 //! Run: `scripts/build-plugins.sh && cargo build --release -p sluice --bin sluice \
 //!       -p sluice-tests --bin bench-windows --bin handwritten-windows && \
-//!       SLUICE_BIN=target/release/sluice target/release/bench-windows [RECORDS] [ROUNDS]`
+//!       SLUICE_BIN=target/release/sluice target/release/bench-windows [RECORDS] [ROUNDS] [BATCH]`
+//! (BATCH: records a partition per batch in both arms, and the hand-written
+//! job's flush interval; default 10,000, sluice's default)
 //! (`SLUICE_BENCH_LOGS=DIR` keeps each run's log, at `SLUICE_TEST_LOG`).
 
 use sluice_tests::sinks::SinkDb;
@@ -69,20 +71,21 @@ enum Arm {
 }
 
 impl Arm {
-    fn config(self, name: &str, brokers: &str) -> PipelineToml {
+    /// The arm's pipeline, batches of at most `batch` records a partition.
+    fn config(self, name: &str, brokers: &str, batch: u32) -> PipelineToml {
         match self {
-            Arm::Stateless => PipelineToml::identity(name, brokers, "bench", 10_000),
+            Arm::Stateless => PipelineToml::identity(name, brokers, "bench", batch),
             Arm::Windows => windows::config(name, brokers, MINUTE, LATENESS)
                 .topics(&["bench"])
-                .max_records_per_partition(10_000),
+                .max_records_per_partition(batch),
         }
     }
 }
 
 /// Runs `arm` into `db` to the end; its steady rate.
-async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir) -> f64 {
+async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir, batch: u32) -> f64 {
     let config = db
-        .configure(arm.config(name, brokers).batch_interval_ms(100))
+        .configure(arm.config(name, brokers, batch).batch_interval_ms(100))
         .write(&dir.path().join(name));
     let out = run_until_caught_up(&config, Duration::from_secs(1800));
     assert!(
@@ -112,6 +115,7 @@ async fn against_handwritten(
     tag: &str,
     dir: &TempDir,
     rows: i64,
+    batch: u32,
 ) -> (Duration, Duration) {
     let (hand_db, schema) = bench::hand_schema(&format!("{tag}_hand")).await;
     let me = std::env::current_exe().expect("current exe");
@@ -128,6 +132,7 @@ async fn against_handwritten(
             &PARTITIONS.to_string(),
             &size_ms.to_string(),
             &LATENESS_MS.to_string(),
+            &batch.to_string(),
         ]),
         "handwritten-windows",
     );
@@ -146,7 +151,7 @@ async fn against_handwritten(
     let config = sluice_db
         .configure(
             Arm::Windows
-                .config(&name, brokers)
+                .config(&name, brokers, batch)
                 .batch_interval_ms(100)
                 .assign("bench", &all),
         )
@@ -284,6 +289,7 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let records: usize = args.next().map_or(200_000, |a| a.parse().expect("RECORDS"));
     let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
+    let batch: u32 = args.next().map_or(10_000, |a| a.parse().expect("BATCH"));
     let broker = Broker::start();
     let brokers = broker.brokers.as_str();
     create_topic(brokers, "bench", PARTITIONS);
@@ -309,7 +315,7 @@ async fn main() {
                     "sqlite" => SinkDb::Sqlite(dir.path().join(&name).join("s.db")),
                     _ => SinkDb::fresh_postgres(&name).await,
                 };
-                rates.push(run(arm, &db, &name, brokers, &dir).await);
+                rates.push(run(arm, &db, &name, brokers, &dir, batch).await);
                 if arm == Arm::Windows {
                     assert_eq!(final_rows(&db).await, rows, "{name}: every window once");
                 }
@@ -323,7 +329,7 @@ async fn main() {
             );
         }
         let tag = format!("bench_hand_{round}");
-        let (hand, took) = against_handwritten(brokers, &tag, &dir, rows).await;
+        let (hand, took) = against_handwritten(brokers, &tag, &dir, rows, batch).await;
         let rate = |d: Duration| records as f64 / d.as_secs_f64();
         println!(
             "round {round} postgres, spawn to exit: hand-written windows {:>8.0} rec/s ({:.1} s), \

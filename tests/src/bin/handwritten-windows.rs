@@ -5,7 +5,7 @@
 //! the same rules as sluice's (a partition's watermark is its highest `ts`
 //! so far minus the lateness, judged per record; a window closes when the
 //! watermark reaches its last millisecond; a record for a closed window is
-//! counted late and dropped), and every 10,000 records write the windows
+//! counted late and dropped), and every BATCH records write the windows
 //! that closed as rows (partition, key, start_ms, end_ms, total, records)
 //! into Postgres in one transaction (one UNNEST statement), then commit the
 //! offsets to the consumer group.
@@ -15,14 +15,12 @@
 //! counts only what comes after). It uses nothing of sluice. It stops once
 //! it has read every partition to the end.
 //!
-//! Usage: `handwritten-windows BROKERS TOPIC POSTGRES_URL SCHEMA PARTITIONS SIZE_MS LATENESS_MS`
+//! Usage: `handwritten-windows BROKERS TOPIC POSTGRES_URL SCHEMA PARTITIONS SIZE_MS LATENESS_MS BATCH`
 
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
-
-const BATCH: usize = 10_000;
 
 /// A window being filled: its key and start.
 type WindowKey = (Vec<u8>, i64);
@@ -55,16 +53,18 @@ fn main() -> anyhow::Result<()> {
         partitions,
         size_ms,
         lateness_ms,
+        batch,
     ] = args.as_slice()
     else {
         anyhow::bail!(
             "usage: handwritten-windows BROKERS TOPIC POSTGRES_URL SCHEMA PARTITIONS SIZE_MS \
-             LATENESS_MS"
+             LATENESS_MS BATCH"
         );
     };
     let partitions: i32 = partitions.parse()?;
     let size_ms: i64 = size_ms.parse()?;
     let lateness_ms: i64 = lateness_ms.parse()?;
+    let batch: usize = batch.parse()?;
     let consumer = sluice_tests::bench::assigned_consumer(brokers, topic, partitions)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -99,7 +99,7 @@ fn main() -> anyhow::Result<()> {
             None => {}
         }
         let done = at_end.len() == partitions as usize;
-        if read >= BATCH || (read > 0 && done) {
+        if read >= batch || (read > 0 && done) {
             let rows = close(&mut state, size_ms);
             runtime.block_on(write(&pool, schema, &rows))?;
             sluice_tests::bench::commit_offsets(&consumer, topic, &next)?;
