@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 4;
 const KEYS: usize = 10_000;
+/// Records a partition a batch: sluice's default `max_records_per_partition`,
+/// BATCH's default and what the latency arm always runs with.
+const DEFAULT_BATCH: u32 = 10_000;
 const MINUTE: Shape = Shape::Tumbling { size_ms: 60_000 };
 const LATENESS_MS: i64 = 1_000;
 /// The watermark [`LATENESS_MS`] behind; late records are dead letters.
@@ -213,7 +216,7 @@ async fn window_latencies(brokers: &str, dir: &TempDir, interval_ms: u64) -> (Ve
                 NO_LATENESS,
             )
             .batch_interval_ms(interval_ms)
-            .max_records_per_partition(10_000),
+            .max_records_per_partition(DEFAULT_BATCH),
         )
         .write(&dir.path().join(&name));
     let mut child = std::process::Command::new(sluice_bin())
@@ -289,7 +292,9 @@ async fn main() {
     let mut args = std::env::args().skip(1);
     let records: usize = args.next().map_or(200_000, |a| a.parse().expect("RECORDS"));
     let rounds: usize = args.next().map_or(3, |a| a.parse().expect("ROUNDS"));
-    let batch: u32 = args.next().map_or(10_000, |a| a.parse().expect("BATCH"));
+    let batch: u32 = args
+        .next()
+        .map_or(DEFAULT_BATCH, |a| a.parse().expect("BATCH"));
     let broker = Broker::start();
     let brokers = broker.brokers.as_str();
     create_topic(brokers, "bench", PARTITIONS);
