@@ -16,7 +16,9 @@
 //!
 //! Run: `scripts/build-plugins.sh && cargo bench -p sluice --bench windows`
 //! (`SLUICE_BENCH_PLUGINS=DIR` takes the modules from DIR instead of
-//! `plugins/dist`: an SDK change measured against the SDK before).
+//! `plugins/dist`: an SDK change measured against the SDK before;
+//! `SLUICE_BENCH_PROFILE=N` then runs the windows module alone over N more
+//! batches, so a `perf record` of the bench is mostly the module's run).
 
 use sluice::batch::{OwnedRecord, Plan, Records, single_partition_batch};
 use sluice::config::LimitsConfig;
@@ -147,6 +149,15 @@ fn main() {
         },
         &mut |n| native_windows(&batches[n].1),
     ]);
+    let profiled: usize = std::env::var("SLUICE_BENCH_PROFILE").map_or(0, |n| {
+        n.parse()
+            .expect("SLUICE_BENCH_PROFILE is a number of batches")
+    });
+    for n in 0..profiled {
+        let (plan, records) = &batches[n % ROUNDS];
+        let out = rt.run_with_state(&windows, &params, plan, records, Arc::new(EmptyState));
+        std::hint::black_box(out.expect("windows"));
+    }
     let [identity, windows, native] = [best[0], best[1], best[2]].map(ns_per_record);
     println!(
         "{BATCH}-record batches, {KEYS} keys, one-minute windows ({finals} closed a batch); best of {ROUNDS}:"

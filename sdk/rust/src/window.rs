@@ -37,10 +37,20 @@
 //! late record reaches before its timer fired is closed right then, with
 //! the value it had, so its final value does not depend on batches either.
 //!
+//! What it costs a record: a host call for its event time; the host's
+//! watermark only when one of its windows may have closed (`ceiling`); a
+//! tumbling or hopping window is read from its timer and written back
+//! once a batch (`held`), whatever the number of its records.
+//!
 //! It must not read the host's clock or keep anything between batches
 //! outside state.
 
+mod ceiling;
+mod held;
+
 use crate::{Batch, FiredTimer, Output, Record, State, Time};
+use ceiling::{Ceilings, Watermark};
+use held::HeldWindows;
 
 const WINDOW_PREFIX: &[u8] = b"sluice/w/";
 const SESSION_PREFIX: &[u8] = b"sluice/s/";
@@ -315,8 +325,10 @@ enum Kept {
     Retained,
 }
 
-/// What a batch's records leave to hand out at its end.
-struct Pending {
+/// What a batch's records leave to write and hand out at its end.
+struct Pending<A> {
+    /// The open tumbling and hopping windows the batch changed.
+    held: HeldWindows<A>,
     /// Open windows the batch changed (with early rows).
     early: Option<Vec<Touched>>,
     /// Windows a late record reached before their timer closed them:
@@ -329,12 +341,14 @@ struct Pending {
 /// A record on its way into its windows.
 struct Event<'r, 'a, I> {
     record: &'a Record<'r>,
+    /// Its partition's slot in the batch.
+    slot: usize,
     key: &'a [u8],
     /// Its event time.
     time: i64,
     input: &'a I,
     /// The watermark just before it.
-    watermark: Option<i64>,
+    watermark: Watermark,
 }
 
 impl<G: Aggregate> Windowed<G> {
@@ -383,10 +397,12 @@ impl<G: Aggregate> Windowed<G> {
         mut emit: impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
     ) {
         let mut pending = Pending {
+            held: HeldWindows::new(batch.context.seed),
             early: self.early.then(Vec::new),
             closed: Vec::new(),
             updated: Vec::new(),
         };
+        let mut ceilings = Ceilings::default();
         for record in batch.records() {
             let (key, time_ms, input) = match take(&record) {
                 Taken::Event {
@@ -411,12 +427,14 @@ impl<G: Aggregate> Windowed<G> {
                 }
                 None => record.timestamp,
             };
+            let slot = ceilings.slot(&record);
             let event = Event {
                 record: &record,
+                slot,
                 key: &key,
                 time,
                 input: &input,
-                watermark: record.time().watermark(),
+                watermark: ceilings.before(slot, &record),
             };
             let added = match self.windows {
                 Windows::Session { gap_ms } => self.add_to_session(&event, gap_ms, &mut pending),
@@ -425,24 +443,26 @@ impl<G: Aggregate> Windowed<G> {
             if !added {
                 record.time().late(&format!(
                     "event time {time} is behind the watermark {:?}: its window has closed",
-                    event.watermark
+                    event.watermark.get()
                 ));
             }
+            ceilings.passed(slot, &event.watermark, time);
         }
         self.finish(batch, pending, out, &mut emit);
     }
 
-    /// The batch's end: moves the watermarks past its records, then hands
-    /// out the finals of windows late records closed, the updates (before
+    /// The batch's end: writes back the windows it holds, moves the
+    /// watermarks past its records, then hands out the finals of windows late records closed, the updates (before
     /// the timers: one may forget a window this batch updated), the
     /// windows the due timers close, and the early rows.
     fn finish(
         &self,
         batch: &Batch,
-        pending: Pending,
+        mut pending: Pending<G::Acc>,
         out: &mut Output,
         emit: &mut impl FnMut(&mut Output, WindowValue<'_, G::Acc>),
     ) {
+        pending.held.write_back();
         let fired = crate::due_timers();
         for closed in pending.closed {
             let state = State {
@@ -459,25 +479,21 @@ impl<G: Aggregate> Windowed<G> {
         }
     }
 
-    /// The windows `time` falls in, as (start, end).
-    fn windows_of(&self, time: i64) -> Vec<(i64, i64)> {
+    /// The windows `time` falls in, as (start, end), in start order.
+    fn windows_of(&self, time: i64) -> impl Iterator<Item = (i64, i64)> + use<G> {
         let (size, hop) = match self.windows {
-            Windows::Tumbling { size_ms } => {
-                let start = time - time.rem_euclid(size_ms);
-                return vec![(start, start + size_ms)];
-            }
+            Windows::Tumbling { size_ms } => (size_ms, size_ms),
             Windows::Hopping { size_ms, hop_ms } => (size_ms, hop_ms),
             Windows::Session { .. } => unreachable!("sessions are not aligned"),
         };
         let last_start = time - time.rem_euclid(hop);
-        let mut windows = Vec::new();
-        let mut start = last_start;
-        while start > time - size {
-            windows.push((start, start + size));
-            start -= hop;
-        }
-        windows.reverse();
-        windows
+        // How many windows start before the last and after `time - size`
+        // (negative: `time` falls between windows).
+        let earlier = (last_start - (time - size) - 1).div_euclid(hop);
+        (0..=earlier).rev().map(move |i| {
+            let start = last_start - i * hop;
+            (start, start + size)
+        })
     }
 
     /// Whether a window ending at `end_ms`, closed by `watermark`, still
@@ -488,20 +504,21 @@ impl<G: Aggregate> Windowed<G> {
 
     /// Adds `event` to each open window of its time, and to each retained
     /// closed one; false if it reached none.
-    fn add_to_windows(&self, event: &Event<'_, '_, G::Input>, pending: &mut Pending) -> bool {
-        let record = event.record;
-        let state = record.state();
+    fn add_to_windows(
+        &self,
+        event: &Event<'_, '_, G::Input>,
+        pending: &mut Pending<G::Acc>,
+    ) -> bool {
+        let state = event.record.state();
         let mut added = false;
         for (start, end) in self.windows_of(event.time) {
-            if event.watermark.is_some_and(|w| end - 1 <= w) {
+            if event.watermark.reached(end - 1) {
                 added |= self.update_closed_window(event, (start, end), pending);
                 continue;
             }
-            let mut acc = (open_window(&state, event.key, end, true).as_deref())
-                .and_then(G::Acc::from_bytes)
-                .unwrap_or_else(|| self.aggregate.init());
-            self.aggregate.add(&mut acc, event.input);
-            keep_open(&record.time(), event.key, end, &acc.to_bytes());
+            let init = || self.aggregate.init();
+            let held = pending.held.get_mut(event.slot, &state, event.key, end, init);
+            self.aggregate.add(held, event.input);
             if let Some(touched) = &mut pending.early {
                 touched.push(Touched::of(event, end));
             }
@@ -516,9 +533,9 @@ impl<G: Aggregate> Windowed<G> {
         &self,
         event: &Event<'_, '_, G::Input>,
         (start, end): (i64, i64),
-        pending: &mut Pending,
+        pending: &mut Pending<G::Acc>,
     ) -> bool {
-        if !self.retained(end, event.watermark) {
+        if !self.retained(end, event.watermark.get()) {
             return false;
         }
         let state = event.record.state();
@@ -527,7 +544,7 @@ impl<G: Aggregate> Windowed<G> {
             Some(bytes) => Some(bytes),
             None => {
                 let time = event.record.time();
-                let bytes = open_window(&state, event.key, end, true);
+                let bytes = pending.held.take(event.slot, &state, event.key, end);
                 if let Some(acc) = &bytes {
                     // Its timer stays, without the window: it may also
                     // forget a retained one.
@@ -560,9 +577,10 @@ impl<G: Aggregate> Windowed<G> {
         &self,
         event: &Event<'_, '_, G::Input>,
         gap_ms: i64,
-        pending: &mut Pending,
+        pending: &mut Pending<G::Acc>,
     ) -> bool {
-        let (record, key, time, watermark) = (event.record, event.key, event.time, event.watermark);
+        let (record, key, time) = (event.record, event.key, event.time);
+        let watermark = event.watermark.get();
         let state = record.state();
         let sessions = read_sessions(&state, &session_key(key));
         // A session the watermark has passed is closed, though its timer
@@ -612,9 +630,10 @@ impl<G: Aggregate> Windowed<G> {
         event: &Event<'_, '_, G::Input>,
         gap_ms: i64,
         mut sessions: Vec<Session>,
-        pending: &mut Pending,
+        pending: &mut Pending<G::Acc>,
     ) -> bool {
-        let (record, key, time, watermark) = (event.record, event.key, event.time, event.watermark);
+        let (record, key, time) = (event.record, event.key, event.time);
+        let watermark = event.watermark.get();
         let holds = |s: &Session| {
             self.retained(s.end_ms, watermark) && s.start_ms <= time && time <= s.end_ms - gap_ms
         };

@@ -57,7 +57,53 @@ struct Spent {
     amount: i64,
     /// Any JSON: a time only if it is an integer.
     #[serde(default)]
-    ts: Option<serde_json::Value>,
+    ts: TimeValue,
+}
+
+/// A JSON value, an event time if it is an integer (else none), read
+/// without building a tree of it.
+#[derive(Default)]
+struct TimeValue(Option<i64>);
+
+impl<'de> serde::Deserialize<'de> for TimeValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TimeVisitor)
+    }
+}
+
+struct TimeVisitor;
+
+impl<'de> serde::de::Visitor<'de> for TimeVisitor {
+    type Value = TimeValue;
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<TimeValue, E> {
+        Ok(TimeValue(Some(v)))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<TimeValue, E> {
+        Ok(TimeValue(i64::try_from(v).ok()))
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<TimeValue, E> {
+        Ok(TimeValue(None))
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<TimeValue, E> {
+        Ok(TimeValue(None))
+    }
+    fn visit_str<E>(self, _: &str) -> Result<TimeValue, E> {
+        Ok(TimeValue(None))
+    }
+    fn visit_unit<E>(self) -> Result<TimeValue, E> {
+        Ok(TimeValue(None))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<TimeValue, A::Error> {
+        while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        Ok(TimeValue(None))
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TimeValue, A::Error> {
+        while (map.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?).is_some() {}
+        Ok(TimeValue(None))
+    }
 }
 
 struct Spend;
@@ -96,7 +142,7 @@ impl WindowSums {
         match self.time_field.as_deref() {
             None | Some("ts") => {
                 let spent: Spent = serde_json::from_slice(record.value?).ok()?;
-                let time = spent.ts.and_then(|t| t.as_i64());
+                let time = spent.ts.0;
                 Some((spent.amount, time.filter(|_| self.time_field.is_some())))
             }
             Some(field) => {
