@@ -1,6 +1,11 @@
 /* The C SDK's event-time windows (sluice_window.h): the Rust SDK's
  * `sluice_plugin::window` in C, over the same state layout.
  *
+ * What it costs a record: a host call for its event time; the host's
+ * watermark only when one of its windows may have closed (`watermark`); a
+ * tumbling or hopping window is read from its timer and written back once
+ * a batch (`helds`), whatever the number of its records.
+ *
  * It must not read the host's clock or keep anything between batches
  * outside state. Memory it allocates is freed before it returns. */
 #include "sluice_window.h"
@@ -166,6 +171,66 @@ typedef struct closeds {
   size_t count, cap;
 } closeds;
 
+/* What a batch knows of a partition's watermark without asking the host:
+ * at least the watermark before its next record, once `known` (`has`: the
+ * partition has one, at most `at`). */
+typedef struct ceiling {
+  const char *topic;
+  size_t topic_len;
+  int32_t partition;
+  bool known, has;
+  int64_t at;
+} ceiling;
+
+typedef struct ceilings {
+  ceiling *items;
+  size_t count, cap;
+} ceilings;
+
+/* A partition's watermark just before a record, asked of the host only
+ * when a window's fate depends on it. Its ceiling is the higher of the
+ * watermark the host told for one of the partition's records in the batch
+ * and the event times of its records since: the watermark (highest event
+ * time minus a lateness never negative, never falling) is at most that, so
+ * a window whose last millisecond is past it is open for sure. */
+typedef struct watermark {
+  uint32_t index;
+  ceiling *ceiling;
+  bool told, has;
+  int64_t at;
+} watermark;
+
+/* An open window a batch holds: read from its closing timer once, its
+ * aggregate's bytes kept here as records change it, written back once. */
+typedef struct held {
+  uint32_t index; /* a record of its partition, to name it to the host */
+  const char *topic;
+  size_t topic_len;
+  int32_t partition;
+  uint8_t *key;
+  size_t key_len;
+  int64_t end;
+  uint64_t hash;
+  bool found; /* it has an aggregate (else init) */
+  bool taken; /* a late record closed it: not written back */
+  uint8_t *data;
+  size_t len;
+} held;
+
+/* The open tumbling and hopping windows a batch adds records to, in the
+ * order first read (the order they are written back in), found by an
+ * open-addressing table of positions + 1 (0: empty), hashed with the
+ * batch's seed. The host keeps a timer's last value, so what the batch
+ * commits is the same. Written back before the batch asks for its due
+ * timers; a window a late record closes is let go (`take_held`). */
+typedef struct helds {
+  held *items;
+  size_t count, cap;
+  size_t *slots;
+  size_t slot_count;
+  uint64_t seed;
+} helds;
+
 /* One run's context: what every step needs. */
 typedef struct run {
   const sluice_windowed *w;
@@ -176,6 +241,8 @@ typedef struct run {
   touches *early;  /* open windows changed; NULL unless early */
   touches updated; /* closed windows late records changed */
   closeds closed;  /* windows a late record reached before their timer */
+  helds held;      /* open windows changed */
+  ceilings ceilings;
   void *acc, *other; /* two accumulators, reused */
 } run;
 
@@ -213,6 +280,153 @@ static int64_t rem_euclid(int64_t a, int64_t b) {
   return r < 0 ? r + b : r;
 }
 
+/* The watermark, if the partition has one (into *wm). */
+static bool watermark_get(watermark *m, int64_t *wm) {
+  if (!m->told) {
+    m->has = sluice_time_watermark(m->index, &m->at);
+    m->told = true;
+  }
+  *wm = m->at;
+  return m->has;
+}
+
+/* Whether the watermark has reached `at_ms` (a window's last
+ * millisecond): the window has closed. */
+static bool watermark_reached(watermark *m, int64_t at_ms) {
+  const ceiling *c = m->ceiling;
+  if (c->known && (!c->has || at_ms > c->at)) return false;
+  int64_t wm;
+  return watermark_get(m, &wm) && at_ms <= wm;
+}
+
+/* Moves the ceiling past a record at `time` whose watermark was `m`. */
+static void watermark_passed(watermark *m, int64_t time) {
+  ceiling *c = m->ceiling;
+  if (m->told) c->known = true, c->has = m->has, c->at = m->at;
+  if (c->known && (!c->has || time > c->at)) c->has = true, c->at = time;
+}
+
+/* The ceiling of `r`'s partition. */
+static ceiling *ceiling_of(ceilings *cs, const sluice_record *r) {
+  for (size_t i = cs->count; i-- > 0;) {
+    ceiling *c = &cs->items[i];
+    if (c->partition == r->partition && c->topic_len == r->topic_len &&
+        memcmp(c->topic, r->topic, r->topic_len) == 0)
+      return c;
+  }
+  if (cs->count == cs->cap) {
+    cs->cap = cs->cap ? cs->cap * 2 : 4;
+    cs->items = realloc(cs->items, cs->cap * sizeof *cs->items);
+    if (!cs->items) abort();
+  }
+  cs->items[cs->count] = (ceiling){r->topic, r->topic_len, r->partition, false, false, 0};
+  return &cs->items[cs->count++];
+}
+
+/* FNV-1a over the window's partition, key and end, from the seed. */
+static uint64_t held_hash(uint64_t seed, const sluice_record *r, const uint8_t *key, size_t key_len,
+                          int64_t end) {
+  uint64_t h = 14695981039346656037ull ^ seed;
+  for (size_t i = 0; i < r->topic_len; i++) h = (h ^ (uint8_t)r->topic[i]) * 1099511628211ull;
+  for (size_t i = 0; i < key_len; i++) h = (h ^ key[i]) * 1099511628211ull;
+  uint64_t tail[2] = {(uint64_t)r->partition, (uint64_t)end};
+  for (int i = 0; i < 2; i++)
+    for (int b = 0; b < 64; b += 8) h = (h ^ ((tail[i] >> b) & 0xff)) * 1099511628211ull;
+  return h;
+}
+
+/* Where the window is in the table: its slot (holding it, or empty). */
+static size_t held_slot(const helds *h, uint64_t hash, const sluice_record *r, const uint8_t *key,
+                        size_t key_len, int64_t end) {
+  size_t mask = h->slot_count - 1;
+  for (size_t i = hash & mask;; i = (i + 1) & mask) {
+    if (!h->slots[i]) return i;
+    const held *x = &h->items[h->slots[i] - 1];
+    if (x->hash == hash && x->end == end && x->partition == r->partition && x->key_len == key_len &&
+        x->topic_len == r->topic_len && memcmp(x->key, key, key_len) == 0 &&
+        memcmp(x->topic, r->topic, r->topic_len) == 0)
+      return i;
+  }
+}
+
+/* Doubles the table (kept at most half full). */
+static void held_grow(helds *h) {
+  size_t count = h->slot_count ? h->slot_count * 2 : 256;
+  size_t *slots = calloc(count, sizeof *slots);
+  if (!slots) abort();
+  for (size_t j = 0; j < h->count; j++) {
+    size_t i = h->items[j].hash & (count - 1);
+    while (slots[i]) i = (i + 1) & (count - 1);
+    slots[i] = j + 1;
+  }
+  free(h->slots);
+  h->slots = slots, h->slot_count = count;
+}
+
+static bool open_window(const sluice_record *r, const uint8_t *key, size_t key_len, int64_t end,
+                        bool take, uint8_t **data, size_t *len);
+
+/* The held window of `key` ending at `end` in `r`'s partition, read from
+ * its timer the first time. */
+static held *get_held(helds *h, const sluice_record *r, const uint8_t *key, size_t key_len, int64_t end) {
+  if ((h->count + 1) * 2 > h->slot_count) held_grow(h);
+  uint64_t hash = held_hash(h->seed, r, key, key_len, end);
+  size_t slot = held_slot(h, hash, r, key, key_len, end);
+  if (h->slots[slot]) {
+    held *x = &h->items[h->slots[slot] - 1];
+    if (x->taken) {
+      free(x->data);
+      x->data = NULL, x->len = 0, x->taken = false;
+      x->found = open_window(r, key, key_len, end, true, &x->data, &x->len);
+    }
+    return x;
+  }
+  if (h->count == h->cap) {
+    h->cap = h->cap ? h->cap * 2 : 256;
+    h->items = realloc(h->items, h->cap * sizeof *h->items);
+    if (!h->items) abort();
+  }
+  held *x = &h->items[h->count];
+  *x = (held){r->index, r->topic, r->topic_len, r->partition, copy_bytes(key, key_len), key_len, end, hash,
+              false, false, NULL, 0};
+  x->found = open_window(r, key, key_len, end, true, &x->data, &x->len);
+  h->slots[slot] = ++h->count;
+  return x;
+}
+
+/* Lets the held window go (a late record closed it): true and its
+ * aggregate (into *data: free it) if it was held. */
+static bool take_held(helds *h, const sluice_record *r, const uint8_t *key, size_t key_len, int64_t end,
+                      bool *found, uint8_t **data, size_t *len) {
+  if (!h->slot_count) return false;
+  uint64_t hash = held_hash(h->seed, r, key, key_len, end);
+  size_t slot = held_slot(h, hash, r, key, key_len, end);
+  if (!h->slots[slot]) return false;
+  held *x = &h->items[h->slots[slot] - 1];
+  if (x->taken) return false;
+  x->taken = true;
+  *found = x->found, *data = x->data, *len = x->len;
+  x->data = NULL, x->len = 0;
+  return true;
+}
+
+/* Writes every held window back to its closing timer, and frees them. */
+static void write_back(helds *h) {
+  for (size_t j = 0; j < h->count; j++) {
+    held *x = &h->items[j];
+    if (!x->taken) {
+      uint8_t *value = alloc(x->len + 1);
+      value[0] = WINDOW_TAG;
+      if (x->len) memcpy(value + 1, x->data, x->len);
+      sluice_time_set_timer_value(x->index, x->key, x->key_len, x->end - 1, value, x->len + 1);
+      free(value);
+    }
+    free(x->key), free(x->data);
+  }
+  free(h->items), free(h->slots);
+  *h = (helds){.seed = h->seed};
+}
+
 /* Whether a window ending at `end`, closed by the watermark `wm`, still
  * takes late records. */
 static bool retained(const run *run, int64_t end, int64_t wm) {
@@ -238,17 +452,13 @@ static void add_and_store(run *run, const sluice_record *r, const uint8_t *at, s
   free(encoded);
 }
 
-/* add_input, kept as the value of the timer closing `key`'s window ending
- * at `end`, after the tag. */
-static void add_and_keep_open(run *run, const sluice_record *r, const uint8_t *key, size_t key_len,
-                              int64_t end, bool found, const uint8_t *data, size_t len, const void *input) {
+/* add_input, kept in the held window `x` (written back at the batch's
+ * end). */
+static void add_and_hold(run *run, held *x, const void *input) {
   size_t out_len;
-  uint8_t *encoded = add_input(run, found, data, len, input, &out_len);
-  uint8_t *value = alloc(out_len + 1);
-  value[0] = WINDOW_TAG;
-  if (out_len) memcpy(value + 1, encoded, out_len);
-  sluice_time_set_timer_value(r->index, key, key_len, end - 1, value, out_len + 1);
-  free(value), free(encoded);
+  uint8_t *encoded = add_input(run, x->found, x->data, x->len, input, &out_len);
+  free(x->data);
+  x->data = encoded, x->len = out_len, x->found = true;
 }
 
 /* The bytes under `prefix` + `end` + `key` (into *data: free it),
@@ -310,7 +520,8 @@ static bool update_closed_window(run *run, const sluice_record *r, const sluice_
   uint8_t *at = window_key(RETAINED_PREFIX, end, e->key, e->key_len, &at_len), *data = NULL;
   bool found = sluice_state_get(r, at, at_len, &data, &len);
   if (!found) {
-    found = open_window(r, e->key, e->key_len, end, true, &data, &len);
+    if (!take_held(&run->held, r, e->key, e->key_len, end, &found, &data, &len))
+      found = open_window(r, e->key, e->key_len, end, true, &data, &len);
     if (found) {
       /* Its timer stays, without the window: it may also forget a
        * retained one. */
@@ -326,7 +537,7 @@ static bool update_closed_window(run *run, const sluice_record *r, const sluice_
 }
 
 static bool add_to_windows(run *run, const sluice_record *r, const sluice_event *e, int64_t time,
-                           bool has_wm, int64_t wm) {
+                           watermark *m) {
   int64_t size = run->w->windows.size_ms;
   int64_t hop = run->w->windows.kind == SLUICE_HOPPING ? run->w->windows.hop_ms : size;
   int64_t latest = time - rem_euclid(time, hop);
@@ -335,15 +546,11 @@ static bool add_to_windows(run *run, const sluice_record *r, const sluice_event 
   bool added = false;
   for (size_t i = windows; i-- > 0;) {
     int64_t end = latest - (int64_t)i * hop + size;
-    if (has_wm && end - 1 <= wm) {
-      if (update_closed_window(run, r, e, end - size, end, wm)) added = true;
+    if (watermark_reached(m, end - 1)) {
+      if (update_closed_window(run, r, e, end - size, end, m->at)) added = true;
       continue;
     }
-    size_t len = 0;
-    uint8_t *stored = NULL;
-    bool found = open_window(r, e->key, e->key_len, end, true, &stored, &len);
-    add_and_keep_open(run, r, e->key, e->key_len, end, found, stored, len, e->input);
-    free(stored);
+    add_and_hold(run, get_held(&run->held, r, e->key, e->key_len, end), e->input);
     touch_window(run->early, r, e->key, e->key_len, end);
     added = true;
   }
@@ -597,10 +804,16 @@ static void take_record(run *run, const sluice_record *r, sluice_take_fn take) {
     time = e.time_ms;
     sluice_time_set_event_time(r->index, time);
   }
-  bool has_wm = sluice_time_watermark(r->index, &wm);
-  bool added = run->w->windows.kind == SLUICE_SESSION ? add_to_session(run, r, &e, time, has_wm, wm)
-                                                       : add_to_windows(run, r, &e, time, has_wm, wm);
+  watermark m = {r->index, ceiling_of(&run->ceilings, r), false, false, 0};
+  bool added;
+  if (run->w->windows.kind == SLUICE_SESSION) {
+    bool has_wm = watermark_get(&m, &wm);
+    added = add_to_session(run, r, &e, time, has_wm, wm);
+  } else {
+    added = add_to_windows(run, r, &e, time, &m);
+  }
   if (!added) {
+    bool has_wm = watermark_get(&m, &wm);
     char shown[32], reason_text[128];
     if (has_wm) snprintf(shown, sizeof shown, "Some(%lld)", (long long)wm);
     else snprintf(shown, sizeof shown, "None");
@@ -608,15 +821,19 @@ static void take_record(run *run, const sluice_record *r, sluice_take_fn take) {
              "event time %lld is behind the watermark %s: its window has closed", (long long)time, shown);
     sluice_time_late(r->index, reason_text);
   }
+  watermark_passed(&m, time);
 }
 
 void sluice_windowed_run(const sluice_windowed *windowed, sluice_batch *batch, sluice_output *out,
                          sluice_take_fn take, sluice_emit_fn emit, void *ctx) {
   touches early = {0};
   run run = {windowed, batch, out, emit, ctx, windowed->early ? &early : NULL, {0}, {0},
+             {.seed = sluice_batch_seed(batch)}, {0},
              alloc(windowed->aggregate->acc_size), alloc(windowed->aggregate->acc_size)};
   sluice_record r;
   while (sluice_next(batch, &r)) take_record(&run, &r, take);
+  write_back(&run.held);
+  free(run.ceilings.items);
   sluice_fired_timers due = sluice_due_timers();
   for (size_t i = 0; i < run.closed.count; i++) {
     closed *c = &run.closed.items[i];

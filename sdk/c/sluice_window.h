@@ -45,7 +45,9 @@ typedef struct sluice_windows {
 /* What a window computes over its records. An accumulator is
  * `acc_size` bytes the SDK allocates; `encode` gives the bytes state keeps
  * (malloc'd, the SDK frees them), `decode` reads them back (false: not
- * an accumulator). `ctx` is the one `sluice_windowed_run` was given. */
+ * an accumulator) and must give back what `encode` was given, as in the
+ * other SDKs, which keep a window's value in memory within a batch.
+ * `ctx` is the one `sluice_windowed_run` was given. */
 typedef struct sluice_aggregate {
   size_t acc_size;
   void (*init)(void *acc, void *ctx);

@@ -25,6 +25,11 @@
 //     open ones); a timer (key, end - 1 + R) forgets it (set without a
 //     value, unless that timer exists already: it may hold a window).
 //
+// What it costs a record: a host call for its event time; the host's
+// watermark only when one of its windows may have closed (watermark); a
+// tumbling or hopping window is read from its timer and written back once
+// a batch (heldWindows), whatever the number of its records.
+//
 // It must not read the host's clock or keep anything between batches
 // outside state.
 
@@ -59,7 +64,10 @@ type Windows struct {
 // Aggregate is what a window computes over its records. Values are
 // immutable: Add and Merge return the new one. Encode and Decode are how
 // state keeps it (the same bytes as the other SDKs' accumulator); Decode's
-// false means the bytes are not one.
+// false means the bytes are not one. Decode must give back what Encode was
+// given: a batch keeps each window's value in memory and state keeps its
+// bytes between batches, so a value that does not survive the round trip
+// would depend on where batches end.
 type Aggregate[Acc, In any] interface {
 	Init() Acc
 	Add(acc Acc, input In) Acc
@@ -260,6 +268,132 @@ type closedWindow struct {
 	acc        []byte
 }
 
+// ceiling is what a batch knows of a partition's watermark without asking
+// the host: at least the watermark before its next record, once known.
+type ceiling struct {
+	known bool
+	// has: the partition has a watermark, at most at.
+	has bool
+	at  int64
+}
+
+// watermark is a partition's watermark just before a record, asked of the
+// host only when a window's fate depends on it. Its ceiling is the higher
+// of the watermark the host told for one of the partition's records in the
+// batch and the event times of its records since: the watermark (highest
+// event time minus a lateness never negative, never falling) is at most
+// that, so a window whose last millisecond is past it is open for sure.
+type watermark struct {
+	time    Time
+	ceiling ceiling
+	told    bool
+	has     bool
+	at      int64
+}
+
+// get is the watermark, and whether the partition has one.
+func (m *watermark) get() (int64, bool) {
+	if !m.told {
+		m.at, m.has = m.time.Watermark()
+		m.told = true
+	}
+	return m.at, m.has
+}
+
+// reached is whether the watermark has reached atMs (a window's last
+// millisecond): the window has closed.
+func (m *watermark) reached(atMs int64) bool {
+	if c := m.ceiling; c.known && (!c.has || atMs > c.at) {
+		return false
+	}
+	w, ok := m.get()
+	return ok && atMs <= w
+}
+
+// ceilingAfter is the ceiling for the partition's next record, after this
+// one at timeMs.
+func (m *watermark) ceilingAfter(timeMs int64) ceiling {
+	c := m.ceiling
+	if m.told {
+		c = ceiling{known: true, has: m.has, at: m.at}
+	}
+	if c.known && (!c.has || timeMs > c.at) {
+		c = ceiling{known: true, has: true, at: timeMs}
+	}
+	return c
+}
+
+// partitionOf names a record's partition in a batch.
+type partitionOf struct {
+	topic     string
+	partition int32
+}
+
+// heldAt names an open window in a batch.
+type heldAt struct {
+	partitionOf
+	key string
+	end int64
+}
+
+// heldWindow is an open window a batch holds: a record of its partition
+// (to name it to the host), and its aggregate.
+type heldWindow[Acc any] struct {
+	index uint32
+	at    heldAt
+	acc   Acc
+	taken bool
+}
+
+// heldWindows are the open tumbling and hopping windows a batch adds
+// records to, held (their aggregates as values) until the batch's end:
+// each is read from its closing timer once and written back to it once,
+// in the order first read, however many of the batch's records it takes.
+// The host keeps a timer's last value, so what the batch commits is the
+// same. Written back before the batch asks for its due timers; a window a
+// late record closes is let go (take).
+type heldWindows[Acc any] struct {
+	at   map[heldAt]int
+	held []heldWindow[Acc]
+}
+
+// get is the held window at, read (by read) the first time.
+func (h *heldWindows[Acc]) get(r *Record, at heldAt, read func() Acc) *heldWindow[Acc] {
+	if h.at == nil {
+		h.at = map[heldAt]int{}
+	}
+	i, ok := h.at[at]
+	if !ok {
+		i = len(h.held)
+		h.at[at] = i
+		h.held = append(h.held, heldWindow[Acc]{index: r.Index, at: at, acc: read()})
+	}
+	return &h.held[i]
+}
+
+// take lets the window at go: its aggregate, if it was held.
+func (h *heldWindows[Acc]) take(at heldAt) (Acc, bool) {
+	i, ok := h.at[at]
+	if !ok {
+		var none Acc
+		return none, false
+	}
+	delete(h.at, at)
+	h.held[i].taken = true
+	return h.held[i].acc, true
+}
+
+// writeBack writes every held window back to its closing timer.
+func (h *heldWindows[Acc]) writeBack(encode func(Acc) []byte) {
+	for _, held := range h.held {
+		if !held.taken {
+			value := append([]byte{windowTag}, encode(held.acc)...)
+			Time{index: held.index}.SetTimerValue(held.at.key, held.at.end-1, value)
+		}
+	}
+	h.at, h.held = nil, nil
+}
+
 // pending is what a batch's records leave to hand out at its end.
 type pending struct {
 	// early: open windows the batch changed (with EmitEarly).
@@ -282,6 +416,8 @@ type pending struct {
 func (w *Windowed[Acc, In]) Run(batch *Batch, out *Output, take func(Record) Taken[In],
 	emit func(*Output, WindowValue[Acc])) {
 	var p pending
+	var held heldWindows[Acc]
+	ceilings := map[partitionOf]ceiling{}
 	for r := range batch.Records() {
 		taken := take(r)
 		if taken.kind != takenEvent {
@@ -296,22 +432,25 @@ func (w *Windowed[Acc, In]) Run(batch *Batch, out *Output, take func(Record) Tak
 			at = taken.timeMs
 			r.Time().SetEventTime(at)
 		}
-		e := event[In]{key: taken.key, time: at, input: taken.input}
-		e.watermark, e.hasWatermark = r.Time().Watermark()
+		partition := partitionOf{r.Topic, r.Partition}
+		m := &watermark{time: r.Time(), ceiling: ceilings[partition]}
+		e := event[In]{key: taken.key, time: at, input: taken.input, watermark: m}
 		var added bool
 		if w.Windows.Kind == Session {
 			added = w.addToSession(&r, e, &p)
 		} else {
-			added = w.addToWindows(&r, e, &p)
+			added = w.addToWindows(&r, e, &p, &held)
 		}
 		if !added {
 			shown := "None"
-			if e.hasWatermark {
-				shown = fmt.Sprintf("Some(%d)", e.watermark)
+			if wm, ok := m.get(); ok {
+				shown = fmt.Sprintf("Some(%d)", wm)
 			}
 			r.Time().Late(fmt.Sprintf("event time %d is behind the watermark %s: its window has closed", at, shown))
 		}
+		ceilings[partition] = m.ceilingAfter(at)
 	}
+	held.writeBack(w.Aggregate.Encode)
 	fired := DueTimers()
 	for _, c := range p.closed {
 		w.handOut(batch, out, emit, c, Final)
@@ -331,13 +470,12 @@ type event[In any] struct {
 	key   string
 	time  int64
 	input In
-	// watermark just before the record, if there is one.
-	watermark    int64
-	hasWatermark bool
+	// watermark just before the record.
+	watermark *watermark
 }
 
 // closedBy is whether the watermark before e has closed a window ending at end.
-func (e event[In]) closedBy(end int64) bool { return e.hasWatermark && end-1 <= e.watermark }
+func (e event[In]) closedBy(end int64) bool { return e.watermark.reached(end - 1) }
 
 // windowsOf is [start, end) of every window time falls in, oldest first.
 func (w *Windowed[Acc, In]) windowsOf(time int64) [][2]int64 {
@@ -362,7 +500,11 @@ func (w *Windowed[Acc, In]) windowsOf(time int64) [][2]int64 {
 // retained is whether a window ending at end, closed by e's watermark,
 // still takes late records.
 func (w *Windowed[Acc, In]) retained(end int64, e event[In]) bool {
-	return w.RetainMs > 0 && e.hasWatermark && end-1+w.RetainMs > e.watermark
+	if w.RetainMs <= 0 {
+		return false
+	}
+	wm, ok := e.watermark.get()
+	return ok && end-1+w.RetainMs > wm
 }
 
 // decode is the aggregate in data, or Init if there is none.
@@ -377,18 +519,18 @@ func (w *Windowed[Acc, In]) decode(data []byte, ok bool) Acc {
 
 // addToWindows adds the event to its open windows and its retained closed
 // ones; false if it reached none.
-func (w *Windowed[Acc, In]) addToWindows(r *Record, e event[In], p *pending) bool {
+func (w *Windowed[Acc, In]) addToWindows(r *Record, e event[In], p *pending, held *heldWindows[Acc]) bool {
 	state, agg := r.State(), w.Aggregate
 	added := false
 	for _, window := range w.windowsOf(e.time) {
 		start, end := window[0], window[1]
 		if e.closedBy(end) {
-			added = w.updateClosedWindow(r, e, start, end, p) || added
+			added = w.updateClosedWindow(r, e, start, end, p, held) || added
 			continue
 		}
-		stored, ok := openWindow(state, e.key, end, true)
-		acc := agg.Encode(agg.Add(w.decode(stored, ok), e.input))
-		r.Time().SetTimerValue(e.key, end-1, append([]byte{windowTag}, acc...))
+		at := heldAt{partitionOf{r.Topic, r.Partition}, e.key, end}
+		h := held.get(r, at, func() Acc { return w.decode(openWindow(state, e.key, end, true)) })
+		h.acc = agg.Add(h.acc, e.input)
 		if w.EmitEarly {
 			p.early = append(p.early, touchedBy(r, e.key, end))
 		}
@@ -399,7 +541,7 @@ func (w *Windowed[Acc, In]) addToWindows(r *Record, e event[In], p *pending) boo
 
 // updateClosedWindow adds a late event to the closed window [start, end)
 // if it is retained (closing it first if its timer has not yet).
-func (w *Windowed[Acc, In]) updateClosedWindow(r *Record, e event[In], start, end int64, p *pending) bool {
+func (w *Windowed[Acc, In]) updateClosedWindow(r *Record, e event[In], start, end int64, p *pending, held *heldWindows[Acc]) bool {
 	if !w.retained(end, e) {
 		return false
 	}
@@ -407,7 +549,12 @@ func (w *Windowed[Acc, In]) updateClosedWindow(r *Record, e event[In], start, en
 	at := orderedKey(retainedPrefix, end, e.key)
 	data, ok := state.Get(at)
 	if !ok {
-		if data, ok = openWindow(state, e.key, end, true); ok {
+		if acc, wasHeld := held.take(heldAt{partitionOf{r.Topic, r.Partition}, e.key, end}); wasHeld {
+			data, ok = w.Aggregate.Encode(acc), true
+		} else {
+			data, ok = openWindow(state, e.key, end, true)
+		}
+		if ok {
 			// Its timer stays, without the window: it may also forget a
 			// retained one.
 			r.Time().SetTimer(e.key, end-1)

@@ -32,6 +32,11 @@
 //   const take = (r) => { const p = r.json(); return new Event(p.user, BigInt(p.ts), BigInt(p.cents)); };
 //   windowed.run(batch, out, take, (out, w) => out.row(t, [utf8(w.key), w.startMs, w.acc]));
 //
+// What it costs a record: a host call for its event time; the host's
+// watermark only when one of its windows may have closed (`Watermark`); a
+// tumbling or hopping window is read from its timer and written back once a
+// batch (`Held`), whatever the number of its records.
+//
 // Times are ms since the Unix epoch as BigInt. It must not read the host's
 // clock or keep anything between batches outside state.
 
@@ -70,7 +75,10 @@ export class Session {
 /** The sum of the inputs (BigInt), an int64 kept as 8 bytes big-endian
  * (Rust's `i64` accumulator). An aggregate is any object with these five
  * methods; values are immutable: `add` and `merge` return the new one,
- * `decode` returns null for bytes that are not one. */
+ * `decode` returns null for bytes that are not one, and must give back what
+ * `encode` was given: a batch keeps each window's value in memory and state
+ * keeps its bytes between batches, so a value that does not survive the
+ * round trip would depend on where batches end. */
 export const SUM = {
   init: () => 0n,
   add: (acc, input) => BigInt.asIntN(64, acc + BigInt(input)),
@@ -192,6 +200,87 @@ const byStart = (a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0);
 const bytesOf = (key) => (typeof key === 'string' ? encoder.encode(key) : new Uint8Array(key));
 const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, '0')).join('');
 
+const UNKNOWN = Symbol('unknown');
+
+/** A partition's watermark just before a record, asked of the host only when
+ * a window's fate depends on it. Its ceiling is the higher of the watermark
+ * the host told for one of the partition's records in the batch and the
+ * event times of its records since: the watermark (highest event time minus
+ * a lateness never negative, never falling) is at most that, so a window
+ * whose last millisecond is past it is open for sure. */
+class Watermark {
+  constructor(time, atMost) {
+    this.time = time;
+    this.atMost = atMost;
+    this.told = UNKNOWN;
+  }
+
+  get() {
+    if (this.told === UNKNOWN) this.told = this.time.watermark();
+    return this.told;
+  }
+
+  /** Whether the watermark has reached `atMs` (a window's last
+   * millisecond): the window has closed. */
+  reached(atMs) {
+    const ceiling = this.atMost;
+    if (ceiling !== UNKNOWN && (ceiling === null || atMs > ceiling)) return false;
+    const watermark = this.get();
+    return watermark !== null && atMs <= watermark;
+  }
+
+  /** The ceiling for the partition's next record, after this one at
+   * `timeMs`. */
+  ceilingAfter(timeMs) {
+    const known = this.told === UNKNOWN ? this.atMost : this.told;
+    if (known === UNKNOWN) return UNKNOWN;
+    return known === null || timeMs > known ? timeMs : known;
+  }
+}
+
+/** The open tumbling and hopping windows a batch adds records to, held
+ * (their aggregates as values) until the batch's end: each is read from its
+ * closing timer once and written back to it once, in the order first read,
+ * however many of the batch's records it takes. The host keeps a timer's
+ * last value, so what the batch commits is the same. Written back before
+ * the batch asks for its due timers; a window a late record closes is let
+ * go (`take`). */
+class Held {
+  constructor() {
+    // topic, partition, key, end -> [index of a record of its partition,
+    // key, end, aggregate]
+    this.windows = new Map();
+  }
+
+  static at(record, key, end) {
+    return `${record.topic}\0${record.partition}\0${hex(key)}\0${end}`;
+  }
+
+  get(record, key, end, read) {
+    const at = Held.at(record, key, end);
+    let held = this.windows.get(at);
+    if (held === undefined) {
+      held = [record.index, key, end, read()];
+      this.windows.set(at, held);
+    }
+    return held;
+  }
+
+  take(record, key, end) {
+    const at = Held.at(record, key, end);
+    const held = this.windows.get(at);
+    this.windows.delete(at);
+    return held;
+  }
+
+  writeBack(encode) {
+    for (const [index, key, end, acc] of this.windows.values()) {
+      new Time(index).setTimerValue(key, end - 1n, concat(Uint8Array.of(WINDOW_TAG), encode(acc)));
+    }
+    this.windows = new Map();
+  }
+}
+
 /** Windows of one kind with one aggregate. With `retainMs`, a closed window
  * takes late records that long more (event time): a record behind the
  * watermark whose window ended less than `retainMs` before it updates the
@@ -215,9 +304,11 @@ export class Windowed {
    * every retained window late records changed as 'update' (and, with
    * `early`, every open window the batch changed as early). */
   run(batch, out, take, emit) {
-    // early: open windows changed; closed: final values of windows a late
-    // record reached before their timer; updated: closed windows changed.
-    const pending = { early: this.early ? [] : null, closed: [], updated: [] };
+    // held: open windows changed; early: those too, listed; closed: final
+    // values of windows a late record reached before their timer; updated:
+    // closed windows changed.
+    const pending = { held: new Held(), early: this.early ? [] : null, closed: [], updated: [] };
+    const ceilings = new Map();
     for (const record of batch) {
       const taken = take(record);
       const time = record.time();
@@ -232,16 +323,20 @@ export class Windowed {
         at = BigInt(taken.timeMs);
         time.setEventTime(at);
       }
-      const watermark = time.watermark();
+      const partition = `${record.topic}\0${record.partition}`;
+      const ceiling = ceilings.has(partition) ? ceilings.get(partition) : UNKNOWN;
+      const watermark = new Watermark(time, ceiling);
       const added =
         this.windows instanceof Session
-          ? this.addToSession(record, key, at, taken.input, watermark, pending)
+          ? this.addToSession(record, key, at, taken.input, watermark.get(), pending)
           : this.addToWindows(record, key, at, taken.input, watermark, pending);
       if (!added) {
-        const shown = watermark === null ? 'None' : `Some(${watermark})`;
+        const shown = watermark.get() === null ? 'None' : `Some(${watermark.get()})`;
         time.late(`event time ${at} is behind the watermark ${shown}: its window has closed`);
       }
+      ceilings.set(partition, watermark.ceilingAfter(at));
     }
+    pending.held.writeBack((acc) => this.aggregate.encode(acc));
     const fired = dueTimers();
     for (const [index, key, start, end, data] of pending.closed) {
       this.handOut(batch, out, emit, index, key, start, end, data, 'final');
@@ -278,14 +373,14 @@ export class Windowed {
     const agg = this.aggregate;
     let added = false;
     for (const [start, end] of this.windowsOf(time)) {
-      if (watermark !== null && end - 1n <= watermark) {
-        if (this.updateClosedWindow(record, key, start, end, input, watermark, pending)) added = true;
+      if (watermark.reached(end - 1n)) {
+        if (this.updateClosedWindow(record, key, start, end, input, watermark.get(), pending)) added = true;
         continue;
       }
-      const timers = record.time();
-      const stored = openWindow(state, timers, key, end, true);
-      const acc = agg.encode(agg.add(this.decode(stored), input));
-      timers.setTimerValue(key, end - 1n, concat(Uint8Array.of(WINDOW_TAG), acc));
+      const held = pending.held.get(record, key, end, () =>
+        this.decode(openWindow(state, record.time(), key, end, true)),
+      );
+      held[3] = agg.add(held[3], input);
       if (pending.early !== null) pending.early.push([record.index, record.topic, record.partition, key, end]);
       added = true;
     }
@@ -301,7 +396,8 @@ export class Windowed {
     let data = state.get(at);
     if (data === null) {
       const time = record.time();
-      data = openWindow(state, time, key, end, true);
+      const held = pending.held.take(record, key, end);
+      data = held !== undefined ? this.aggregate.encode(held[3]) : openWindow(state, time, key, end, true);
       if (data !== null) {
         // Its timer stays, without the window: it may also forget a
         // retained one.

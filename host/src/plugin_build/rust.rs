@@ -8,10 +8,24 @@ use super::{BuildError, WIT, write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own.
-const RUST_SDK: &str = include_str!("../../../sdk/rust/src/lib.rs");
-/// Its event-time windows (`sluice_plugin::window`).
-const RUST_SDK_WINDOW: &str = include_str!("../../../sdk/rust/src/window.rs");
+/// The Rust SDK (crate `sluice-plugin`), staged as a crate of its own:
+/// each source file at its path in the crate.
+const RUST_SDK: &[(&str, &str)] = &[
+    ("src/lib.rs", include_str!("../../../sdk/rust/src/lib.rs")),
+    // Its event-time windows (`sluice_plugin::window`).
+    (
+        "src/window.rs",
+        include_str!("../../../sdk/rust/src/window.rs"),
+    ),
+    (
+        "src/window/ceiling.rs",
+        include_str!("../../../sdk/rust/src/window/ceiling.rs"),
+    ),
+    (
+        "src/window/held.rs",
+        include_str!("../../../sdk/rust/src/window/held.rs"),
+    ),
+];
 
 /// What `sluice new --lang rust` writes (`sdk/rust/template`).
 pub(super) const TEMPLATE: &[(&str, &str)] = &[
@@ -67,15 +81,17 @@ pub(super) fn build_rust(
     // the paths compiled into the module (panic locations) are the same
     // in every build: the same sources give the same bytes.
     let sdk = dir.join(RUST_SDK_STAGE);
-    write_if_changed(&sdk.join("src/lib.rs"), RUST_SDK)?;
-    write_if_changed(&sdk.join("src/window.rs"), RUST_SDK_WINDOW)?;
+    for (path, text) in RUST_SDK {
+        write_if_changed(&sdk.join(path), text)?;
+    }
     write_if_changed(&sdk.join("wit/sluice.wit"), WIT)?;
     write_if_changed(
         &sdk.join("Cargo.toml"),
         &format!(
             "[package]\nname = \"sluice-plugin\"\nversion = \"{RUST_SDK_VERSION}\"\n\
              edition = \"2024\"\n\n[dependencies]\nwit-bindgen = {{ version = \"0.61\", \
-             default-features = false, features = [\"macros\", \"realloc\"] }}\n"
+             default-features = false, features = [\"macros\", \"realloc\"] }}\n\
+             foldhash = {{ version = \"0.2\", default-features = false }}\n"
         ),
     )?;
     let patch = format!(
@@ -128,4 +144,36 @@ fn built_cdylib(messages: &str) -> Option<PathBuf> {
                 .collect::<Vec<_>>()
         })
         .rfind(|f| f.extension().is_some_and(|e| e == "wasm"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RUST_SDK;
+    use std::path::Path;
+
+    /// The SDK's sources under `dir`, as paths in its crate.
+    fn sources(dir: &Path, crate_root: &Path, found: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).expect("the SDK's sources") {
+            let path = entry.expect("an entry").path();
+            if path.is_dir() {
+                sources(&path, crate_root, found);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let inside = path.strip_prefix(crate_root).expect("under the crate");
+                found.push(inside.to_string_lossy().into_owned());
+            }
+        }
+    }
+
+    /// A source file added to the SDK without staging it would build in
+    /// this repository and fail in every user's `sluice build`.
+    #[test]
+    fn every_sdk_source_is_staged() {
+        let crate_root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sdk/rust");
+        let mut found = Vec::new();
+        sources(&crate_root.join("src"), &crate_root, &mut found);
+        found.sort();
+        let mut staged: Vec<String> = RUST_SDK.iter().map(|(p, _)| p.to_string()).collect();
+        staged.sort();
+        assert_eq!(found, staged);
+    }
 }

@@ -34,6 +34,11 @@ state and digest in either language:
     windowed.run(batch, out, take,
         lambda out, w: out.row(t, w.key.decode(), w.start_ms, w.acc))
 
+What it costs a record: a host call for its event time; the host's
+watermark only when one of its windows may have closed (`_Watermark`); a
+tumbling or hopping window is read from its timer and written back once a
+batch (`_Held`), whatever the number of its records.
+
 It must not read the host's clock or keep anything between batches outside
 state.
 """
@@ -89,7 +94,10 @@ class Session:
 class Aggregate:
     """What a window computes over its records. Values are immutable here:
     `add` and `merge` return the new value. `encode`/`decode` are how state
-    keeps it (the same bytes as the other SDKs' accumulator)."""
+    keeps it (the same bytes as the other SDKs' accumulator); `decode` must
+    give back what `encode` was given: a batch keeps each window's value in
+    memory and state keeps its bytes between batches, so a value that does
+    not survive the round trip would depend on where batches end."""
 
     def init(self) -> Any:
         """The value of a window without records."""
@@ -230,15 +238,87 @@ def _write_sessions(state: State, at: bytes, sessions: List[list]) -> None:
     )
 
 
-class _Pending:
-    """What a batch's records leave to hand out at its end: the open windows
-    it changed (with early rows), the final values of windows a late record
-    reached before their timer closed them, and the closed windows late
-    records updated."""
+_UNKNOWN = object()
 
-    __slots__ = ("early", "closed", "updated")
+
+class _Watermark:
+    """A partition's watermark just before a record, asked of the host only
+    when a window's fate depends on it. Its ceiling is the higher of the
+    watermark the host told for one of the partition's records in the batch
+    and the event times of its records since: the watermark (highest event
+    time minus a lateness never negative, never falling) is at most that, so
+    a window whose last millisecond is past it is open for sure."""
+
+    __slots__ = ("_time", "_at_most", "_told")
+
+    def __init__(self, time: Time, at_most):
+        self._time, self._at_most, self._told = time, at_most, _UNKNOWN
+
+    def get(self) -> Optional[int]:
+        if self._told is _UNKNOWN:
+            self._told = self._time.watermark()
+        return self._told
+
+    def reached(self, at_ms: int) -> bool:
+        """Whether the watermark has reached `at_ms` (a window's last
+        millisecond): the window has closed."""
+        ceiling = self._at_most
+        if ceiling is not _UNKNOWN and (ceiling is None or at_ms > ceiling):
+            return False
+        watermark = self.get()
+        return watermark is not None and at_ms <= watermark
+
+    def ceiling_after(self, time_ms: int):
+        """The ceiling for the partition's next record, after this one at
+        `time_ms`."""
+        known = self._at_most if self._told is _UNKNOWN else self._told
+        if known is _UNKNOWN:
+            return _UNKNOWN
+        return time_ms if known is None else max(known, time_ms)
+
+
+class _Held:
+    """The open tumbling and hopping windows a batch adds records to, held
+    (their aggregates as values) until the batch's end: each is read from its
+    closing timer once and written back to it once, in the order first read,
+    however many of the batch's records it takes. The host keeps a timer's
+    last value, so what the batch commits is the same. Written back before
+    the batch asks for its due timers; a window a late record closes is let
+    go (`take`)."""
+
+    __slots__ = ("windows",)
+
+    def __init__(self):
+        # (topic, partition, key, end) -> [index of a record of its
+        # partition, aggregate]
+        self.windows = {}
+
+    def get(self, record, key: bytes, end: int, read: Callable[[], Any]) -> list:
+        at = (record.topic, record.partition, key, end)
+        held = self.windows.get(at)
+        if held is None:
+            held = self.windows[at] = [record.index, read()]
+        return held
+
+    def take(self, record, key: bytes, end: int) -> Optional[list]:
+        return self.windows.pop((record.topic, record.partition, key, end), None)
+
+    def write_back(self, encode: Callable[[Any], bytes]) -> None:
+        for (_, _, key, end), (index, acc) in self.windows.items():
+            Time(index).set_timer_value(key, end - 1, _WINDOW_TAG + encode(acc))
+        self.windows = {}
+
+
+class _Pending:
+    """What a batch's records leave to write and hand out at its end: the
+    open windows it changed (held; and listed, with early rows), the final
+    values of windows a late record reached before their timer closed them,
+    and the closed windows late records updated."""
+
+    __slots__ = ("held", "early", "closed", "updated")
 
     def __init__(self, early: bool):
+        self.held = _Held()
         self.early = [] if early else None
         self.closed = []
         self.updated = []
@@ -274,6 +354,7 @@ class Windowed:
         every retained window late records changed as "update" (and, with
         `early`, every open window the batch changed as early)."""
         pending = _Pending(self.early)
+        ceilings = {}
         for record in batch:
             taken = take(record)
             if not isinstance(taken, Event):
@@ -287,16 +368,21 @@ class Windowed:
                 record.time().set_event_time(time)
             else:
                 time = record.timestamp
-            watermark = record.time().watermark()
+            partition = (record.topic, record.partition)
+            watermark = _Watermark(record.time(), ceilings.get(partition, _UNKNOWN))
             if isinstance(self.windows, Session):
-                added = self._add_to_session(record, key, time, taken.input, watermark, pending)
+                added = self._add_to_session(
+                    record, key, time, taken.input, watermark.get(), pending
+                )
             else:
                 added = self._add_to_windows(record, key, time, taken.input, watermark, pending)
             if not added:
-                shown = "None" if watermark is None else f"Some({watermark})"
+                shown = "None" if watermark.get() is None else f"Some({watermark.get()})"
                 record.time().late(
                     f"event time {time} is behind the watermark {shown}: its window has closed"
                 )
+            ceilings[partition] = watermark.ceiling_after(time)
+        pending.held.write_back(self.aggregate.encode)
         fired = due_timers()
         for index, key, start, end, data in pending.closed:
             self._hand_out(batch, out, emit, index, key, start, end, data, "final")
@@ -328,17 +414,20 @@ class Windowed:
         return self.aggregate.init() if acc is None else acc
 
     def _add_to_windows(self, record, key, time, input, watermark, pending) -> bool:
-        state, agg = record.state(), self.aggregate
+        state, timers, agg = record.state(), record.time(), self.aggregate
         added = False
         for start, end in self._windows_of(time):
-            if watermark is not None and end - 1 <= watermark:
-                if self._update_closed_window(record, key, start, end, input, watermark, pending):
-                    added = True
+            if watermark.reached(end - 1):
+                closed = self._update_closed_window(
+                    record, key, start, end, input, watermark.get(), pending
+                )
+                added = added or closed
                 continue
-            timers = record.time()
-            stored = _open_window(state, timers, key, end, True)
-            acc = agg.encode(agg.add(self._decode(stored), input))
-            timers.set_timer_value(key, end - 1, _WINDOW_TAG + acc)
+            held = pending.held.get(
+                record, key, end,
+                lambda: self._decode(_open_window(state, timers, key, end, True)),
+            )
+            held[1] = agg.add(held[1], input)
             if pending.early is not None:
                 pending.early.append((record.index, record.topic, record.partition, key, end))
             added = True
@@ -354,7 +443,11 @@ class Windowed:
         data = state.get(at)
         if data is None:
             time = record.time()
-            data = _open_window(state, time, key, end, True)
+            held = pending.held.take(record, key, end)
+            if held is not None:
+                data = self.aggregate.encode(held[1])
+            else:
+                data = _open_window(state, time, key, end, True)
             if data is not None:
                 # Its timer stays, without the window: it may also forget
                 # a retained one.

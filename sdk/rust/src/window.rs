@@ -70,7 +70,10 @@ pub enum Windows {
     Session { gap_ms: i64 },
 }
 
-/// An aggregate's running value, as state keeps it.
+/// An aggregate's running value, as state keeps it. `from_bytes` must give
+/// back what `to_bytes` was given: a batch keeps each window's value in
+/// memory and state keeps its bytes between batches, so a value that does
+/// not survive the round trip would depend on where batches end.
 pub trait Accumulator: Sized {
     fn to_bytes(&self) -> Vec<u8>;
     fn from_bytes(bytes: &[u8]) -> Option<Self>;
@@ -517,7 +520,9 @@ impl<G: Aggregate> Windowed<G> {
                 continue;
             }
             let init = || self.aggregate.init();
-            let held = pending.held.get_mut(event.slot, &state, event.key, end, init);
+            let held = pending
+                .held
+                .get_mut(event.slot, &state, event.key, end, init);
             self.aggregate.add(held, event.input);
             if let Some(touched) = &mut pending.early {
                 touched.push(Touched::of(event, end));

@@ -31,9 +31,8 @@ struct Ceiling<'b> {
 impl<'b> Ceilings<'b> {
     /// Where `record`'s partition is among the batch's (its slot).
     pub(super) fn slot(&mut self, record: &Record<'b>) -> usize {
-        let found = (self.partitions.iter()).rposition(|c| {
-            c.partition == record.partition && c.topic == record.topic
-        });
+        let found = (self.partitions.iter())
+            .rposition(|c| c.partition == record.partition && c.topic == record.topic);
         found.unwrap_or_else(|| {
             self.partitions.push(Ceiling {
                 topic: record.topic,

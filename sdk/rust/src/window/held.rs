@@ -105,7 +105,10 @@ impl<A: Accumulator> HeldWindows<A> {
                 self.held.len() - 1
             }
         };
-        self.held[at].acc.as_mut().expect("a held window has its aggregate")
+        self.held[at]
+            .acc
+            .as_mut()
+            .expect("a held window has its aggregate")
     }
 
     /// Takes `key`'s open window ending at `end_ms` out of the batch's
