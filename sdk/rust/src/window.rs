@@ -455,9 +455,10 @@ impl<G: Aggregate> Windowed<G> {
     }
 
     /// The batch's end: writes back the windows it holds, moves the
-    /// watermarks past its records, then hands out the finals of windows late records closed, the updates (before
-    /// the timers: one may forget a window this batch updated), the
-    /// windows the due timers close, and the early rows.
+    /// watermarks past its records, then hands out the finals of windows
+    /// late records closed, the updates (before the timers: one may forget
+    /// a window this batch updated), the windows the due timers close, and
+    /// the early rows.
     fn finish(
         &self,
         batch: &Batch,
@@ -519,10 +520,8 @@ impl<G: Aggregate> Windowed<G> {
                 added |= self.update_closed_window(event, (start, end), pending);
                 continue;
             }
-            let init = || self.aggregate.init();
-            let held = pending
-                .held
-                .get_mut(event.slot, &state, event.key, end, init);
+            let (slot, key, init) = (event.slot, event.key, || self.aggregate.init());
+            let held = pending.held.get_mut(slot, &state, key, end, init);
             self.aggregate.add(held, event.input);
             if let Some(touched) = &mut pending.early {
                 touched.push(Touched::of(event, end));

@@ -43,8 +43,8 @@ struct Held<A> {
 }
 
 impl<A: Accumulator> HeldWindows<A> {
-    /// Hashes keys with `seed` (the batch's: a producer cannot pick keys
-    /// that collide).
+    /// Hashes keys with `seed` (the batch's), so the keys that collide
+    /// are not the same in every batch.
     pub(super) fn new(seed: u64) -> Self {
         let hasher = FixedState::with_seed(seed);
         HeldWindows {
@@ -113,8 +113,8 @@ impl<A: Accumulator> HeldWindows<A> {
 
     /// Takes `key`'s open window ending at `end_ms` out of the batch's
     /// open windows (a late record closed it): its aggregate's bytes,
-    /// held or as the host keeps it (removed from its timer's value), or
-    /// `None` if there is no such window.
+    /// held or read from the host (taken from the old layout's key if it
+    /// is there), or `None` if there is no such window.
     pub(super) fn take(
         &mut self,
         slot: usize,
