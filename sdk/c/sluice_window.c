@@ -203,13 +203,8 @@ typedef struct watermark {
 /* An open window a batch holds: read from its closing timer once, its
  * aggregate's bytes kept here as records change it, written back once. */
 typedef struct held {
-  uint32_t index; /* a record of its partition, to name it to the host */
-  const char *topic;
-  size_t topic_len;
-  int32_t partition;
-  uint8_t *key;
-  size_t key_len;
-  int64_t end;
+  touch at; /* its partition, key and end; a record of its partition, to
+             * name it to the host (`order` unused) */
   uint64_t hash;
   bool found; /* it has an aggregate (else init) */
   bool taken; /* a late record closed it: not written back */
@@ -335,17 +330,18 @@ static uint64_t held_hash(uint64_t seed, const sluice_record *r, const uint8_t *
   return h;
 }
 
+static int compare_window(const touch *x, const touch *y);
+
 /* Where the window is in the table: its slot (holding it, or empty). */
 static size_t held_slot(const helds *h, uint64_t hash, const sluice_record *r, const uint8_t *key,
                         size_t key_len, int64_t end) {
+  /* Only read: the key is not copied. */
+  touch probe = {r->index, r->topic, r->topic_len, r->partition, (uint8_t *)key, key_len, end, 0};
   size_t mask = h->slot_count - 1;
   for (size_t i = hash & mask;; i = (i + 1) & mask) {
     if (!h->slots[i]) return i;
     const held *x = &h->items[h->slots[i] - 1];
-    if (x->hash == hash && x->end == end && x->partition == r->partition && x->key_len == key_len &&
-        x->topic_len == r->topic_len && memcmp(x->key, key, key_len) == 0 &&
-        memcmp(x->topic, r->topic, r->topic_len) == 0)
-      return i;
+    if (x->hash == hash && compare_window(&x->at, &probe) == 0) return i;
   }
 }
 
@@ -387,8 +383,8 @@ static held *get_held(helds *h, const sluice_record *r, const uint8_t *key, size
     if (!h->items) abort();
   }
   held *x = &h->items[h->count];
-  *x = (held){r->index, r->topic, r->topic_len, r->partition, copy_bytes(key, key_len), key_len, end, hash,
-              false, false, NULL, 0};
+  touch at = {r->index, r->topic, r->topic_len, r->partition, copy_bytes(key, key_len), key_len, end, 0};
+  *x = (held){at, hash, false, false, NULL, 0};
   x->found = open_window(r, key, key_len, end, true, &x->data, &x->len);
   h->slots[slot] = ++h->count;
   return x;
@@ -418,10 +414,10 @@ static void write_back(helds *h) {
       uint8_t *value = alloc(x->len + 1);
       value[0] = WINDOW_TAG;
       if (x->len) memcpy(value + 1, x->data, x->len);
-      sluice_time_set_timer_value(x->index, x->key, x->key_len, x->end - 1, value, x->len + 1);
+      sluice_time_set_timer_value(x->at.index, x->at.key, x->at.key_len, x->at.end - 1, value, x->len + 1);
       free(value);
     }
-    free(x->key), free(x->data);
+    free(x->at.key), free(x->data);
   }
   free(h->items), free(h->slots);
   *h = (helds){.seed = h->seed};
