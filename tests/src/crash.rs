@@ -7,7 +7,7 @@
 
 use crate::{numbered, produce, produce_transaction, spawn_until_caught_up};
 use rand::Rng;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,10 +72,9 @@ pub async fn kill_group_loop(
             *slot = Some(spawn_drained(config));
         }
         while !all_exited(&mut running) && committed().await <= batches {
-            assert!(
-                started.elapsed() < Duration::from_secs(900),
-                "crash loop took too long"
-            );
+            if started.elapsed() > Duration::from_secs(900) {
+                stalled(config, &mut running);
+            }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.gen_range(0..60))).await;
@@ -105,10 +104,32 @@ pub async fn kill_group_loop(
     (done, batches)
 }
 
+/// Where the members' logs go: next to the config, appended by each.
+fn members_log(config: &Path) -> PathBuf {
+    config.with_extension("members.log")
+}
+
+/// Stops the members (a stalled one would outlive the test) and fails
+/// with the end of their logs, so a stall says where it stopped.
+fn stalled(config: &Path, running: &mut [Option<Child>]) -> ! {
+    for child in running.iter_mut().flatten() {
+        child.kill().ok();
+        child.wait().ok();
+    }
+    let log = std::fs::read_to_string(members_log(config)).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+    panic!("crash loop took too long; the members' last log lines:\n{tail}");
+}
+
 /// `sluice run --until-caught-up CONFIG`, its stdout drained, so a pipeline
-/// printing its rows (the stdout sink) never blocks on a full pipe.
+/// printing its rows (the stdout sink) never blocks on a full pipe; its log
+/// (info) appended to [`members_log`].
 fn spawn_drained(config: &Path) -> Child {
-    let mut child = spawn_until_caught_up(config, "warn", Stdio::null());
+    let log = (std::fs::OpenOptions::new().create(true).append(true))
+        .open(members_log(config))
+        .expect("the members' log");
+    let mut child = spawn_until_caught_up(config, "info", Stdio::from(log));
     let mut out = child.stdout.take().expect("piped stdout");
     std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
     child
