@@ -28,6 +28,16 @@ static void *alloc(size_t n) {
   return p;
 }
 
+/* Room for one more item in an array of `count` items of `size` bytes
+ * (`*cap` of them allocated): doubled when full, `first` to start. */
+static void *room_for_one(void *items, size_t count, size_t *cap, size_t size, size_t first) {
+  if (count < *cap) return items;
+  *cap = *cap ? *cap * 2 : first;
+  items = realloc(items, *cap * size);
+  if (!items) abort();
+  return items;
+}
+
 static uint8_t *copy_bytes(const uint8_t *data, size_t len) {
   uint8_t *copy = alloc(len);
   if (len) memcpy(copy, data, len);
@@ -244,11 +254,7 @@ typedef struct run {
 static void touch_window(touches *t, const sluice_record *r, const uint8_t *key, size_t key_len,
                          int64_t end) {
   if (!t) return;
-  if (t->count == t->cap) {
-    t->cap = t->cap ? t->cap * 2 : 64;
-    t->items = realloc(t->items, t->cap * sizeof *t->items);
-    if (!t->items) abort();
-  }
+  t->items = room_for_one(t->items, t->count, &t->cap, sizeof *t->items, 64);
   t->items[t->count] =
       (touch){r->index, r->topic, r->topic_len, r->partition, copy_bytes(key, key_len), key_len, end, t->count};
   t->count++;
@@ -257,11 +263,7 @@ static void touch_window(touches *t, const sluice_record *r, const uint8_t *key,
 static void push_closed(run *run, uint32_t index, const uint8_t *key, size_t key_len, int64_t start,
                         int64_t end, const uint8_t *data, size_t len) {
   closeds *c = &run->closed;
-  if (c->count == c->cap) {
-    c->cap = c->cap ? c->cap * 2 : 16;
-    c->items = realloc(c->items, c->cap * sizeof *c->items);
-    if (!c->items) abort();
-  }
+  c->items = room_for_one(c->items, c->count, &c->cap, sizeof *c->items, 16);
   c->items[c->count++] =
       (closed){index, copy_bytes(key, key_len), key_len, start, end, copy_bytes(data, len), len};
 }
@@ -309,11 +311,7 @@ static ceiling *ceiling_of(ceilings *cs, const sluice_record *r) {
         memcmp(c->topic, r->topic, r->topic_len) == 0)
       return c;
   }
-  if (cs->count == cs->cap) {
-    cs->cap = cs->cap ? cs->cap * 2 : 4;
-    cs->items = realloc(cs->items, cs->cap * sizeof *cs->items);
-    if (!cs->items) abort();
-  }
+  cs->items = room_for_one(cs->items, cs->count, &cs->cap, sizeof *cs->items, 4);
   cs->items[cs->count] = (ceiling){r->topic, r->topic_len, r->partition, false, false, 0};
   return &cs->items[cs->count++];
 }
@@ -377,11 +375,7 @@ static held *get_held(helds *h, const sluice_record *r, const uint8_t *key, size
     }
     return x;
   }
-  if (h->count == h->cap) {
-    h->cap = h->cap ? h->cap * 2 : 256;
-    h->items = realloc(h->items, h->cap * sizeof *h->items);
-    if (!h->items) abort();
-  }
+  h->items = room_for_one(h->items, h->count, &h->cap, sizeof *h->items, 256);
   held *x = &h->items[h->count];
   touch at = {r->index, r->topic, r->topic_len, r->partition, copy_bytes(key, key_len), key_len, end, 0};
   *x = (held){at, hash, false, false, NULL, 0};
