@@ -735,6 +735,119 @@ async fn a_frozen_instance_holds_the_others_up_for_at_most_the_lock_timeout() {
     );
 }
 
+/// An instance frozen (SIGSTOP) inside a `COPY ... FROM STDIN` (its append
+/// rows) leaves its Postgres session active and waiting on the client, which
+/// no timeout of the server's ends, holding the checkpoint rows it moved
+/// first. The other instance, once its statements time out on those rows,
+/// ends that session (it is sluice's, holds a transaction, and has waited on
+/// its client longer than `lock_timeout_ms`) and takes every partition over
+/// while the first stays frozen. Thawed, the first resolves its batch from
+/// the checkpoint; the rows equal the committed input, one per record.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_instance_frozen_inside_a_copy_is_ended_by_the_instance_it_blocks() {
+    use sluice_tests::control::Host;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let _only = Db::Postgres.lock().lock().await;
+    let name = "sluice_pg_frozen_copy";
+    let brokers = shared_broker();
+    create_topic(brokers, name, 2);
+    let db = Db::Postgres.fresh(name).await;
+    let dir = TempDir::new(name);
+    let lock_timeout_ms = 3000u64;
+    let config = db
+        .configure(
+            PipelineToml::identity(name, brokers, name, 500)
+                .sink("lock_timeout_ms", lock_timeout_ms as i64),
+        )
+        .write(dir.path());
+    let stop = Arc::new(AtomicBool::new(false));
+    let producing = {
+        let (stop, topic) = (Arc::clone(&stop), name.to_string());
+        std::thread::spawn(move || {
+            use rdkafka::producer::Producer as _;
+            let p = producer(shared_broker(), None);
+            let mut sent = 0;
+            while !stop.load(Ordering::SeqCst) {
+                for r in &numbered(&format!("live{sent}"), 100, 2) {
+                    send(&p, &topic, r);
+                }
+                p.flush(Duration::from_secs(60)).expect("flush");
+                sent += 100;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            sent
+        })
+    };
+    let a = Host::start(&config, &dir.path().join("a.log"));
+    let b = Host::start(&config, &dir.path().join("b.log"));
+    a.wait_for_log("batch committed", 1, Duration::from_secs(90));
+    b.wait_for_log("batch committed", 1, Duration::from_secs(90));
+
+    // Catch A inside its COPY: hold the records table until A's COPY waits
+    // for it, stop A, let the COPY start: its session now waits for data.
+    let pool = db.pool().await;
+    let table_lock = lock_exclusive(&pool, &db, "records").await;
+    wait_for_session_of(&a, &pool, "wait_event_type = 'Lock' AND query LIKE 'COPY%'").await;
+    a.signal(libc::SIGSTOP);
+    let frozen_at = Instant::now();
+    table_lock.rollback().await.unwrap();
+    wait_for_session_of(&a, &pool, "state = 'active' AND wait_event = 'ClientRead'").await;
+    let at_freeze = db.checkpoints().await;
+
+    // B takes A's partitions over (6 s session timeout, the group's join)
+    // and moves every checkpoint on while A is still frozen.
+    let deadline = frozen_at + Duration::from_secs(60);
+    loop {
+        let now = db.checkpoints().await;
+        if at_freeze.iter().all(|(p, at)| now.get(p) > Some(at)) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "B did not get past the frozen A in 60 s: checkpoints {now:?}, at the freeze {at_freeze:?}\nB:\n{}",
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let moved_after = frozen_at.elapsed();
+    // A's other connections are idle; the one in the COPY is gone.
+    let own = local_ports_to(a.pid(), 5432);
+    let in_transaction: Vec<i32> = sqlx::query_scalar(
+        "SELECT client_port FROM pg_stat_activity \
+         WHERE application_name = 'sluice' AND backend_xid IS NOT NULL",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        !in_transaction.iter().any(|p| own.contains(p)),
+        "the frozen A still holds a transaction"
+    );
+    a.signal(libc::SIGCONT);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    stop.store(true, Ordering::SeqCst);
+    let sent = producing.join().unwrap() as i64;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while db.checkpoints().await.values().sum::<i64>() != sent {
+        assert!(
+            Instant::now() < deadline,
+            "not caught up with {sent} records\nA:\n{}\nB:\n{}",
+            a.log(),
+            b.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    a.stop();
+    b.stop();
+    pool.close().await;
+    let rows = db.assert_exactly_once(brokers, name, 2, name).await;
+    println!(
+        "frozen inside a COPY: every checkpoint moved {} ms after the freeze; {rows} records exactly once",
+        moved_after.as_millis()
+    );
+}
+
 /// Postgres is down for two minutes while the pipeline runs in a group
 /// whose `max.poll.interval.ms` is 20 s. The commit retries through the
 /// outage while the source keeps the membership alive (it polls with the

@@ -6,6 +6,9 @@
 //! transaction per batch holds the rows, the dead letters, the lineage and
 //! the offset compare-and-set. Two owners of one partition serialize on the
 //! checkpoint row's lock; the second finds the offset moved and is fenced.
+//! A frozen owner's transaction ends after `sink.lock_timeout_ms`: idle in
+//! it, by the server's timeout; inside a COPY, by the owner it blocks
+//! (`stalled.rs`); either way it rolls back and its batch is re-planned.
 //! A lost reply to `COMMIT` is resolved by reading the checkpoint back. It
 //! depends on (1) the source replaying the same records for the same range
 //! (Kafka, `read_committed`), (2) the module being deterministic, and (3)
@@ -13,6 +16,7 @@
 
 mod config;
 mod sink;
+mod stalled;
 #[cfg(test)]
 mod tests;
 

@@ -11,12 +11,14 @@
 //! checkpoint and not written twice.
 
 use super::config::PostgresConfig;
+use super::stalled;
 use crate::config::{ColumnType, SinkConfig, StoreConnection, Writes};
 use crate::section::WriteMode;
 use crate::sink::{SinkError, redact_url};
 use crate::{Cell, Dialect, POSTGRES, Param, SqlBackend, SqlSink, SqlTx, Target, TypedColumn};
 use sqlx::postgres::{PgArguments, PgPool};
 use sqlx::{Arguments, Postgres, Row, Transaction};
+use std::time::Duration;
 
 /// The Postgres sink.
 pub type PostgresSink = SqlSink<PostgresBackend>;
@@ -39,11 +41,20 @@ pub async fn open_with(
         .connect_with(options)
         .await
         .map_err(|e| SinkError::connecting(&redact_url(&store.url), e))?;
-    SqlSink::open(PostgresBackend { pool }, store, writes).await
+    let stalled_after = Duration::from_millis(store.lock_timeout_ms);
+    let backend = PostgresBackend {
+        pool,
+        stalled_after,
+    };
+    SqlSink::open(backend, store, writes).await
 }
 
 pub struct PostgresBackend {
     pub(super) pool: PgPool,
+    /// How long a session of sluice's may wait on its client inside a
+    /// statement before a blocked instance ends it (`lock_timeout_ms`; see
+    /// `stalled.rs`).
+    stalled_after: Duration,
 }
 
 /// A target's statement (one per target: the mode decides its shape).
@@ -66,6 +77,11 @@ const COPY_CHUNK: usize = 1 << 20;
 
 pub struct PostgresTx {
     tx: Transaction<'static, Postgres>,
+    /// The backend's pool (another connection than `tx`'s), to end the
+    /// stalled sessions that hold this transaction up.
+    pool: PgPool,
+    /// The backend's `stalled_after`.
+    stalled_after: Duration,
 }
 
 /// Connection trouble, server shutdown, serialization failures and
@@ -333,6 +349,8 @@ impl SqlBackend for PostgresBackend {
     async fn begin(&self) -> Result<PostgresTx, SinkError> {
         Ok(PostgresTx {
             tx: self.pool.begin().await.map_err(db_err)?,
+            pool: self.pool.clone(),
+            stalled_after: self.stalled_after,
         })
     }
 
@@ -372,7 +390,10 @@ impl SqlBackend for PostgresBackend {
 
 impl SqlTx<Statements> for PostgresTx {
     async fn execute(&mut self, sql: &str, params: &[Param<'_>]) -> Result<u64, SinkError> {
-        execute_on(&mut *self.tx, sql, params).await
+        match execute_on(&mut *self.tx, sql, params).await {
+            Err(e) => Err(self.failed(e).await),
+            done => done,
+        }
     }
 
     async fn query_i64(
@@ -380,12 +401,53 @@ impl SqlTx<Statements> for PostgresTx {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Option<i64>, SinkError> {
-        query_i64_on(&mut *self.tx, sql, params).await
+        match query_i64_on(&mut *self.tx, sql, params).await {
+            Err(e) => Err(self.failed(e).await),
+            found => found,
+        }
     }
 
     async fn write_rows(
         &mut self,
         _target: &Target,
+        statements: &Statements,
+        columns: &[TypedColumn<'_>],
+        rows: usize,
+    ) -> Result<(), SinkError> {
+        match self.write(statements, columns, rows).await {
+            Err(e) => Err(self.failed(e).await),
+            done => done,
+        }
+    }
+
+    async fn commit(self) -> Result<(), SinkError> {
+        self.tx.commit().await.map_err(|e| match e {
+            // The server answered: the transaction did not commit.
+            sqlx::Error::Database(_) => db_err(e),
+            other => SinkError::commit_unknown("", other),
+        })
+    }
+
+    async fn rollback(self) {
+        // A broken connection is closed by the pool; the server rolls back.
+        let _ = self.tx.rollback().await;
+    }
+}
+
+impl PostgresTx {
+    /// Passes a failed statement's error on; first, if it waited
+    /// `lock_timeout` for a lock, ends the stalled sluice sessions that may
+    /// hold it (a frozen instance inside a COPY), so the retry gets it.
+    async fn failed(&self, e: SinkError) -> SinkError {
+        if stalled::timed_out_on_a_lock(&e) {
+            stalled::end_stalled_sessions(&self.pool, self.stalled_after).await;
+        }
+        e
+    }
+
+    /// A target's rows: streamed by COPY (append) or bound as arrays.
+    async fn write(
+        &mut self,
         statements: &Statements,
         columns: &[TypedColumn<'_>],
         rows: usize,
@@ -420,18 +482,5 @@ impl SqlTx<Statements> for PostgresTx {
             }
         }
         Ok(())
-    }
-
-    async fn commit(self) -> Result<(), SinkError> {
-        self.tx.commit().await.map_err(|e| match e {
-            // The server answered: the transaction did not commit.
-            sqlx::Error::Database(_) => db_err(e),
-            other => SinkError::commit_unknown("", other),
-        })
-    }
-
-    async fn rollback(self) {
-        // A broken connection is closed by the pool; the server rolls back.
-        let _ = self.tx.rollback().await;
     }
 }
