@@ -4,6 +4,8 @@
 //! columns have exactly sluice's types, text otherwise); upsert, accumulate
 //! and delete run one statement per target and batch, the columns bound as
 //! arrays and expanded by `UNNEST` (prepared once, reused by every batch).
+//! A statement of the batch transaction that times out on a lock first has
+//! `stalled.rs` end the frozen sessions that may hold it.
 //!
 //! Delivery guarantee: see the module header in `mod.rs`. It must never
 //! report a lost `COMMIT` reply as anything but

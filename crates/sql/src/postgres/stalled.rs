@@ -47,17 +47,17 @@ pub fn timed_out_on_a_lock(e: &SinkError) -> bool {
 }
 
 /// Ends the sessions stalled inside a statement for longer than
-/// `stalled_for` (see the module header); logs each. Failing to look or to
-/// end one is logged and otherwise ignored: the caller's own error is the
-/// one that matters.
-pub async fn end_stalled_sessions(pool: &PgPool, stalled_for: Duration) {
+/// `stalled_for` (see the module header); logs each and returns their
+/// pids. Failing to look or to end one is logged and otherwise ignored:
+/// the caller's own error is the one that matters.
+pub async fn end_stalled_sessions(pool: &PgPool, stalled_for: Duration) -> Vec<i32> {
     let ended: Result<Vec<i32>, sqlx::Error> = sqlx::query_scalar(END_STALLED)
         .bind(stalled_for.as_millis() as i64)
         .fetch_all(pool)
         .await;
     match ended {
         Ok(pids) => {
-            for pid in pids {
+            for &pid in &pids {
                 tracing::warn!(
                     pid,
                     "ended a sluice session of this database that held locks while waiting on its \
@@ -65,7 +65,11 @@ pub async fn end_stalled_sessions(pool: &PgPool, stalled_for: Duration) {
                     stalled_for.as_millis()
                 );
             }
+            pids
         }
-        Err(e) => tracing::warn!("could not look for stalled sluice sessions: {e}"),
+        Err(e) => {
+            tracing::warn!("could not look for stalled sluice sessions: {e}");
+            Vec::new()
+        }
     }
 }

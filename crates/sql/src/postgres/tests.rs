@@ -130,3 +130,128 @@ async fn many_state_deletes_in_one_batch() {
     let sink = open(schema, "", s::COUNTS).await;
     s::state_bulk_deletes(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
 }
+
+/// A connection named `app` on the test database, and its backend's pid.
+async fn session(app: &str) -> (sqlx::PgConnection, i32) {
+    use sqlx::Connection;
+    let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url())
+        .unwrap()
+        .application_name(app);
+    let mut conn = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    (conn, pid)
+}
+
+/// Which of `pids` still have a session.
+async fn alive(pool: &sqlx::PgPool, pids: &[i32]) -> Vec<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE pid = ANY($1) ORDER BY pid")
+        .bind(pids)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Only a sluice session waiting on its client inside a statement (a COPY
+/// whose data never comes) with a transaction, for longer than the bound,
+/// is ended: not one idle in its transaction (the server's timeout is for
+/// that), not another application's stalled COPY, not one stalled for
+/// less than the bound.
+#[tokio::test]
+async fn only_sluice_sessions_stalled_inside_a_statement_are_ended() {
+    use super::stalled::end_stalled_sessions;
+    use std::time::Duration;
+    let table = "sluice_ut_stalled";
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_with(
+            <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url())
+                .unwrap()
+                .application_name("sluice"),
+        )
+        .await
+        .unwrap();
+    sqlx::raw_sql(&format!(
+        "DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (x bigint)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let insert = format!("INSERT INTO {table} VALUES (1)");
+    let copy = format!("COPY {table} FROM STDIN");
+    let (mut stalled, stalled_pid) = session("sluice").await;
+    let (mut idle, idle_pid) = session("sluice").await;
+    let (mut other, other_pid) = session("someone else").await;
+    for conn in [&mut stalled, &mut idle, &mut other] {
+        sqlx::raw_sql(&format!("BEGIN; {insert}"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+    }
+    let stalled_copy = stalled.copy_in_raw(&copy).await.unwrap();
+    let other_copy = other.copy_in_raw(&copy).await.unwrap();
+    let all = [stalled_pid, idle_pid, other_pid];
+    let mut expected = all.to_vec();
+    expected.sort();
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        end_stalled_sessions(&pool, Duration::from_secs(60)).await,
+        Vec::<i32>::new(),
+        "stalled for less than the bound"
+    );
+    assert_eq!(
+        end_stalled_sessions(&pool, Duration::from_millis(200)).await,
+        vec![stalled_pid]
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    expected.retain(|&p| p != stalled_pid);
+    while alive(&pool, &all).await != expected {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the stalled session is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop((stalled_copy, other_copy));
+    drop((stalled, idle, other));
+    sqlx::raw_sql(&format!("DROP TABLE {table}"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+/// A lock timeout (55P03), as the sink's errors carry it, is told apart
+/// from any other failed statement.
+#[tokio::test]
+async fn a_lock_timeout_is_recognised_through_the_sink_error() {
+    use crate::sink::SinkError;
+    let (mut holder, _) = session("sluice").await;
+    let (mut waiter, _) = session("sluice").await;
+    let table = "sluice_ut_lock_timeout";
+    for sql in [
+        format!("DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (x bigint)"),
+        format!("BEGIN; LOCK TABLE {table}"),
+    ] {
+        sqlx::raw_sql(&sql).execute(&mut holder).await.unwrap();
+    }
+    let timed_out = sqlx::raw_sql(&format!("SET lock_timeout = 100; SELECT * FROM {table}"))
+        .execute(&mut waiter)
+        .await
+        .unwrap_err();
+    let other = sqlx::raw_sql("SELECT * FROM sluice_ut_no_such_table")
+        .execute(&mut waiter)
+        .await
+        .unwrap_err();
+    assert!(super::stalled::timed_out_on_a_lock(
+        &SinkError::unavailable("", timed_out)
+    ));
+    assert!(!super::stalled::timed_out_on_a_lock(&SinkError::database(
+        "", other
+    )));
+    sqlx::raw_sql(&format!("ROLLBACK; DROP TABLE {table}"))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+}
