@@ -266,6 +266,48 @@ pub fn producer_config(brokers: &str, linger_ms: u64) -> ClientConfig {
     c
 }
 
+/// A producer thread that keeps sending until finished: chunk after chunk
+/// (`chunk(sent so far)`), each flushed, then a pause.
+pub struct Producing {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<usize>,
+}
+
+impl Producing {
+    /// Starts sending `chunk`s to `topic` on the shared broker.
+    pub fn start(
+        topic: &str,
+        pause: Duration,
+        chunk: impl Fn(usize) -> Vec<Produce> + Send + 'static,
+    ) -> Producing {
+        use rdkafka::producer::Producer as _;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (stopped, topic) = (std::sync::Arc::clone(&stop), topic.to_string());
+        let thread = std::thread::spawn(move || {
+            let p = producer(shared_broker(), None);
+            let mut sent = 0;
+            while !stopped.load(Ordering::SeqCst) {
+                let records = chunk(sent);
+                for r in &records {
+                    send(&p, &topic, r);
+                }
+                p.flush(Duration::from_secs(60)).expect("flush");
+                sent += records.len();
+                std::thread::sleep(pause);
+            }
+            sent
+        });
+        Producing { stop, thread }
+    }
+
+    /// Stops after the chunk in flight; returns how many records were sent.
+    pub fn finish(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.thread.join().expect("the producer thread")
+    }
+}
+
 /// Queues one record, waiting while the producer's queue is full.
 pub fn send(p: &ThreadedProducer<DefaultProducerContext>, topic: &str, r: &Produce) {
     let mut rec = BaseRecord::<str, str>::to(topic)

@@ -148,6 +148,32 @@ impl SinkDb {
         rows.into_iter().collect()
     }
 
+    /// Waits until `pipeline`'s checkpoints add up to `total` (its
+    /// partitions' logs start at 0: all of `total` records committed);
+    /// fails after `limit` with `logs()`.
+    pub async fn wait_for_committed_total(
+        &self,
+        pipeline: &str,
+        total: i64,
+        limit: std::time::Duration,
+        logs: impl Fn() -> String,
+    ) {
+        let sql = format!(
+            "SELECT CAST(sum({}) AS BIGINT) FROM {} WHERE pipeline = '{pipeline}'",
+            self.ident("next_offset"),
+            self.table("sluice_checkpoints")
+        );
+        let deadline = std::time::Instant::now() + limit;
+        while self.scalar(&sql).await != Some(total) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not caught up with {total} records\n{}",
+                logs()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// How many batches the pipelines committed (0 before the first).
     pub async fn committed_batches(&self) -> i64 {
         let sql = format!("SELECT count(*) FROM {}", self.table("sluice_batches"));

@@ -376,8 +376,6 @@ async fn postgres_fenced_owner_writes_no_state() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_frozen_zombie_with_cached_state_never_lands_stale_counts() {
     use sluice_tests::control::Host;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     use std::time::Duration;
     let _only = POSTGRES.lock().await;
     let name = "state_pg_zombie";
@@ -393,25 +391,9 @@ async fn a_frozen_zombie_with_cached_state_never_lands_stale_counts() {
     let config = db
         .configure(tally::config(name, brokers, 500))
         .write(dir.path());
-    let stop = Arc::new(AtomicBool::new(false));
-    let producing = {
-        let (stop, topic) = (Arc::clone(&stop), name.to_string());
-        std::thread::spawn(move || {
-            use rdkafka::producer::Producer as _;
-            let p = producer(shared_broker(), None);
-            let mut sent = 0;
-            while !stop.load(Ordering::SeqCst) {
-                let chunk = tally::keyed(numbered(&format!("live{sent}"), 200, PARTITIONS));
-                for r in &chunk {
-                    send(&p, &topic, r);
-                }
-                p.flush(Duration::from_secs(60)).expect("flush");
-                sent += chunk.len();
-                std::thread::sleep(Duration::from_millis(40));
-            }
-            sent
-        })
-    };
+    let producing = Producing::start(name, Duration::from_millis(40), |sent| {
+        tally::keyed(numbered(&format!("live{sent}"), 200, PARTITIONS))
+    });
     let a = Host::start(&config, &dir.path().join("a.log"));
     a.wait_for_log("batch committed", 3, Duration::from_secs(90));
     let committed = a.log().matches("batch committed").count();
@@ -425,23 +407,11 @@ async fn a_frozen_zombie_with_cached_state_never_lands_stale_counts() {
     assert!(db.committed_batches().await > frozen_batches);
     a.signal(libc::SIGCONT);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    stop.store(true, Ordering::SeqCst);
-    let sent = 20_000 + producing.join().unwrap() as i64;
+    let sent = 20_000 + producing.finish() as i64;
     // The two instances finish the input themselves.
-    let done = format!(
-        "SELECT CAST(sum(next_offset) AS BIGINT) FROM {} WHERE pipeline = '{name}'",
-        db.table("sluice_checkpoints")
-    );
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while db.scalar(&done).await != Some(sent) {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not caught up with {sent} records\nA:\n{}\nB:\n{}",
-            a.log(),
-            b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let logs = || format!("A:\n{}\nB:\n{}", a.log(), b.log());
+    db.wait_for_committed_total(name, sent, Duration::from_secs(180), logs)
+        .await;
     a.stop();
     b.stop();
     let input = read_committed(brokers, name, PARTITIONS);

@@ -746,8 +746,6 @@ async fn a_frozen_instance_holds_the_others_up_for_at_most_the_lock_timeout() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_instance_frozen_inside_a_copy_is_ended_by_the_instance_it_blocks() {
     use sluice_tests::control::Host;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
     let _only = Db::Postgres.lock().lock().await;
     let name = "sluice_pg_frozen_copy";
     let brokers = shared_broker();
@@ -761,24 +759,9 @@ async fn an_instance_frozen_inside_a_copy_is_ended_by_the_instance_it_blocks() {
                 .sink("lock_timeout_ms", lock_timeout_ms as i64),
         )
         .write(dir.path());
-    let stop = Arc::new(AtomicBool::new(false));
-    let producing = {
-        let (stop, topic) = (Arc::clone(&stop), name.to_string());
-        std::thread::spawn(move || {
-            use rdkafka::producer::Producer as _;
-            let p = producer(shared_broker(), None);
-            let mut sent = 0;
-            while !stop.load(Ordering::SeqCst) {
-                for r in &numbered(&format!("live{sent}"), 100, 2) {
-                    send(&p, &topic, r);
-                }
-                p.flush(Duration::from_secs(60)).expect("flush");
-                sent += 100;
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            sent
-        })
-    };
+    let producing = Producing::start(name, Duration::from_millis(50), |sent| {
+        numbered(&format!("live{sent}"), 100, 2)
+    });
     let a = Host::start(&config, &dir.path().join("a.log"));
     let b = Host::start(&config, &dir.path().join("b.log"));
     a.wait_for_log("batch committed", 1, Duration::from_secs(90));
@@ -826,18 +809,10 @@ async fn an_instance_frozen_inside_a_copy_is_ended_by_the_instance_it_blocks() {
     );
     a.signal(libc::SIGCONT);
     tokio::time::sleep(Duration::from_secs(5)).await;
-    stop.store(true, Ordering::SeqCst);
-    let sent = producing.join().unwrap() as i64;
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while db.checkpoints().await.values().sum::<i64>() != sent {
-        assert!(
-            Instant::now() < deadline,
-            "not caught up with {sent} records\nA:\n{}\nB:\n{}",
-            a.log(),
-            b.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let sent = producing.finish() as i64;
+    let logs = || format!("A:\n{}\nB:\n{}", a.log(), b.log());
+    db.wait_for_committed_total(name, sent, Duration::from_secs(120), logs)
+        .await;
     a.stop();
     b.stop();
     pool.close().await;
