@@ -138,6 +138,20 @@ pub trait SqlTx<S> {
     async fn rollback(self);
 }
 
+/// Commits a sqlx transaction as [`SqlTx::commit`] must: an error the
+/// server answered with goes through the backend's `db_err` (the
+/// transaction did not commit); any other (the connection lost before the
+/// reply) is [`SinkError::CommitUnknown`].
+async fn commit_sqlx<DB: sqlx::Database>(
+    tx: sqlx::Transaction<'static, DB>,
+    db_err: fn(sqlx::Error) -> SinkError,
+) -> Result<(), SinkError> {
+    tx.commit().await.map_err(|e| match e {
+        sqlx::Error::Database(_) => db_err(e),
+        other => SinkError::commit_unknown("", other),
+    })
+}
+
 /// A batch to commit, with the scope numbers its state changes are
 /// written under.
 struct Batch<'a> {

@@ -423,11 +423,7 @@ impl SqlTx<Statements> for PostgresTx {
     }
 
     async fn commit(self) -> Result<(), SinkError> {
-        self.tx.commit().await.map_err(|e| match e {
-            // The server answered: the transaction did not commit.
-            sqlx::Error::Database(_) => db_err(e),
-            other => SinkError::commit_unknown("", other),
-        })
+        crate::commit_sqlx(self.tx, db_err).await
     }
 
     async fn rollback(self) {

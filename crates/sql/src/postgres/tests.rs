@@ -131,13 +131,17 @@ async fn many_state_deletes_in_one_batch() {
     s::state_bulk_deletes(&sink, &sink_config(&url(), Some(schema), "", s::COUNTS)).await;
 }
 
+/// The test database's connection options, as application `app`.
+fn named(app: &str) -> sqlx::postgres::PgConnectOptions {
+    <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url())
+        .unwrap()
+        .application_name(app)
+}
+
 /// A connection named `app` on the test database, and its backend's pid.
 async fn session(app: &str) -> (sqlx::PgConnection, i32) {
     use sqlx::Connection;
-    let options = <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url())
-        .unwrap()
-        .application_name(app);
-    let mut conn = sqlx::PgConnection::connect_with(&options).await.unwrap();
+    let mut conn = sqlx::PgConnection::connect_with(&named(app)).await.unwrap();
     let pid = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut conn)
         .await
@@ -165,11 +169,7 @@ async fn only_sluice_sessions_stalled_inside_a_statement_are_ended() {
     use std::time::Duration;
     let table = "sluice_ut_stalled";
     let pool = sqlx::postgres::PgPoolOptions::new()
-        .connect_with(
-            <sqlx::postgres::PgConnectOptions as std::str::FromStr>::from_str(&url())
-                .unwrap()
-                .application_name("sluice"),
-        )
+        .connect_with(named("sluice"))
         .await
         .unwrap();
     sqlx::raw_sql(&format!(
