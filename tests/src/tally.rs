@@ -101,6 +101,23 @@ pub async fn stored(db: &SinkDb, pipeline: &str) -> Expected {
 /// The pipeline's stored state in `db` (a sink's database, or the
 /// `[state]` database of a sink that keeps none of its own), read directly.
 pub async fn stored_state(db: &SinkDb, pipeline: &str) -> BTreeMap<(i64, Vec<u8>), i64> {
+    stored_keys(db, pipeline)
+        .await
+        .into_iter()
+        .map(|(key, value)| {
+            let n = String::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .expect("a count as decimal text");
+            (key, n)
+        })
+        .collect()
+}
+
+/// Every key the pipeline keeps in `db` (a SQL database), per partition,
+/// with its value, read directly: the state table's rows with the state
+/// journal's rows of each partition laid over them in order.
+pub async fn stored_keys(db: &SinkDb, pipeline: &str) -> BTreeMap<(i64, Vec<u8>), Vec<u8>> {
     let pool = db.pool().await;
     let p = db.ident("partition");
     // As hex: MySQL reports the VARBINARY key to the `Any` driver as text.
@@ -108,28 +125,40 @@ pub async fn stored_state(db: &SinkDb, pipeline: &str) -> BTreeMap<(i64, Vec<u8>
         SinkDb::Postgres { .. } => "encode(k.state_key, 'hex')",
         _ => "hex(k.state_key)",
     };
+    let scopes = db.table("sluice_state_scopes");
     let state_sql = format!(
         "SELECT s.{p}, {key_hex}, k.value FROM {state} k JOIN {scopes} s ON s.scope = k.scope \
          WHERE s.pipeline = '{pipeline}'",
         state = db.table("sluice_keyed_state"),
-        scopes = db.table("sluice_state_scopes"),
     );
     let stored: Vec<(i64, String, Vec<u8>)> = sqlx::query_as(&state_sql)
         .fetch_all(&pool)
         .await
         .expect("state table");
+    let journal_sql = format!(
+        "SELECT s.{p}, j.changes FROM {journal} j JOIN {scopes} s ON s.scope = j.scope \
+         WHERE s.pipeline = '{pipeline}' ORDER BY s.{p}, j.seq",
+        journal = db.table("sluice_state_journal"),
+    );
+    let journal: Vec<(i64, Vec<u8>)> = sqlx::query_as(&journal_sql)
+        .fetch_all(&pool)
+        .await
+        .expect("state journal");
     pool.close().await;
-    stored
+    let mut keys: BTreeMap<(i64, Vec<u8>), Vec<u8>> = stored
         .into_iter()
-        .map(|(partition, key, value)| {
-            let key = hex::decode(key).expect("hex");
-            let n = String::from_utf8(value)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .expect("a count as decimal text");
-            ((partition, key), n)
-        })
-        .collect()
+        .map(|(partition, key, value)| ((partition, hex::decode(key).expect("hex")), value))
+        .collect();
+    for (partition, changes) in journal {
+        let changes = sluice::state::decode_keys(&changes).expect("a journal row");
+        for (key, value) in changes {
+            match value {
+                Some(v) => keys.insert((partition, key), v.value),
+                None => keys.remove(&(partition, key)),
+            };
+        }
+    }
+    keys
 }
 
 /// `config` (a tally pipeline's) into Redis at `url`: each row `hset`

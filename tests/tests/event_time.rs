@@ -309,22 +309,12 @@ async fn windows_opened_before_timer_values_close_after_an_upgrade() {
 
 /// How many windows `pipeline` keeps the way modules before contract
 /// 0.1.3 did (under a `sluice/w/` state key), read from the SQLite state
-/// table directly.
+/// table and journal directly.
 async fn old_window_keys(db: &SinkDb, pipeline: &str) -> i64 {
-    let sql = format!(
-        "SELECT count(*) FROM {state} k JOIN {scopes} s ON s.scope = k.scope \
-         WHERE s.pipeline = '{pipeline}' AND hex(k.state_key) LIKE '{prefix}%'",
-        state = db.table("sluice_keyed_state"),
-        scopes = db.table("sluice_state_scopes"),
-        prefix = hex::encode_upper(b"sluice/w/"),
-    );
-    let pool = db.pool().await;
-    let (n,): (i64,) = sqlx::query_as(&sql)
-        .fetch_one(&pool)
-        .await
-        .expect("state table");
-    pool.close().await;
-    n
+    let keys = sluice_tests::tally::stored_keys(db, pipeline).await;
+    keys.keys()
+        .filter(|(_, key)| key.starts_with(b"sluice/w/"))
+        .count() as i64
 }
 
 /// Two processes statically assigned the same partitions race over
@@ -379,6 +369,8 @@ struct TimerFlood {
     /// Holds the database.
     _dir: TempDir,
     db: SinkDb,
+    /// The pipeline's name (its topic's too).
+    name: String,
     config: std::path::PathBuf,
     run: MeasuredRun,
 }
@@ -416,6 +408,7 @@ fn flood_timers(name: &str, values: Vec<String>, limits: &[(&str, i64)]) -> Time
         _broker: broker,
         _dir: dir,
         db,
+        name: name.to_string(),
         config,
         run,
     }
@@ -433,9 +426,12 @@ impl TimerFlood {
 
     /// Timers still in the committed state.
     async fn timers_left(&self) -> Option<i64> {
-        (self.db)
-            .scalar("SELECT COUNT(*) FROM sluice_keyed_state WHERE hex(state_key) LIKE 'FF74%'")
-            .await
+        let keys = sluice_tests::tally::stored_keys(&self.db, &self.name).await;
+        Some(
+            keys.keys()
+                .filter(|(_, key)| key.starts_with(&[0xFF, b't']))
+                .count() as i64,
+        )
     }
 
     fn assert_peak_within(&self, allowance_mib: u64) {

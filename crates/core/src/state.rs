@@ -152,23 +152,7 @@ impl StateMap {
         for (tp, keys) in &self.0 {
             put_bytes(&mut out, tp.topic.as_bytes());
             out.extend_from_slice(&tp.partition.to_be_bytes());
-            put_len(&mut out, keys.len());
-            for (key, value) in keys {
-                put_bytes(&mut out, key);
-                match value {
-                    None => out.push(0),
-                    Some(v) => {
-                        match v.expires_at_ms {
-                            None => out.push(1),
-                            Some(at) => {
-                                out.push(2);
-                                out.extend_from_slice(&at.to_be_bytes());
-                            }
-                        }
-                        put_bytes(&mut out, &v.value);
-                    }
-                }
-            }
+            put_keys(&mut out, keys);
         }
         out
     }
@@ -181,28 +165,45 @@ impl StateMap {
             let topic = String::from_utf8(r.bytes()?.to_vec())
                 .map_err(|_| StateError::Corrupt("a topic is not UTF-8".into()))?;
             let partition = i32::from_be_bytes(r.array()?);
-            let mut keys = Keys::new();
-            for _ in 0..r.len()? {
-                let key = r.bytes()?.to_vec();
-                let value = match r.byte()? {
-                    0 => None,
-                    tag @ (1 | 2) => {
-                        let expires_at_ms = (tag == 2).then(|| r.array()).transpose()?;
-                        let expires_at_ms = expires_at_ms.map(i64::from_be_bytes);
-                        Some(StateValue {
-                            value: r.bytes()?.to_vec(),
-                            expires_at_ms,
-                        })
-                    }
-                    other => return Err(StateError::Corrupt(format!("value tag {other}"))),
-                };
-                keys.insert(key, value);
-            }
-            map.0.insert(TopicPartition { topic, partition }, keys);
+            map.0.insert(TopicPartition { topic, partition }, r.keys()?);
         }
-        match r.0.is_empty() {
-            true => Ok(map),
-            false => Err(StateError::Corrupt("bytes after the end".into())),
+        r.end()?;
+        Ok(map)
+    }
+}
+
+/// One partition's keys in [`StateMap::encode`]'s bytes (what follows the
+/// partition there): the state journal's rows hold these.
+pub fn encode_keys(keys: &Keys) -> Vec<u8> {
+    let mut out = Vec::new();
+    put_keys(&mut out, keys);
+    out
+}
+
+/// The keys [`encode_keys`] wrote.
+pub fn decode_keys(bytes: &[u8]) -> Result<Keys, StateError> {
+    let mut r = Reader(bytes);
+    let keys = r.keys()?;
+    r.end()?;
+    Ok(keys)
+}
+
+fn put_keys(out: &mut Vec<u8>, keys: &Keys) {
+    put_len(out, keys.len());
+    for (key, value) in keys {
+        put_bytes(out, key);
+        match value {
+            None => out.push(0),
+            Some(v) => {
+                match v.expires_at_ms {
+                    None => out.push(1),
+                    Some(at) => {
+                        out.push(2);
+                        out.extend_from_slice(&at.to_be_bytes());
+                    }
+                }
+                put_bytes(out, &v.value);
+            }
         }
     }
 }
@@ -235,6 +236,31 @@ impl<'a> Reader<'a> {
     }
     fn len(&mut self) -> Result<usize, StateError> {
         Ok(u32::from_be_bytes(self.array()?) as usize)
+    }
+    fn keys(&mut self) -> Result<Keys, StateError> {
+        let mut keys = Keys::new();
+        for _ in 0..self.len()? {
+            let key = self.bytes()?.to_vec();
+            let value = match self.byte()? {
+                0 => None,
+                tag @ (1 | 2) => {
+                    let expires_at_ms = (tag == 2).then(|| self.array()).transpose()?;
+                    Some(StateValue {
+                        expires_at_ms: expires_at_ms.map(i64::from_be_bytes),
+                        value: self.bytes()?.to_vec(),
+                    })
+                }
+                other => return Err(StateError::Corrupt(format!("value tag {other}"))),
+            };
+            keys.insert(key, value);
+        }
+        Ok(keys)
+    }
+    fn end(&self) -> Result<(), StateError> {
+        match self.0.is_empty() {
+            true => Ok(()),
+            false => Err(StateError::Corrupt("bytes after the end".into())),
+        }
     }
     fn bytes(&mut self) -> Result<&'a [u8], StateError> {
         let n = self.len()?;

@@ -31,8 +31,22 @@ pub async fn connect_any(sink: &StoreConnection) -> Result<(AnyPool, &'static Di
     };
     // One connection for SQLite: an in-memory database is per connection.
     let connections = if std::ptr::eq(dialect, &SQLITE) { 1 } else { 2 };
+    let mysql = std::ptr::eq(dialect, &MYSQL);
     let pool = crate::pool::pool_options::<sqlx::Any>(connections)
         .acquire_timeout(crate::pool::ACQUIRE_TIMEOUT)
+        // MySQL's default, made sure of: a state read's snapshot
+        // (`SqlStateStore`) is REPEATABLE READ's, whatever the server's
+        // `transaction_isolation`.
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                if mysql {
+                    use sqlx::Executor;
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                        .await?;
+                }
+                Ok(())
+            })
+        })
         .connect(&any_url(&sink.url))
         .await
         .map_err(|e| SinkError::connecting(&redact_url(&sink.url), e))?;

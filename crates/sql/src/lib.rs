@@ -40,6 +40,7 @@ mod any;
 mod dead_letters;
 mod dialect;
 mod glue;
+mod journal;
 mod lineage;
 mod multidelete;
 mod multirow;
@@ -122,6 +123,18 @@ pub trait SqlTx<S> {
         sql: &str,
         params: &[Param<'_>],
     ) -> Result<Option<i64>, SinkError>;
+    /// Every column of the first row, as integers (`None`: no row).
+    async fn query_i64s(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<Vec<i64>>, SinkError>;
+    /// Every row, each column as bytes.
+    async fn query_blobs(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Vec<Vec<u8>>>, SinkError>;
     /// Applies `rows` rows of a target (its mode decides how).
     async fn write_rows(
         &mut self,
@@ -188,8 +201,8 @@ impl<B: SqlBackend> SqlSink<B> {
         writes: Writes<'_>,
     ) -> Result<Self, SinkError> {
         let dialect = backend.dialect();
-        let schema = SqlSinkFields::of(store)?.schema;
-        let schema = schema.as_deref();
+        let fields = SqlSinkFields::of(store)?;
+        let schema = fields.schema.as_deref();
         if let Some(s) = schema {
             create(&backend, &dialect.create_schema(s)?).await?;
         }
@@ -201,7 +214,13 @@ impl<B: SqlBackend> SqlSink<B> {
             let table = format!("{}{table}", store.table_prefix);
             add_column(&backend, schema, &table, column, &alter).await?;
         }
-        let state = state::StateTables::open(&backend, schema, &store.table_prefix).await?;
+        let state = state::StateTables::open(
+            &backend,
+            schema,
+            &store.table_prefix,
+            fields.state_journal_batches.get(),
+        )
+        .await?;
         let state_store = std::sync::Arc::new(SqlStateStore::open(store).await?);
         let mut targets = HashMap::new();
         for t in writes.targets {

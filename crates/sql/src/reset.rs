@@ -21,7 +21,7 @@
 //! Keyed state is the state after the checkpoint's batch; a moved
 //! checkpoint would leave it disagreeing. A partition that keeps state is
 //! therefore only moved with [`OnState::Clear`], which deletes its state
-//! in the same transaction (the re-run starts from empty state); else the
+//! (its state table rows and its state journal) in the same transaction (the re-run starts from empty state); else the
 //! reset is refused, saying so, and nothing moves.
 
 use super::{Dialect, connect_any, text_at};
@@ -32,6 +32,13 @@ use sqlx::{Any, Transaction};
 
 pub use sluice_core::reset::{OnState, PartitionMove, ResetDone};
 
+/// The state journal's name and its read of a partition's changes, in
+/// order (placeholders 1 to 3).
+struct JournalNames {
+    table: String,
+    changes: String,
+}
+
 /// sluice's tables and columns, quoted for one dialect.
 struct Names {
     checkpoints: String,
@@ -39,6 +46,9 @@ struct Names {
     ranges: String,
     dead_letters: String,
     state: String,
+    /// The state journal, if the database has one (an earlier sluice's
+    /// has not).
+    journal: Option<JournalNames>,
     /// The state rows of one partition (placeholders 1 to 3).
     scope_is: String,
     batch_state: String,
@@ -54,6 +64,14 @@ impl Names {
             ranges: table("batch_ranges")?,
             dead_letters: table("dead_letters")?,
             state: table(crate::state::STATE_TABLE)?,
+            journal: Some(JournalNames {
+                table: table(crate::journal::JOURNAL_TABLE)?,
+                changes: crate::journal::select_changes(
+                    d,
+                    &table(crate::journal::JOURNAL_TABLE)?,
+                    &crate::state::scope_is(d, &table(crate::state::SCOPES_TABLE)?),
+                ),
+            }),
             scope_is: crate::state::scope_is(d, &table(crate::state::SCOPES_TABLE)?),
             batch_state: table("batch_state")?,
             d,
@@ -94,13 +112,21 @@ pub async fn reset(
     dry_run: bool,
 ) -> Result<ResetDone, SinkError> {
     let (pool, d) = connect_any(sink).await?;
-    let n = Names::new(d, sink)?;
+    let mut n = Names::new(d, sink)?;
     // Asked outside the transaction: a database from before keyed state
-    // has no state table, and a failed statement would abort it.
-    let state_table = sqlx::query(&format!("SELECT 1 FROM {} WHERE 1 = 0", n.state))
-        .fetch_all(&pool)
-        .await
-        .is_ok();
+    // has no state table (nor one from before the journal a journal), and
+    // a failed statement would abort it.
+    let exists = |table: &str| {
+        let sql = format!("SELECT 1 FROM {table} WHERE 1 = 0");
+        let pool = &pool;
+        async move { sqlx::query(&sql).fetch_all(pool).await.is_ok() }
+    };
+    let state_table = exists(&n.state).await;
+    if let Some(journal) = &n.journal
+        && !exists(&journal.table).await
+    {
+        n.journal = None;
+    }
     let mut tx = pool.begin().await.map_err(db_err)?;
     let mut moves = Vec::new();
     for (tp, to) in targets {
@@ -155,8 +181,9 @@ pub async fn reset(
     })
 }
 
-/// Deletes `tp`'s keyed state ([`OnState::Clear`]) or refuses to move a
-/// partition that keeps some; returns the keys deleted.
+/// Deletes `tp`'s keyed state, its table rows and its journal
+/// ([`OnState::Clear`]), or refuses to move a partition that keeps some;
+/// returns the keys deleted.
 async fn settle_state(
     tx: &mut Transaction<'_, Any>,
     n: &Names,
@@ -164,30 +191,86 @@ async fn settle_state(
     tp: &TopicPartition,
     on_state: OnState,
 ) -> Result<u64, SinkError> {
-    let sql = match on_state {
-        OnState::Refuse => format!("SELECT COUNT(*) FROM {} WHERE {}", n.state, n.scope_is),
-        OnState::Clear => format!("DELETE FROM {} WHERE {}", n.state, n.scope_is),
-    };
-    let query = sqlx::query(&sql)
-        .bind(pipeline)
-        .bind(&tp.topic)
-        .bind(tp.partition as i64);
-    if on_state == OnState::Clear {
-        return Ok(query
-            .execute(&mut **tx)
-            .await
-            .map_err(db_err)?
-            .rows_affected());
-    }
-    let row = query.fetch_one(&mut **tx).await.map_err(db_err)?;
-    let keys: i64 = sqlx::Row::try_get(&row, 0).map_err(db_err)?;
-    match keys {
-        0 => Ok(0),
-        keys => Err(SinkError::Config(sluice_core::reset::keeps_state(
+    let keys = state_keys(tx, n, pipeline, tp).await?;
+    match on_state {
+        OnState::Clear => {
+            let journal = n.journal.as_ref().map(|j| &j.table);
+            for table in std::iter::once(&n.state).chain(journal) {
+                let sql = format!("DELETE FROM {table} WHERE {}", n.scope_is);
+                partition_query(&sql, pipeline, tp)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(db_err)?;
+            }
+            Ok(keys)
+        }
+        OnState::Refuse if keys == 0 => Ok(0),
+        OnState::Refuse => Err(SinkError::Config(sluice_core::reset::keeps_state(
             tp,
-            Some(keys),
+            Some(keys as i64),
         ))),
     }
+}
+
+/// How many keys `tp` keeps: the table's rows with the journal laid over
+/// them.
+async fn state_keys(
+    tx: &mut Transaction<'_, Any>,
+    n: &Names,
+    pipeline: &str,
+    tp: &TopicPartition,
+) -> Result<u64, SinkError> {
+    let sql = format!("SELECT COUNT(*) FROM {} WHERE {}", n.state, n.scope_is);
+    let row = partition_query(&sql, pipeline, tp)
+        .fetch_one(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    let in_table = sqlx::Row::try_get::<i64, _>(&row, 0).map_err(db_err)?;
+    let Some(journal) = &n.journal else {
+        return Ok(in_table as u64);
+    };
+    let rows = partition_query(&journal.changes, pipeline, tp)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db_err)?;
+    let changes = rows
+        .iter()
+        .map(|row| sqlx::Row::try_get::<Vec<u8>, _>(row, 0))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(db_err)?;
+    let overlay = crate::journal::overlay(&changes)
+        .map_err(|e| SinkError::database(format!("the state journal of {tp}"), e))?;
+    let mut keys = in_table;
+    let listed: Vec<&Vec<u8>> = overlay.keys().collect();
+    for chunk in listed.chunks(500) {
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE {} AND {} IN ({})",
+            n.state,
+            n.scope_is,
+            n.c("state_key"),
+            n.d.params(4, chunk.len())
+        );
+        let mut query = partition_query(&sql, pipeline, tp);
+        for key in chunk {
+            query = query.bind(key.to_vec());
+        }
+        let row = query.fetch_one(&mut **tx).await.map_err(db_err)?;
+        keys -= sqlx::Row::try_get::<i64, _>(&row, 0).map_err(db_err)?;
+    }
+    keys += overlay.values().filter(|v| v.is_some()).count() as i64;
+    Ok(keys.max(0) as u64)
+}
+
+/// `sql` with the partition bound to its first three placeholders.
+fn partition_query<'q>(
+    sql: &'q str,
+    pipeline: &'q str,
+    tp: &'q TopicPartition,
+) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
+    sqlx::query(sql)
+        .bind(pipeline)
+        .bind(&tp.topic)
+        .bind(tp.partition as i64)
 }
 
 /// Sets the checkpoint (inserting it if the partition never committed);

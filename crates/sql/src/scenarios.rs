@@ -2,7 +2,7 @@
 //! `tests.rs` against its real database: fencing, write modes (with keys
 //! repeated inside one batch), identifiers from config, output that does not
 //! fit, dead letters, the at-least-once split, and keyed state (with many
-//! deletes in one batch).
+//! deletes in one batch, and through the state journal).
 //!
 //! Checks go through the sink's public API and single-value queries, so one
 //! scenario serves every dialect. It must not know any one backend.
@@ -271,6 +271,138 @@ pub async fn state_bulk_deletes<B: SqlBackend>(sink: &SqlSink<B>, config: &SinkC
             "partition {p} keeps exactly its undeleted keys"
         );
     }
+}
+
+/// `[sink]` of [`state_journal`]: three batches a partition's journal.
+pub const JOURNAL_OF_THREE: &str = "state_journal_batches = 3";
+
+/// The state journal (a sink with [`JOURNAL_OF_THREE`]): every batch of a
+/// partition rewriting most of its keys and deleting others goes into the
+/// journal twice, then merges into the table; after each, every read of
+/// the store (one key, many, the whole partition, pages in key order,
+/// the size) agrees with the state the batches made. Then batches of new
+/// keys only: their merge does not pay, and the next batch writes the
+/// table directly.
+pub async fn state_journal<B: SqlBackend>(
+    sink: &SqlSink<B>,
+    config: &SinkConfig,
+    schema: Option<&str>,
+) {
+    use sluice_core::state::{ScanPage, StateSize, StateStore};
+    use std::collections::BTreeMap;
+    let store = crate::SqlStateStore::open(&config.store()).await.unwrap();
+    let n = Names::of(sink, schema);
+    let journal_rows = n.count(&format!("{}state_journal", config.store().table_prefix));
+    let mut model: BTreeMap<Vec<u8>, StateValue> = BTreeMap::new();
+    let batch_state = |model: &mut BTreeMap<Vec<u8>, StateValue>,
+                       changes: Vec<(Vec<u8>, Option<StateValue>)>| {
+        let (mut output, mut reads) = (Output::default(), StateMap::default());
+        for (key, value) in changes {
+            reads.insert(&tp(), key.clone(), model.get(&key).cloned());
+            match &value {
+                Some(v) => model.insert(key.clone(), v.clone()),
+                None => model.remove(&key),
+            };
+            output.state.insert(&tp(), key, value);
+        }
+        (output, reads)
+    };
+    let check = |model: BTreeMap<Vec<u8>, StateValue>, at: String| {
+        let store = &store;
+        async move {
+            let mut asked: Vec<Vec<u8>> = (0..20).map(|i| format!("k{i}").into_bytes()).collect();
+            asked.push(b"missing".to_vec());
+            let refs: Vec<&[u8]> = asked.iter().map(Vec::as_slice).collect();
+            let many = store.get_many("p", &tp(), &refs).await.unwrap();
+            let expected: Vec<Option<StateValue>> =
+                asked.iter().map(|k| model.get(k).cloned()).collect();
+            assert_eq!(many, expected, "get_many {at}");
+            for key in [&asked[0], &asked[5], &asked[20]] {
+                let one = store.get("p", &tp(), key).await.unwrap();
+                assert_eq!(one, model.get(key).cloned(), "get {at}");
+            }
+            let mut whole = store.load("p", &tp(), 1 << 20).await.unwrap().unwrap();
+            whole.sort_by(|a, b| a.0.cmp(&b.0));
+            let all: Vec<(Vec<u8>, StateValue)> =
+                model.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+            assert_eq!(whole, all, "load {at}");
+            for prefix in [b"k".to_vec(), b"k1".to_vec(), Vec::new()] {
+                let mut page = ScanPage {
+                    prefix: prefix.clone(),
+                    after: None,
+                    limit: 3,
+                };
+                let mut scanned = Vec::new();
+                loop {
+                    let keys = store.scan("p", &tp(), &page).await.unwrap();
+                    let done = keys.len() < page.limit;
+                    page.after = keys.last().map(|(k, _)| k.clone());
+                    scanned.extend(keys);
+                    if done {
+                        break;
+                    }
+                }
+                let expected: Vec<(Vec<u8>, StateValue)> = all
+                    .iter()
+                    .filter(|(k, _)| k.starts_with(&prefix))
+                    .cloned()
+                    .collect();
+                assert_eq!(scanned, expected, "scan of {prefix:?} {at}");
+            }
+            let mut size = StateSize::default();
+            for (key, value) in &model {
+                size.count(key.len(), &Some(value.clone()), 1);
+            }
+            assert_eq!(store.size("p", &tp()).await.unwrap(), size, "size {at}");
+        }
+    };
+    let value = |v: String| StateValue {
+        value: v.into_bytes(),
+        expires_at_ms: None,
+    };
+    for b in 0..9i64 {
+        let changes = (0..20)
+            .map(|i| {
+                let key = format!("k{i}").into_bytes();
+                match (i + b) % 3 {
+                    0 => (key, None),
+                    _ => (key, Some(value(format!("{b}-{i}")))),
+                }
+            })
+            .collect();
+        let (output, reads) = batch_state(&mut model, changes);
+        let landed = try_commit_reading(sink, b, b + 1, &output, &[], &reads).await;
+        assert_eq!(landed.unwrap(), CommitOutcome::Committed);
+        let rows = value_of(sink, &journal_rows).await;
+        assert_eq!(
+            rows,
+            [1, 2, 0][b as usize % 3],
+            "journal rows after batch {b}"
+        );
+        check(model.clone(), format!("after batch {b}")).await;
+    }
+    // New keys only: appended twice, merged (not worth it), then straight
+    // into the table.
+    for b in 9..13i64 {
+        let changes = (0..10)
+            .map(|i| (format!("n{b}-{i}").into_bytes(), Some(value(b.to_string()))))
+            .collect();
+        let (output, reads) = batch_state(&mut model, changes);
+        let landed = try_commit_reading(sink, b, b + 1, &output, &[], &reads).await;
+        assert_eq!(landed.unwrap(), CommitOutcome::Committed);
+        let rows = value_of(sink, &journal_rows).await;
+        assert_eq!(
+            rows,
+            [1, 2, 0, 0][b as usize - 9],
+            "journal rows after batch {b}"
+        );
+        check(model.clone(), format!("after batch {b}")).await;
+    }
+}
+
+/// [`value`] of a count.
+async fn value_of<B: SqlBackend>(sink: &SqlSink<B>, sql: &str) -> i64 {
+    value(sink, sql, &[]).await.unwrap_or(0)
 }
 
 async fn commit<B: SqlBackend>(

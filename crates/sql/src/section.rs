@@ -7,7 +7,8 @@
 
 use crate::config::section::read;
 use crate::config::{
-    ColumnType, ConfigError, KindSection, PipelineConfig, Place, StoreConnection, TargetConfig,
+    Bounded, ColumnType, ConfigError, KindSection, PipelineConfig, Place, StoreConnection,
+    TargetConfig,
 };
 use serde::Deserialize;
 
@@ -15,7 +16,7 @@ use serde::Deserialize;
 pub struct SqlSection;
 
 /// A SQL sink's own fields of `[sink]`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SqlSinkFields {
     /// Schema (Postgres) or database (MySQL) holding sluice's tables and the
@@ -23,6 +24,28 @@ pub struct SqlSinkFields {
     /// current schema/database. SQLite has none.
     #[serde(default)]
     pub schema: Option<String>,
+    /// How many batches' keyed-state changes a partition keeps in the state
+    /// journal (`<prefix>state_journal`, one row a batch) before they are
+    /// merged into the state table in one write: a key rewritten in every
+    /// batch (a window's aggregate) reaches the table once a merge instead
+    /// of once a batch. A partition whose merges find few keys rewritten (a
+    /// dedupe's first sightings) writes the table directly for a while.
+    /// `1`: the state table in every batch, no journal. 1 to 1000; default 8.
+    #[serde(default = "default_state_journal_batches")]
+    pub state_journal_batches: Bounded<1, 1000>,
+}
+
+impl Default for SqlSinkFields {
+    fn default() -> Self {
+        SqlSinkFields {
+            schema: None,
+            state_journal_batches: default_state_journal_batches(),
+        }
+    }
+}
+
+fn default_state_journal_batches() -> Bounded<1, 1000> {
+    Bounded::at(8)
 }
 
 /// A SQL target's own fields: which table its rows go to, and how.
@@ -68,7 +91,9 @@ impl KindSection for SqlSection {
     type Target = SqlTargetFields;
 
     fn check(config: &PipelineConfig) -> Result<(), ConfigError> {
-        Self::sink(&config.sink)?;
+        Self::sink(&config.sink)?
+            .state_journal_batches
+            .check("sink.state_journal_batches")?;
         for target in &config.sink.targets {
             Self::target(target)?.check(target)?;
         }
@@ -80,7 +105,11 @@ impl SqlSinkFields {
     /// The fields of the store's database: `[sink]`'s, or none for
     /// `[state]`.
     pub fn of(store: &StoreConnection) -> Result<SqlSinkFields, ConfigError> {
-        read(&store.settings, &Place::Sink, SqlSection::FOR)
+        let fields: SqlSinkFields = read(&store.settings, &Place::Sink, SqlSection::FOR)?;
+        fields
+            .state_journal_batches
+            .check("sink.state_journal_batches")?;
+        Ok(fields)
     }
 }
 

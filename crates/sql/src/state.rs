@@ -30,13 +30,15 @@
 //! has batches delete the expired keys it finds, as any other change).
 
 use super::dialect::Dialect;
+use super::journal::{self, Journal, JournalRow, Route};
 use super::{Param, SqlBackend, SqlTx, Target, TypedColumn};
 use crate::batch::TopicPartition;
 use crate::config::{ColumnType, StoreConnection, TargetConfig};
 use crate::section::{SqlTargetFields, WriteMode};
 use crate::sink::{Commit, SinkError};
-use sluice_core::state::{ScanPage, StateError, StateMap, StateSize, StateStore, StateValue};
+use sluice_core::state::{Keys, ScanPage, StateError, StateMap, StateSize, StateStore, StateValue};
 use sqlx::{AnyPool, Row};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -67,6 +69,8 @@ pub(super) struct StateTables<S> {
     delete: (Target, S),
     insert_reads: String,
     scopes: Scopes,
+    /// The journal the changes go through on their way to the table.
+    journal: Journal,
 }
 
 /// How a dialect writes a batch's sets fastest.
@@ -213,6 +217,7 @@ impl<S> StateTables<S> {
         backend: &B,
         schema: Option<&str>,
         prefix: &str,
+        journal_batches: u64,
     ) -> Result<Self, SinkError> {
         let d = backend.dialect();
         let table = format!("{prefix}{STATE_TABLE}");
@@ -270,6 +275,7 @@ impl<S> StateTables<S> {
             ),
         )
         .await?;
+        let journal = Journal::open(backend, schema, prefix, journal_batches).await?;
         // After the creates: the refusal leaves the new tables for the move.
         refuse_old_layout(backend, schema, prefix).await?;
         let (sets_statements, delete_statements) = (
@@ -288,6 +294,7 @@ impl<S> StateTables<S> {
                 d.params(1, 3)
             ),
             scopes: Scopes::new(d, &scopes),
+            journal,
         })
     }
 
@@ -304,7 +311,8 @@ impl<S> StateTables<S> {
     }
 
     /// Writes the batch's state changes (under `scopes`, from
-    /// [`StateTables::scopes`]) and the reads a replay needs.
+    /// [`StateTables::scopes`]), each partition's into the journal or the
+    /// table (see `journal.rs`), and the reads a replay needs.
     pub(super) async fn write(
         &self,
         tx: &mut impl SqlTx<S>,
@@ -312,7 +320,43 @@ impl<S> StateTables<S> {
         scopes: &ScopeNumbers,
     ) -> Result<(), SinkError> {
         let pipeline = c.plan.pipeline.as_str();
-        let (sets, deletes) = Changes::split(&c.output.state, c.state_reads, self.sets_by);
+        let mut to_table = Vec::new();
+        for (tp, keys) in &c.output.state.0 {
+            if keys.is_empty() {
+                continue;
+            }
+            let reads = c.state_reads.0.get(tp);
+            let scope = scope_of(scopes, tp)?;
+            let row = JournalRow::of(keys, reads);
+            let seq = c.plan.ranges.iter().find(|r| r.topic_partition() == *tp);
+            let route = match seq {
+                Some(_) => self.journal.route(tx, scope, row.changes.len()).await?,
+                // No range of the partition in the batch (never so): no
+                // sequence number to journal it under.
+                None => Route::Merge,
+            };
+            match (route, seq) {
+                (Route::Append, Some(range)) => {
+                    self.journal.append(tx, scope, range.until, &row).await?;
+                }
+                (Route::Table, _) => to_table.push(TableWrite {
+                    tp,
+                    keys: Cow::Borrowed(keys),
+                    absent: reads.map(Cow::Borrowed),
+                }),
+                (Route::Merge | Route::Append, _) => {
+                    let mut merged = self.journal.take(tx, scope).await?;
+                    merged.add_batch(keys, reads);
+                    self.journal.merged(scope, &merged);
+                    to_table.push(TableWrite {
+                        tp,
+                        keys: Cow::Owned(merged.changes),
+                        absent: Some(Cow::Owned(merged.absent_in_table)),
+                    });
+                }
+            }
+        }
+        let (sets, deletes) = Changes::split(&to_table, self.sets_by);
         // Deletes first: with `SetsBy::DeleteThenInsert` they make room.
         for (changes, (target, statements)) in [(deletes, &self.delete), (sets, &self.sets)] {
             let rows = changes.rows;
@@ -335,6 +379,22 @@ impl<S> StateTables<S> {
         }
         Ok(())
     }
+}
+
+/// `tp`'s scope number, which [`StateTables::scopes`] found.
+fn scope_of(scopes: &ScopeNumbers, tp: &TopicPartition) -> Result<i64, SinkError> {
+    scopes.get(tp).copied().ok_or_else(|| {
+        SinkError::Config(format!("no state scope number for {tp} (a sluice defect)"))
+    })
+}
+
+/// One partition's changes on their way into the state table, with the
+/// keys known to have no row there (`None` each): what the batch read as
+/// absent, or what a journal merge found so.
+struct TableWrite<'a> {
+    tp: &'a TopicPartition,
+    keys: Cow<'a, Keys>,
+    absent: Option<Cow<'a, Keys>>,
 }
 
 /// Refuses to start on state kept in the layout before scopes (table
@@ -378,24 +438,24 @@ struct Changes<'a> {
 
 impl<'a> Changes<'a> {
     /// The sets and the deletes (with [`SetsBy::DeleteThenInsert`], every
-    /// changed key is deleted first), leaving out the deletes of keys the
-    /// batch read as absent: `reads` is the stored state at the batch's
-    /// start (expired rows included: they read as a value), and the offset
-    /// compare-and-set before these writes proves the table still holds
-    /// exactly that, so no row of such a key can be there (a dedupe's
-    /// writes, all first sightings, delete nothing).
-    fn split(state: &'a StateMap, reads: &StateMap, sets_by: SetsBy) -> (Changes<'a>, Changes<'a>) {
+    /// changed key is deleted first), leaving out the deletes of keys
+    /// known to have no row: a key the batch read as absent (`reads` is
+    /// the stored state at the batch's start, expired rows included: they
+    /// read as a value; the offset compare-and-set before these writes
+    /// proves the table still holds exactly that), or one the journal
+    /// found so (a dedupe's writes, all first sightings, delete nothing).
+    fn split(writes: &'a [TableWrite<'a>], sets_by: SetsBy) -> (Changes<'a>, Changes<'a>) {
         let (mut sets, mut deletes) = (Changes::default(), Changes::default());
-        for (tp, keys) in &state.0 {
-            let read = reads.0.get(tp);
-            for (key, value) in keys {
-                let absent_at_start = matches!(read.and_then(|r| r.get(key)), Some(None));
+        for write in writes {
+            let absent = write.absent.as_deref();
+            for (key, value) in write.keys.iter() {
+                let absent_at_start = matches!(absent.and_then(|r| r.get(key)), Some(None));
                 let to_delete = value.is_none() || sets_by == SetsBy::DeleteThenInsert;
                 if to_delete && !absent_at_start {
-                    deletes.push(tp, key, None);
+                    deletes.push(write.tp, key, None);
                 }
                 if let Some(v) = value {
-                    sets.push(tp, key, Some(v));
+                    sets.push(write.tp, key, Some(v));
                 }
             }
         }
@@ -417,9 +477,7 @@ impl<'a> Changes<'a> {
         for tp in self.partitions {
             let number = match last {
                 Some((seen, number)) if seen == tp => number,
-                _ => *scopes.get(tp).ok_or_else(|| {
-                    SinkError::Config(format!("no state scope number for {tp} (a sluice defect)"))
-                })?,
+                _ => scope_of(scopes, tp)?,
             };
             last = Some((tp, number));
             numbers.push(Some(number));
@@ -434,7 +492,8 @@ impl<'a> Changes<'a> {
 }
 
 /// Reads a SQL sink's keyed state (and the reads recorded for replay) on a
-/// pool of its own.
+/// pool of its own: the state table with the partition's journal laid
+/// over it, both read in one snapshot.
 pub struct SqlStateStore {
     pool: AnyPool,
     d: &'static Dialect,
@@ -449,8 +508,16 @@ pub struct SqlStateStore {
     scan_after: String,
     /// A partition's keys and their keys' and values' bytes.
     size: String,
+    /// A partition's journal rows' changes, in order.
+    journal: String,
+    /// The statement that begins a read of one snapshot (`None`: the
+    /// dialect's plain `BEGIN` does).
+    begin_snapshot: Option<&'static str>,
     reads: String,
 }
+
+/// One read's transaction: every statement in it sees the same commits.
+type Snapshot = sqlx::Transaction<'static, sqlx::Any>;
 
 impl SqlStateStore {
     /// Opens a pool of its own on `store`'s database.
@@ -486,11 +553,7 @@ impl SqlStateStore {
             )
         };
         // Sums as 64-bit integers on every database (MariaDB's are decimal).
-        let integer = match d {
-            d if std::ptr::eq(d, &super::POSTGRES) => "BIGINT",
-            d if std::ptr::eq(d, &super::MYSQL) => "SIGNED",
-            _ => "INTEGER",
-        };
+        let integer = d.types.cast_bigint;
         let size = format!(
             "SELECT CAST(COUNT(*) AS {integer}), \
              CAST(COALESCE(SUM(LENGTH({}) + LENGTH({})), 0) AS {integer}) \
@@ -498,6 +561,17 @@ impl SqlStateStore {
             c("state_key"),
             c("value"),
         );
+        // MySQL's snapshot is REPEATABLE READ's, which `connect_any` sets
+        // on every connection; SQLite's `BEGIN` reads one snapshot.
+        let begin_snapshot = match d {
+            d if std::ptr::eq(d, &super::POSTGRES) => {
+                Some("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            }
+            d if std::ptr::eq(d, &super::MYSQL) => {
+                Some("START TRANSACTION WITH CONSISTENT SNAPSHOT, READ ONLY")
+            }
+            _ => None,
+        };
         Ok(SqlStateStore {
             size,
             scan_from: page(">="),
@@ -512,6 +586,12 @@ impl SqlStateStore {
                 "SELECT {listed} FROM {state} WHERE {partition_is} AND {} IN",
                 c("state_key"),
             ),
+            journal: journal::select_changes(
+                d,
+                &super::own_table(d, store, journal::JOURNAL_TABLE)?,
+                &partition_is,
+            ),
+            begin_snapshot,
             d,
             reads: format!(
                 "SELECT {} FROM {} WHERE {} = {} AND {} = {}",
@@ -546,6 +626,84 @@ impl SqlStateStore {
             }
         }
     }
+
+    /// Begins a read of one snapshot.
+    async fn snapshot(&self) -> Result<Snapshot, StateError> {
+        match self.begin_snapshot {
+            Some(begin) => self.pool.begin_with(begin).await,
+            None => self.pool.begin().await,
+        }
+        .map_err(StateError::unreadable)
+    }
+
+    /// `tp`'s journal, its rows laid over each other: what the table does
+    /// not hold yet.
+    async fn journal(
+        &self,
+        tx: &mut Snapshot,
+        pipeline: &str,
+        tp: &TopicPartition,
+    ) -> Result<Keys, StateError> {
+        let rows = partition_query(&self.journal, pipeline, tp)
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(StateError::unreadable)?;
+        let changes = rows
+            .iter()
+            .map(|row| row.try_get::<Vec<u8>, _>(0))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StateError::unreadable)?;
+        journal::overlay(&changes)
+    }
+
+    /// The state table's rows of `keys` in `tp` (the journal aside), one
+    /// query per [`GET_MANY_CHUNK`] keys.
+    async fn table_rows(
+        &self,
+        tx: &mut Snapshot,
+        pipeline: &str,
+        tp: &TopicPartition,
+        keys: &[&[u8]],
+    ) -> Result<HashMap<Vec<u8>, StateValue>, StateError> {
+        let mut found: HashMap<Vec<u8>, StateValue> = HashMap::with_capacity(keys.len());
+        for chunk in keys.chunks(GET_MANY_CHUNK) {
+            let sql = format!("{} ({})", self.get_in, self.d.params(4, chunk.len()));
+            // Not a prepared statement kept for reuse: Postgres plans a kept
+            // one generically after five runs, and its generic plan filters
+            // the whole partition's rows against the key list (~0.4 s for
+            // 500 keys of 25,000) instead of looking each key up.
+            let mut query = partition_query(&sql, pipeline, tp).persistent(false);
+            for key in chunk {
+                query = query.bind(key.to_vec());
+            }
+            let rows = query
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(StateError::unreadable)?;
+            for row in &rows {
+                let (key, value) = state_row(row)?;
+                found.insert(key, value);
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// `sql` with the partition bound to its first three placeholders.
+fn partition_query<'q>(
+    sql: &'q str,
+    pipeline: &str,
+    tp: &TopicPartition,
+) -> sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>> {
+    sqlx::query(sql)
+        .bind(pipeline.to_string())
+        .bind(tp.topic.clone())
+        .bind(tp.partition as i64)
+}
+
+/// Ends a read (it wrote nothing: committing only ends the snapshot).
+async fn finish(tx: Snapshot) -> Result<(), StateError> {
+    tx.commit().await.map_err(StateError::unreadable)
 }
 
 /// Keys one `get_many` query asks for (placeholders stay well under every
@@ -575,40 +733,66 @@ impl StateStore for SqlStateStore {
         max_bytes: usize,
     ) -> Result<Option<Vec<(Vec<u8>, StateValue)>>, StateError> {
         use futures_util::TryStreamExt;
-        let mut rows = sqlx::query(&self.load)
-            .bind(pipeline.to_string())
-            .bind(tp.topic.clone())
-            .bind(tp.partition as i64)
-            .fetch(&self.pool);
+        let mut tx = self.snapshot().await?;
+        let overlay = self.journal(&mut tx, pipeline, tp).await?;
         let (mut entries, mut bytes) = (Vec::new(), 0usize);
-        while let Some(row) = rows.try_next().await.map_err(StateError::unreadable)? {
-            let (key, value) = state_row(&row)?;
-            bytes += key.len() + value.size();
-            if bytes > max_bytes {
-                return Ok(None);
+        {
+            let mut rows = partition_query(&self.load, pipeline, tp).fetch(&mut *tx);
+            while let Some(row) = rows.try_next().await.map_err(StateError::unreadable)? {
+                let (key, value) = state_row(&row)?;
+                if overlay.contains_key(&key) {
+                    continue;
+                }
+                bytes += key.len() + value.size();
+                if bytes > max_bytes {
+                    return Ok(None);
+                }
+                entries.push((key, value));
             }
-            entries.push((key, value));
+        }
+        finish(tx).await?;
+        for (key, value) in overlay {
+            if let Some(value) = value {
+                bytes += key.len() + value.size();
+                if bytes > max_bytes {
+                    return Ok(None);
+                }
+                entries.push((key, value));
+            }
         }
         Ok(Some(entries))
     }
 
-    /// One aggregate query.
+    /// One aggregate query, corrected by the journal's keys.
     async fn size(&self, pipeline: &str, tp: &TopicPartition) -> Result<StateSize, StateError> {
-        let row = sqlx::query(&self.size)
-            .bind(pipeline.to_string())
-            .bind(tp.topic.clone())
-            .bind(tp.partition as i64)
-            .fetch_one(&self.pool)
+        let mut tx = self.snapshot().await?;
+        let overlay = self.journal(&mut tx, pipeline, tp).await?;
+        let row = partition_query(&self.size, pipeline, tp)
+            .fetch_one(&mut *tx)
             .await
             .map_err(StateError::unreadable)?;
         let at = |i: usize| -> Result<usize, StateError> {
             let n: i64 = row.try_get(i).map_err(StateError::unreadable)?;
             Ok(n as usize)
         };
-        Ok(StateSize {
+        let mut size = StateSize {
             keys: at(0)?,
             bytes: at(1)?,
-        })
+        };
+        let keys: Vec<&[u8]> = overlay.keys().map(Vec::as_slice).collect();
+        let stored = self.table_rows(&mut tx, pipeline, tp, &keys).await?;
+        finish(tx).await?;
+        for (key, value) in &overlay {
+            if let Some(old) = stored.get(key) {
+                size.keys = size.keys.saturating_sub(1);
+                size.bytes = (size.bytes).saturating_sub(key.len() + old.value.len());
+            }
+            if value.is_some() {
+                size.keys += 1;
+                size.bytes += StateSize::bytes_of(key.len(), value);
+            }
+        }
+        Ok(size)
     }
 
     async fn get(
@@ -617,82 +801,102 @@ impl StateStore for SqlStateStore {
         tp: &TopicPartition,
         key: &[u8],
     ) -> Result<Option<StateValue>, StateError> {
-        let row = sqlx::query(&self.get)
-            .bind(pipeline.to_string())
-            .bind(tp.topic.clone())
-            .bind(tp.partition as i64)
+        let mut tx = self.snapshot().await?;
+        let mut overlay = self.journal(&mut tx, pipeline, tp).await?;
+        if let Some(value) = overlay.remove(key) {
+            finish(tx).await?;
+            return Ok(value);
+        }
+        let row = partition_query(&self.get, pipeline, tp)
             .bind(key.to_vec())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
             .map_err(StateError::unreadable)?;
+        finish(tx).await?;
         row.map(|row| state_row(&row).map(|(_, v)| v)).transpose()
     }
 
-    /// One query per [`GET_MANY_CHUNK`] keys.
+    /// The journal once, then one query per [`GET_MANY_CHUNK`] keys it
+    /// does not hold.
     async fn get_many(
         &self,
         pipeline: &str,
         tp: &TopicPartition,
         keys: &[&[u8]],
     ) -> Result<Vec<Option<StateValue>>, StateError> {
-        let mut found: HashMap<Vec<u8>, StateValue> = HashMap::with_capacity(keys.len());
-        for chunk in keys.chunks(GET_MANY_CHUNK) {
-            let sql = format!("{} ({})", self.get_in, self.d.params(4, chunk.len()));
-            // Not a prepared statement kept for reuse: Postgres plans a kept
-            // one generically after five runs, and its generic plan filters
-            // the whole partition's rows against the key list (~0.4 s for
-            // 500 keys of 25,000) instead of looking each key up.
-            let mut query = sqlx::query(&sql)
-                .persistent(false)
-                .bind(pipeline.to_string())
-                .bind(tp.topic.clone())
-                .bind(tp.partition as i64);
-            for key in chunk {
-                query = query.bind(key.to_vec());
-            }
-            let rows = query
-                .fetch_all(&self.pool)
-                .await
-                .map_err(StateError::unreadable)?;
-            for row in &rows {
-                let (key, value) = state_row(row)?;
-                found.insert(key, value);
-            }
-        }
-        Ok(keys.iter().map(|key| found.get(*key).cloned()).collect())
+        let mut tx = self.snapshot().await?;
+        let overlay = self.journal(&mut tx, pipeline, tp).await?;
+        let in_table: Vec<&[u8]> = keys
+            .iter()
+            .copied()
+            .filter(|key| !overlay.contains_key(*key))
+            .collect();
+        let found = self.table_rows(&mut tx, pipeline, tp, &in_table).await?;
+        finish(tx).await?;
+        Ok(keys
+            .iter()
+            .map(|key| match overlay.get(*key) {
+                Some(value) => value.clone(),
+                None => found.get(*key).cloned(),
+            })
+            .collect())
     }
 
     /// Reads the page alone, in key order (bytes compare as bytes in all
     /// three databases): from the prefix or past the last key shown, up to
-    /// the limit, cut where the prefix ends.
+    /// the limit, cut where the prefix ends; the journal's keys in the
+    /// page's range laid over it.
     async fn scan(
         &self,
         pipeline: &str,
         tp: &TopicPartition,
         page: &ScanPage,
     ) -> Result<Vec<(Vec<u8>, StateValue)>, StateError> {
+        let mut tx = self.snapshot().await?;
+        let overlay = self.journal(&mut tx, pipeline, tp).await?;
+        let overlaid: Keys = overlay
+            .into_iter()
+            .filter(|(key, _)| page.holds(key))
+            .collect();
+        // Each journal key may hide one table row of the page: read that
+        // many more, so the page still fills.
+        let limit = page.limit.saturating_add(overlaid.len());
         let (query, bound) = match &page.after {
             Some(after) if after.as_slice() >= page.prefix.as_slice() => (&self.scan_after, after),
             _ => (&self.scan_from, &page.prefix),
         };
-        let rows = sqlx::query(query)
-            .bind(pipeline.to_string())
-            .bind(tp.topic.clone())
-            .bind(tp.partition as i64)
+        let rows = partition_query(query, pipeline, tp)
             .bind(bound.clone())
-            .bind(i64::try_from(page.limit).unwrap_or(i64::MAX))
-            .fetch_all(&self.pool)
+            .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+            .fetch_all(&mut *tx)
             .await
             .map_err(StateError::unreadable)?;
-        let mut keys = Vec::with_capacity(rows.len());
+        finish(tx).await?;
+        let mut full = rows.len() >= limit;
+        let mut keys = Keys::new();
         for row in &rows {
             let (key, value) = state_row(row)?;
             if !key.starts_with(&page.prefix) {
+                full = false;
                 break;
             }
-            keys.push((key, value));
+            keys.insert(key, Some(value));
         }
-        Ok(keys)
+        // Past the last row read, the table may hold keys not read: a
+        // journal key there could come before them, so it waits for the
+        // next page.
+        let last = keys.keys().next_back().cloned();
+        for (key, value) in overlaid {
+            if full && last.as_ref().is_some_and(|last| key > *last) {
+                continue;
+            }
+            keys.insert(key, value);
+        }
+        Ok(keys
+            .into_iter()
+            .filter_map(|(key, value)| value.map(|v| (key, v)))
+            .take(page.limit)
+            .collect())
     }
 }
 
@@ -737,10 +941,15 @@ mod tests {
         ] {
             state.insert(&tp, key.as_bytes().to_vec(), write);
         }
-        let (sets, deletes) = Changes::split(&state, &reads, SetsBy::DeleteThenInsert);
+        let writes = [TableWrite {
+            tp: &tp,
+            keys: Cow::Borrowed(&state.0[&tp]),
+            absent: Some(Cow::Borrowed(&reads.0[&tp])),
+        }];
+        let (sets, deletes) = Changes::split(&writes, SetsBy::DeleteThenInsert);
         assert_eq!(keys(&sets), ["a", "b", "c"]);
         assert_eq!(keys(&deletes), ["b", "c", "e"]);
-        let (sets, deletes) = Changes::split(&state, &reads, SetsBy::Upsert);
+        let (sets, deletes) = Changes::split(&writes, SetsBy::Upsert);
         assert_eq!(keys(&sets), ["a", "b", "c"]);
         assert_eq!(keys(&deletes), ["e"]);
     }

@@ -189,6 +189,22 @@ impl SqlTx<Statements> for MysqlTx {
         query_i64_on(&mut *self.tx, sql, params).await
     }
 
+    async fn query_i64s(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<Vec<i64>>, SinkError> {
+        query_i64s_on(&mut *self.tx, sql, params).await
+    }
+
+    async fn query_blobs(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Vec<Vec<u8>>>, SinkError> {
+        query_blobs_on(&mut *self.tx, sql, params).await
+    }
+
     async fn write_rows(
         &mut self,
         target: &Target,

@@ -99,6 +99,14 @@ async fn awkward_values_and_nulls_round_trip() {
 }
 
 #[tokio::test]
+async fn keyed_state_through_the_journal() {
+    let schema = "sluice_ut_journal";
+    let sink = open(schema, s::JOURNAL_OF_THREE, s::COUNTS).await;
+    let config = sink_config(&url(), Some(schema), s::JOURNAL_OF_THREE, s::COUNTS);
+    s::state_journal(&sink, &config, Some(schema)).await;
+}
+
+#[tokio::test]
 async fn keyed_state_round_trips() {
     let schema = "sluice_ut_state";
     let sink = open(schema, "", s::COUNTS).await;

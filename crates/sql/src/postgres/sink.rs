@@ -409,6 +409,28 @@ impl SqlTx<Statements> for PostgresTx {
         }
     }
 
+    async fn query_i64s(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Option<Vec<i64>>, SinkError> {
+        match query_i64s_on(&mut *self.tx, sql, params).await {
+            Err(e) => Err(self.failed(e).await),
+            found => found,
+        }
+    }
+
+    async fn query_blobs(
+        &mut self,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<Vec<Vec<u8>>>, SinkError> {
+        match query_blobs_on(&mut *self.tx, sql, params).await {
+            Err(e) => Err(self.failed(e).await),
+            found => found,
+        }
+    }
+
     async fn write_rows(
         &mut self,
         _target: &Target,

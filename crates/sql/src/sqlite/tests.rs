@@ -132,6 +132,13 @@ async fn state_in_the_first_layout_is_refused_not_lost() {
 }
 
 #[tokio::test]
+async fn keyed_state_through_the_journal() {
+    let config = sink_config(&temp_db("journal"), None, s::JOURNAL_OF_THREE, s::COUNTS);
+    let sink = super::open(&config).await.unwrap();
+    s::state_journal(&sink, &config, None).await;
+}
+
+#[tokio::test]
 async fn keyed_state_round_trips() {
     let config = sink_config(&temp_db("state"), None, "", s::COUNTS);
     let sink = super::open(&config).await.unwrap();
