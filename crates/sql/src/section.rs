@@ -1,5 +1,5 @@
-//! The SQL sinks' own fields: `schema` in `[sink]`; `table`, `mode`, `key`
-//! and `create` in each target. Read here and checked here, once, for
+//! The SQL sinks' own fields: `schema` and `state_journal_batches` in
+//! `[sink]`; `table`, `mode`, `key` and `create` in each target. Read here and checked here, once, for
 //! SQLite, Postgres and MySQL alike.
 //!
 //! It must not connect: what needs the database (the table's columns, the

@@ -2,9 +2,11 @@
 //! and key: the value and when it expires), `state_scopes` (the number each
 //! pipeline's input partition keeps its state under) and `batch_state`
 //! (per batch, the state its runs read as it started, for replay), their
-//! DDL and writes into the batch transaction, and [`SqlStateStore`], which
-//! reads the state back for the pipeline's cache on a connection of its
-//! own.
+//! DDL and writes into the batch transaction (each partition's changes
+//! through the state journal, `journal.rs`, which says when they reach
+//! the table), and [`SqlStateStore`], which reads the state back for the
+//! pipeline's cache on a connection of its own: the table with the
+//! partition's journal rows laid over it, both in one snapshot.
 //!
 //! A state row is keyed by (scope, key), not by (pipeline, topic,
 //! partition, key): two narrow columns make the primary-key index about
