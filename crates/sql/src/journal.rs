@@ -41,6 +41,12 @@ pub(crate) const JOURNAL_TABLE: &str = "state_journal";
 /// them in memory, and every read of the partition reads them.
 const MAX_JOURNAL_BYTES: i64 = 16 << 20;
 
+/// A batch whose changes of a partition take more bytes than this merges
+/// them (with the journal) instead of appending a row: a statement that
+/// large may pass a server's packet limit (MariaDB's `max_allowed_packet`
+/// is 16 MiB by default), which the table's bulk path splits under.
+const MAX_ROW_BYTES: usize = 4 << 20;
+
 /// Batches a partition writes the table directly after a merge that found
 /// few keys written twice (journaling only added a write).
 const DIRECT_BATCHES: u32 = 64;
@@ -227,7 +233,10 @@ impl Journal {
         if rows == 0 && (self.batches == 1 || self.direct_turn(scope)) {
             return Ok(Route::Table);
         }
-        if rows + 1 >= self.batches || bytes + row_bytes as i64 > MAX_JOURNAL_BYTES {
+        if rows + 1 >= self.batches
+            || row_bytes > MAX_ROW_BYTES
+            || bytes + row_bytes as i64 > MAX_JOURNAL_BYTES
+        {
             return Ok(Route::Merge);
         }
         Ok(Route::Append)
