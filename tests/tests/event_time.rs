@@ -65,8 +65,13 @@ async fn windows_survive_sigkills(
     // after one batch lands, several may land before it hits) do not run
     // out of batches before the 20th.
     let per_batch = 100 / members as u32;
-    let windowed = windows::config(name, brokers, shape, lateness);
-    let config = (db.configure(windowed.max_records_per_partition(per_batch))).write(dir.path());
+    // Through the state journal (a merge every 8 batches of a partition):
+    // kills land between appends, merges and the reads of a taken
+    // partition.
+    let windowed = windows::config(name, brokers, shape, lateness)
+        .max_records_per_partition(per_batch)
+        .sink("state_journal_batches", 8);
+    let config = db.configure(windowed).write(dir.path());
     let committed = async || db.committed_batches().await;
     let (kills, _) = crash::kill_group_loop(&config, committed, 22, members, &mut rng).await;
     assert!(kills >= scenarios::MIN_KILLS, "only {kills} kills");

@@ -8,7 +8,10 @@
 //! Postgres, where a state row costs five times an output row, that is
 //! most of a windowed batch's commit. The stored state is the table with
 //! the partition's journal rows laid over it in order; readers take both
-//! in one snapshot (`SqlStateStore`).
+//! in one snapshot (`SqlStateStore`), so every read of a partition from
+//! the sink decodes its journal: the default (`state_journal_batches =
+//! 1`) keeps no journal, and the setting is for state that fits the
+//! host's cache (read from the sink once a partition is taken).
 //!
 //! # Delivery guarantee
 //!

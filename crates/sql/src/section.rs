@@ -30,7 +30,10 @@ pub struct SqlSinkFields {
     /// batch (a window's aggregate) reaches the table once a merge instead
     /// of once a batch. A partition whose merges find few keys rewritten (a
     /// dedupe's first sightings) writes the table directly for a while.
-    /// `1`: the state table in every batch, no journal. 1 to 1000; default 8.
+    /// Every read of a partition's state from the sink reads its journal
+    /// too, so it suits state that fits `limits.state_cache_mib` (read
+    /// once, when a partition is taken). 1 to 1000; default 1: the state
+    /// table in every batch, no journal. 8 for windows (docs/state.md).
     #[serde(default = "default_state_journal_batches")]
     pub state_journal_batches: Bounded<1, 1000>,
 }
@@ -45,7 +48,7 @@ impl Default for SqlSinkFields {
 }
 
 fn default_state_journal_batches() -> Bounded<1, 1000> {
-    Bounded::at(8)
+    Bounded::at(1)
 }
 
 /// A SQL target's own fields: which table its rows go to, and how.

@@ -3,9 +3,10 @@
 //! - throughput: one topic (200k records by default, 10k keys, five
 //!   minutes of event time per partition) through the stateless pipeline
 //!   (`identity`) and through a tumbling-window sum per key (`windows`,
-//!   1-minute windows, the records' own `ts`), exactly-once into SQLite and
-//!   Postgres, and the same windows without the state journal
-//!   (`state_journal_batches = 1`: the state table written every batch),
+//!   1-minute windows, the records' own `ts`, `state_journal_batches = 8`),
+//!   exactly-once into SQLite and Postgres, and the same windows without
+//!   the state journal (`state_journal_batches = 1`, the default: the
+//!   state table written every batch),
 //!   in interleaved rounds; rates are the pipelines' steady state
 //!   (first to last commit, from the lineage). Every windowed run's final
 //!   rows are counted against a recomputation from the input;
@@ -85,7 +86,8 @@ impl Arm {
             Arm::Stateless => PipelineToml::identity(name, brokers, "bench", batch),
             Arm::Windows => windows::config(name, brokers, MINUTE, LATENESS)
                 .topics(&["bench"])
-                .max_records_per_partition(batch),
+                .max_records_per_partition(batch)
+                .sink("state_journal_batches", 8),
             Arm::WindowsUnjournaled => Arm::Windows
                 .config(name, brokers, batch)
                 .sink("state_journal_batches", 1),
