@@ -21,13 +21,15 @@
 //! Keyed state is the state after the checkpoint's batch; a moved
 //! checkpoint would leave it disagreeing. A partition that keeps state is
 //! therefore only moved with [`OnState::Clear`], which deletes its state
-//! (its state table rows and its state journal) in the same transaction (the re-run starts from empty state); else the
-//! reset is refused, saying so, and nothing moves.
+//! (its state table rows and its state journal) in the same transaction
+//! (the re-run starts from empty state); else the reset is refused, saying
+//! so, and nothing moves.
 
 use super::{Dialect, connect_any, text_at};
 use crate::batch::{TopicPartition, now_ms};
 use crate::config::StoreConnection;
 use crate::sink::SinkError;
+use crate::state::partition_query;
 use sqlx::{Any, Transaction};
 
 pub use sluice_core::reset::{OnState, PartitionMove, ResetDone};
@@ -242,7 +244,7 @@ async fn state_keys(
         .map_err(|e| SinkError::database(format!("the state journal of {tp}"), e))?;
     let mut keys = in_table;
     let listed: Vec<&Vec<u8>> = overlay.keys().collect();
-    for chunk in listed.chunks(500) {
+    for chunk in listed.chunks(crate::state::GET_MANY_CHUNK) {
         let sql = format!(
             "SELECT COUNT(*) FROM {} WHERE {} AND {} IN ({})",
             n.state,
@@ -259,18 +261,6 @@ async fn state_keys(
     }
     keys += overlay.values().filter(|v| v.is_some()).count() as i64;
     Ok(keys.max(0) as u64)
-}
-
-/// `sql` with the partition bound to its first three placeholders.
-fn partition_query<'q>(
-    sql: &'q str,
-    pipeline: &'q str,
-    tp: &'q TopicPartition,
-) -> sqlx::query::Query<'q, Any, sqlx::any::AnyArguments<'q>> {
-    sqlx::query(sql)
-        .bind(pipeline)
-        .bind(&tp.topic)
-        .bind(tp.partition as i64)
 }
 
 /// Sets the checkpoint (inserting it if the partition never committed);

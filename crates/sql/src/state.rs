@@ -692,7 +692,7 @@ impl SqlStateStore {
 }
 
 /// `sql` with the partition bound to its first three placeholders.
-fn partition_query<'q>(
+pub(crate) fn partition_query<'q>(
     sql: &'q str,
     pipeline: &str,
     tp: &TopicPartition,
@@ -710,7 +710,7 @@ async fn finish(tx: Snapshot) -> Result<(), StateError> {
 
 /// Keys one `get_many` query asks for (placeholders stay well under every
 /// database's limit).
-const GET_MANY_CHUNK: usize = 500;
+pub(crate) const GET_MANY_CHUNK: usize = 500;
 
 fn state_row(row: &sqlx::any::AnyRow) -> Result<(Vec<u8>, StateValue), StateError> {
     let corrupt = |e: sqlx::Error| StateError::Corrupt(format!("a state row: {e}"));
