@@ -66,6 +66,10 @@ pub struct KafkaSource {
     /// An error met while holding (see [`KafkaSource::hold`]), reported by
     /// the next poll.
     held_error: Option<SourceError>,
+    /// The partition of the message read last: a run of one partition's
+    /// messages (what a fetch hands over) is buffered without building
+    /// its name again for every message.
+    last_read: Option<TopicPartition>,
 }
 
 impl KafkaSource {
@@ -109,6 +113,7 @@ impl KafkaSource {
             }),
             beyond_end_since: BTreeMap::new(),
             held_error: None,
+            last_read: None,
         })
     }
 
@@ -307,7 +312,7 @@ impl Source for KafkaSource {
             // Drain what is queued without reading the clock per message.
             for _ in 0..DRAIN_PER_CLOCK_CHECK {
                 match self.consumer.poll(wait) {
-                    Some(Ok(m)) => buffer(&mut self.cursors, &m),
+                    Some(Ok(m)) => buffer(&mut self.cursors, &mut self.last_read, &m),
                     Some(Err(e)) => self.on_error(e)?,
                     None => {
                         drained = true;
@@ -349,7 +354,7 @@ impl Source for KafkaSource {
         tracing::debug!("holding the consumer group membership while the commit retries");
         while done.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
             match self.consumer.poll(HOLD_POLL) {
-                Some(Ok(m)) => buffer(&mut self.cursors, &m),
+                Some(Ok(m)) => buffer(&mut self.cursors, &mut self.last_read, &m),
                 Some(Err(e)) => {
                     if let Err(e) = self.on_error(e) {
                         self.held_error.get_or_insert(e);
@@ -491,12 +496,20 @@ fn fetch_wait_ms(batch_interval_ms: u64) -> u64 {
 /// partitions not owned or not started; after a seek librdkafka drops
 /// messages fetched before it, and the cursor keeps the buffer in offset
 /// order).
-fn buffer(cursors: &mut Cursors, m: &rdkafka::message::BorrowedMessage<'_>) {
-    let tp = TopicPartition {
-        topic: m.topic().to_string(),
-        partition: m.partition(),
+fn buffer(
+    cursors: &mut Cursors,
+    last_read: &mut Option<TopicPartition>,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) {
+    let (topic, partition) = (m.topic(), m.partition());
+    let tp = match last_read {
+        Some(tp) if tp.partition == partition && tp.topic == topic => tp,
+        _ => last_read.insert(TopicPartition {
+            topic: topic.to_string(),
+            partition,
+        }),
     };
-    if cursors.read(&tp, m.offset(), || owned(m)) == Read::FirstSinceCheckpoint {
+    if cursors.read(tp, m.offset(), || owned(m)) == Read::FirstSinceCheckpoint {
         tracing::debug!(partition = %tp, offset = m.offset(), "first record since the checkpoint");
     }
 }

@@ -14,7 +14,10 @@
 //!   rdkafka, a `HashMap` of windows, closed windows flushed to Postgres
 //!   every BATCH records, then offsets: at-least-once, open windows only
 //!   in memory), into Postgres with all partitions assigned, both timed
-//!   from spawn to exit;
+//!   from spawn to exit; sluice twice: with its module cache empty (the
+//!   start-up compiles the module) and warm (the module compiled by the
+//!   steady arms, as on a restart; the hand-written binary is built
+//!   before it is timed, too);
 //! - latency: a steady producer (2,000 records/s, `ts` = the send time)
 //!   for 30 s into 1-second windows; per window and partition, from the
 //!   send time of the record that moved the partition's watermark past the
@@ -95,10 +98,21 @@ impl Arm {
     }
 }
 
+/// The compiled-module cache every steady arm shares (the modules are
+/// compiled once, as a deployment does), and the warm spawn-to-exit arm
+/// finds the windowed module compiled in.
+fn shared_cache(dir: &TempDir) -> String {
+    dir.path().join("module-cache").display().to_string()
+}
+
 /// Runs `arm` into `db` to the end; its steady rate.
 async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir, batch: u32) -> f64 {
     let config = db
-        .configure(arm.config(name, brokers, batch).batch_interval_ms(100))
+        .configure(
+            arm.config(name, brokers, batch)
+                .batch_interval_ms(100)
+                .field("module", "cache_dir", shared_cache(dir)),
+        )
         .write(&dir.path().join(name));
     let out = run_until_caught_up(&config, Duration::from_secs(1800));
     assert!(
@@ -120,16 +134,27 @@ async fn final_rows(db: &SinkDb) -> i64 {
     db.scalar(&sql).await.expect("windows rows")
 }
 
-/// The hand-written windows against sluice's, both into Postgres with all
-/// partitions assigned, spawn to exit: (hand-written, sluice). Both must
-/// leave `windows` rows.
+/// Spawn-to-exit times of the hand-written windows and sluice's.
+struct SpawnToExit {
+    hand: Duration,
+    /// sluice with the module cache empty: start-up compiles the module.
+    sluice_cold: Duration,
+    /// sluice finding the module compiled (a restart, or a deployment
+    /// whose module was compiled before), like the hand-written binary,
+    /// which is built before it is timed.
+    sluice_warm: Duration,
+}
+
+/// The hand-written windows against sluice's (cold, then warm), all into
+/// Postgres with all partitions assigned, spawn to exit. Each must leave
+/// `windows` rows.
 async fn against_handwritten(
     brokers: &str,
     tag: &str,
     dir: &TempDir,
     rows: i64,
     batch: u32,
-) -> (Duration, Duration) {
+) -> SpawnToExit {
     let (hand_db, schema) = bench::hand_schema(&format!("{tag}_hand")).await;
     let me = std::env::current_exe().expect("current exe");
     let size_ms = match MINUTE {
@@ -157,25 +182,48 @@ async fn against_handwritten(
         Some(rows),
         "hand-written: every closed window once"
     );
-    let sluice_db = SinkDb::fresh_postgres(&format!("{tag}_sluice")).await;
+    let cold_cache = dir.path().join(format!("{tag}_cold_cache"));
+    let cold = format!("{tag}_cold");
+    let sluice_cold = timed_sluice(brokers, &cold, dir, rows, batch, cold_cache).await;
+    let warm = format!("{tag}_warm");
+    let sluice_warm = timed_sluice(brokers, &warm, dir, rows, batch, shared_cache(dir)).await;
+    SpawnToExit {
+        hand,
+        sluice_cold,
+        sluice_warm,
+    }
+}
+
+/// sluice's windows into a fresh Postgres database with all partitions
+/// assigned and compiled modules in `cache`, spawn to exit.
+async fn timed_sluice(
+    brokers: &str,
+    name: &str,
+    dir: &TempDir,
+    rows: i64,
+    batch: u32,
+    cache: impl Into<std::path::PathBuf>,
+) -> Duration {
+    let sluice_db = SinkDb::fresh_postgres(name).await;
     let all: Vec<i32> = (0..PARTITIONS).collect();
-    let name = format!("{tag}_sluice");
-    std::fs::create_dir_all(dir.path().join(&name)).unwrap();
+    std::fs::create_dir_all(dir.path().join(name)).unwrap();
+    let cache: std::path::PathBuf = cache.into();
     let config = sluice_db
         .configure(
             Arm::Windows
-                .config(&name, brokers, batch)
+                .config(name, brokers, batch)
                 .batch_interval_ms(100)
-                .assign("bench", &all),
+                .assign("bench", &all)
+                .field("module", "cache_dir", cache.display().to_string()),
         )
-        .write(&dir.path().join(&name));
+        .write(&dir.path().join(name));
     let took = bench::timed_sluice_run(&config);
     assert_eq!(
         final_rows(&sluice_db).await,
         rows,
-        "sluice: every closed window once"
+        "{name}: every closed window once"
     );
-    (hand, took)
+    took
 }
 
 fn now_ms() -> i64 {
@@ -352,17 +400,21 @@ async fn main() {
             );
         }
         let tag = format!("bench_hand_{round}");
-        let (hand, took) = against_handwritten(brokers, &tag, &dir, rows, batch).await;
+        let times = against_handwritten(brokers, &tag, &dir, rows, batch).await;
         let rate = |d: Duration| records as f64 / d.as_secs_f64();
-        println!(
-            "round {round} postgres, spawn to exit: hand-written windows {:>8.0} rec/s ({:.1} s), \
-             sluice windows {:>8.0} rec/s ({:.1} s), sluice/hand-written {:.2}",
-            rate(hand),
-            hand.as_secs_f64(),
-            rate(took),
-            took.as_secs_f64(),
-            hand.as_secs_f64() / took.as_secs_f64()
-        );
+        let hand = times.hand;
+        for (took, cache) in [(times.sluice_cold, "cold"), (times.sluice_warm, "warm")] {
+            println!(
+                "round {round} postgres, spawn to exit: hand-written windows {:>8.0} rec/s ({:.1} s), \
+                 sluice windows, module cache {cache}, {:>8.0} rec/s ({:.1} s), \
+                 sluice/hand-written {:.2}",
+                rate(hand),
+                hand.as_secs_f64(),
+                rate(took),
+                took.as_secs_f64(),
+                hand.as_secs_f64() / took.as_secs_f64()
+            );
+        }
     }
     for interval_ms in [200, 50] {
         let (latencies, commit) = window_latencies(brokers, &dir, interval_ms).await;
