@@ -37,6 +37,7 @@ use sluice_tests::sinks::SinkDb;
 use sluice_tests::windows::{self, Expected, Lateness, Shape};
 use sluice_tests::*;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 const PARTITIONS: i32 = 4;
@@ -101,8 +102,8 @@ impl Arm {
 /// The compiled-module cache every steady arm shares (the modules are
 /// compiled once, as a deployment does), and the warm spawn-to-exit arm
 /// finds the windowed module compiled in.
-fn shared_cache(dir: &TempDir) -> String {
-    dir.path().join("module-cache").display().to_string()
+fn shared_cache(dir: &TempDir) -> PathBuf {
+    dir.path().join("module-cache")
 }
 
 /// Runs `arm` into `db` to the end; its steady rate.
@@ -111,7 +112,11 @@ async fn run(arm: Arm, db: &SinkDb, name: &str, brokers: &str, dir: &TempDir, ba
         .configure(
             arm.config(name, brokers, batch)
                 .batch_interval_ms(100)
-                .field("module", "cache_dir", shared_cache(dir)),
+                .field(
+                    "module",
+                    "cache_dir",
+                    shared_cache(dir).display().to_string(),
+                ),
         )
         .write(&dir.path().join(name));
     let out = run_until_caught_up(&config, Duration::from_secs(1800));
@@ -184,9 +189,9 @@ async fn against_handwritten(
     );
     let cold_cache = dir.path().join(format!("{tag}_cold_cache"));
     let cold = format!("{tag}_cold");
-    let sluice_cold = timed_sluice(brokers, &cold, dir, rows, batch, cold_cache).await;
+    let sluice_cold = timed_sluice(brokers, &cold, dir, rows, batch, &cold_cache).await;
     let warm = format!("{tag}_warm");
-    let sluice_warm = timed_sluice(brokers, &warm, dir, rows, batch, shared_cache(dir)).await;
+    let sluice_warm = timed_sluice(brokers, &warm, dir, rows, batch, &shared_cache(dir)).await;
     SpawnToExit {
         hand,
         sluice_cold,
@@ -202,12 +207,11 @@ async fn timed_sluice(
     dir: &TempDir,
     rows: i64,
     batch: u32,
-    cache: impl Into<std::path::PathBuf>,
+    cache: &Path,
 ) -> Duration {
     let sluice_db = SinkDb::fresh_postgres(name).await;
     let all: Vec<i32> = (0..PARTITIONS).collect();
     std::fs::create_dir_all(dir.path().join(name)).unwrap();
-    let cache: std::path::PathBuf = cache.into();
     let config = sluice_db
         .configure(
             Arm::Windows
