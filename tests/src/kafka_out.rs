@@ -147,24 +147,33 @@ impl GroupOffsets {
             })
             .collect()
     }
+}
 
-    /// Waits until the offsets add up to `sent` (every record consumed),
-    /// failing after `limit` with what `logs` says.
-    pub async fn wait_for(&self, sent: i64, limit: Duration, logs: impl Fn() -> String) {
-        let deadline = std::time::Instant::now() + limit;
-        loop {
-            let each = self.each();
-            let total: i64 = each.iter().map(|o| o.unwrap_or(0)).sum();
-            if total >= sent {
-                return;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the group's offsets reached {total} of {sent} (by partition: {each:?})\n{}",
-                logs()
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
+/// Waits until `topic` holds `count` records committed by the broker's
+/// transaction markers, failing after `limit` with what `logs` says. Where
+/// two instances commit at once this, not the group's offsets, is the sign
+/// that every record is through: the broker can keep a committed
+/// transaction's offsets pending for good (docs/kafka.md, "offsets left
+/// pending").
+pub async fn wait_for_committed_output(
+    brokers: &str,
+    topic: &str,
+    count: usize,
+    limit: Duration,
+    logs: impl Fn() -> String,
+) {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let committed = read_committed_by_markers(brokers, topic, PARTITIONS).len();
+        if committed >= count {
+            return;
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{topic} holds {committed} of {count} records committed\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
 

@@ -15,7 +15,7 @@ use rdkafka::producer::Producer as _;
 use sluice_tests::control::{Host, Producer, sluice_ok};
 use sluice_tests::kafka_out::{
     By, GroupOffsets, KafkaOut, assert_lineage_contiguous, assert_output_exactly_once,
-    create_sink_topics,
+    create_sink_topics, wait_for_committed_output,
 };
 use sluice_tests::markers::{has_open_transaction, read_committed_by_markers};
 use sluice_tests::scenarios::{BadConfigs, KillLoop, Lifecycle, TwoOwners};
@@ -337,10 +337,14 @@ async fn a_zombie_resumed_after_its_session_expired_is_fenced_and_the_output_sta
     a.signal(libc::SIGCONT);
     tokio::time::sleep(Duration::from_secs(10)).await;
     let sent = producing.stop() as i64 + 200_000;
-    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, 2);
-    offsets
-        .wait_for(sent, Duration::from_secs(180), || logs(&a, Some(&b)))
-        .await;
+    wait_for_committed_output(
+        brokers,
+        output,
+        sent as usize,
+        Duration::from_secs(180),
+        || logs(&a, Some(&b)),
+    )
+    .await;
     // A learns of the fence from the broker's answer, or, when the first
     // thing it sends on waking is its commit, by the commit's outcome
     // staying unknown (the broker drops the connection instead of saying
@@ -390,10 +394,14 @@ async fn a_rebalance_closes_the_producers_of_the_partitions_handed_over() {
     const CLOSING: &str = "closing the producers of partitions this instance no longer owns";
     a.wait_for_log(CLOSING, 1, Duration::from_secs(60));
     let sent = producing.stop() as i64;
-    let offsets = GroupOffsets::new(brokers, &format!("sluice-{pipeline}"), input, PARTITIONS);
-    offsets
-        .wait_for(sent, Duration::from_secs(120), || logs(&a, &b))
-        .await;
+    wait_for_committed_output(
+        brokers,
+        output,
+        sent as usize,
+        Duration::from_secs(120),
+        || logs(&a, &b),
+    )
+    .await;
     // A closed the producer of a partition B then committed.
     let (a_log, b_log) = (a.log(), b.log());
     let closed: Vec<String> = a_log
