@@ -231,13 +231,7 @@ impl Records {
     ) {
         let first = self.offsets.len() as u32;
         for r in records {
-            self.push(
-                r.offset,
-                r.timestamp,
-                r.key.as_deref(),
-                r.value.as_deref(),
-                &r.headers,
-            );
+            self.push_owned(r);
         }
         let count = self.offsets.len() as u32 - first;
         self.slices.push(Slice {
@@ -248,28 +242,130 @@ impl Records {
         });
     }
 
-    fn push(
+    /// Appends `r` outside any slice (see [`Records::push_record`]).
+    pub fn push_owned(&mut self, r: &OwnedRecord) {
+        let headers = r.headers.iter().map(|(n, v)| (n.as_str(), v.as_deref()));
+        self.push_record(
+            r.offset,
+            r.timestamp,
+            r.key.as_deref(),
+            r.value.as_deref(),
+            headers,
+        );
+    }
+
+    /// Appends one record outside any slice (a source's read buffer keeps
+    /// its records this way; [`Records::push_slice_from`] makes a batch
+    /// of them).
+    pub fn push_record<'a>(
         &mut self,
         offset: i64,
         timestamp: i64,
         key: Option<&[u8]>,
         value: Option<&[u8]>,
-        headers: &[(String, Option<Vec<u8>>)],
+        headers: impl IntoIterator<Item = (&'a str, Option<&'a [u8]>)>,
     ) {
         self.offsets.push(offset);
         self.timestamps.push(timestamp);
         push_bytes(&mut self.key_lengths, &mut self.keys, key);
         push_bytes(&mut self.value_lengths, &mut self.values, value);
-        self.header_counts.push(headers.len() as u32);
+        let mut count = 0;
         for (name, value) in headers {
+            count += 1;
             self.header_name_lengths.push(name.len() as u32);
             self.header_names.extend_from_slice(name.as_bytes());
             push_bytes(
                 &mut self.header_value_lengths,
                 &mut self.header_values,
-                value.as_deref(),
+                value,
             );
         }
+        self.header_counts.push(count);
+    }
+
+    /// Appends one partition's records as a new slice: records `range` of
+    /// each of `runs` in turn, copied column by column.
+    pub fn push_slice_from<'a>(
+        &mut self,
+        topic: &str,
+        partition: i32,
+        runs: impl IntoIterator<Item = (&'a Records, std::ops::Range<usize>)>,
+    ) {
+        let first = self.offsets.len() as u32;
+        for (from, range) in runs {
+            self.copy_run(from, range);
+        }
+        let count = self.offsets.len() as u32 - first;
+        self.slices.push(Slice {
+            topic: topic.to_string(),
+            partition,
+            first,
+            count,
+        });
+    }
+
+    /// Appends records `range` of `from`.
+    fn copy_run(&mut self, from: &Records, range: std::ops::Range<usize>) {
+        let bytes_before = |lengths: &[i32], i: usize| -> usize {
+            lengths[..i].iter().map(|&l| l.max(0) as usize).sum()
+        };
+        let (i, j) = (range.start, range.end);
+        self.offsets.extend_from_slice(&from.offsets[i..j]);
+        self.timestamps.extend_from_slice(&from.timestamps[i..j]);
+        let key_at = bytes_before(&from.key_lengths, i);
+        let key_len = bytes_before(&from.key_lengths[i..j], j - i);
+        self.key_lengths.extend_from_slice(&from.key_lengths[i..j]);
+        self.keys
+            .extend_from_slice(&from.keys[key_at..key_at + key_len]);
+        let value_at = bytes_before(&from.value_lengths, i);
+        let value_len = bytes_before(&from.value_lengths[i..j], j - i);
+        self.value_lengths
+            .extend_from_slice(&from.value_lengths[i..j]);
+        self.values
+            .extend_from_slice(&from.values[value_at..value_at + value_len]);
+        self.header_counts
+            .extend_from_slice(&from.header_counts[i..j]);
+        let h = from.header_counts[..i]
+            .iter()
+            .map(|&c| c as usize)
+            .sum::<usize>();
+        let hn = from.header_counts[i..j]
+            .iter()
+            .map(|&c| c as usize)
+            .sum::<usize>();
+        if hn > 0 {
+            let name_at: usize = from.header_name_lengths[..h]
+                .iter()
+                .map(|&l| l as usize)
+                .sum();
+            let name_len: usize = (from.header_name_lengths[h..h + hn].iter())
+                .map(|&l| l as usize)
+                .sum();
+            self.header_name_lengths
+                .extend_from_slice(&from.header_name_lengths[h..h + hn]);
+            (self.header_names).extend_from_slice(&from.header_names[name_at..name_at + name_len]);
+            let hv_at = bytes_before(&from.header_value_lengths, h);
+            let hv_len = bytes_before(&from.header_value_lengths[h..h + hn], hn);
+            self.header_value_lengths
+                .extend_from_slice(&from.header_value_lengths[h..h + hn]);
+            (self.header_values).extend_from_slice(&from.header_values[hv_at..hv_at + hv_len]);
+        }
+    }
+
+    /// Empties every column, keeping what they have allocated.
+    pub fn clear(&mut self) {
+        self.slices.clear();
+        self.offsets.clear();
+        self.timestamps.clear();
+        self.key_lengths.clear();
+        self.keys.clear();
+        self.value_lengths.clear();
+        self.values.clear();
+        self.header_counts.clear();
+        self.header_name_lengths.clear();
+        self.header_names.clear();
+        self.header_value_lengths.clear();
+        self.header_values.clear();
     }
 
     /// All records in batch order, borrowed.

@@ -13,9 +13,10 @@
 //! dense (transaction markers, aborted records, compaction), so a range may
 //! hold fewer records than offsets, or none.
 
-use crate::batch::{OffsetRange, OwnedRecord, Records, TopicPartition};
+use crate::batch::{OffsetRange, Records, TopicPartition};
+use crate::read_buffer::ReadBuffer;
 use crate::source::PartitionProgress;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 /// How many offsets a batch may take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,7 +38,7 @@ pub struct Cursor {
     /// skipped by the broker as markers and aborted records).
     position: i64,
     /// Records read but not yet in a committed batch, in offset order.
-    buffer: VecDeque<OwnedRecord>,
+    buffer: ReadBuffer,
     /// The log end the first time it was reached (for `--until-caught-up`).
     end_at_start: Option<i64>,
 }
@@ -161,14 +162,15 @@ impl Cursors {
         true
     }
 
-    /// Buffers a record read at `offset` of `tp` (`record` makes it, only
-    /// if kept). Ignored for a partition not owned or not started, and for
+    /// Buffers a record read at `offset` of `tp`: `record` appends it
+    /// (offset `offset`, one record) to the records it is given, only if it
+    /// is kept. Ignored for a partition not owned or not started, and for
     /// an offset below the position (the buffer stays in offset order).
     pub fn read(
         &mut self,
         tp: &TopicPartition,
         offset: i64,
-        record: impl FnOnce() -> OwnedRecord,
+        record: impl FnOnce(&mut Records),
     ) -> Read {
         let Some(cursor) = self.partitions.get_mut(tp) else {
             return Read::Ignored;
@@ -177,7 +179,11 @@ impl Cursors {
             return Read::Ignored;
         }
         let first = cursor.idle_at().is_some();
-        cursor.buffer.push_back(record());
+        let chunk = cursor.buffer.open();
+        let before = chunk.len();
+        record(chunk);
+        debug_assert_eq!(chunk.len(), before + 1, "one record read");
+        debug_assert_eq!(chunk.offsets.last(), Some(&offset));
         cursor.position = offset + 1;
         match first {
             true => Read::FirstSinceCheckpoint,
@@ -248,11 +254,8 @@ impl Cursors {
             let Some(cursor) = self.partitions.get(&r.topic_partition()) else {
                 continue;
             };
-            let chosen = cursor
-                .buffer
-                .iter()
-                .filter(|m| m.offset >= r.from && m.offset < r.until);
-            records.push_slice(&r.topic, r.partition, chosen);
+            let runs = cursor.buffer.runs(r.from, r.until);
+            records.push_slice_from(&r.topic, r.partition, runs);
         }
         records
     }
@@ -262,9 +265,7 @@ impl Cursors {
     pub fn committed(&mut self, ranges: &[OffsetRange]) {
         for r in ranges {
             if let Some(cursor) = self.partitions.get_mut(&r.topic_partition()) {
-                while cursor.buffer.front().is_some_and(|m| m.offset < r.until) {
-                    cursor.buffer.pop_front();
-                }
+                cursor.buffer.drop_below(r.until);
                 cursor.next = Some(r.until);
             }
         }
@@ -337,13 +338,11 @@ mod tests {
         }
     }
 
-    fn record(offset: i64) -> OwnedRecord {
-        OwnedRecord {
-            offset,
-            timestamp: 0,
-            key: None,
-            value: Some(offset.to_string().into_bytes()),
-            headers: vec![],
+    /// Reads the record at `offset` (its value the offset in digits).
+    fn record(offset: i64) -> impl FnOnce(&mut Records) {
+        move |records| {
+            let value = offset.to_string();
+            records.push_record(offset, 0, None, Some(value.as_bytes()), []);
         }
     }
 
@@ -371,18 +370,18 @@ mod tests {
         assert_eq!(cursors.unstarted(), [tp(0), tp(1)]);
         assert!(cursors.plan_ranges().is_empty(), "nothing before a start");
         assert_eq!(
-            cursors.read(&tp(0), 5, || record(5)),
+            cursors.read(&tp(0), 5, record(5)),
             Read::Ignored,
             "not started"
         );
         cursors.start(&tp(0), 5);
         let read: Vec<Read> = [5, 6, 8]
             .into_iter()
-            .map(|offset| cursors.read(&tp(0), offset, || record(offset)))
+            .map(|offset| cursors.read(&tp(0), offset, record(offset)))
             .collect();
         assert_eq!(read, [Read::FirstSinceCheckpoint, Read::Kept, Read::Kept]);
         assert_eq!(
-            cursors.read(&tp(0), 6, || record(6)),
+            cursors.read(&tp(0), 6, record(6)),
             Read::Ignored,
             "below the position"
         );
@@ -409,7 +408,7 @@ mod tests {
         for p in [0, 1] {
             cursors.start(&tp(p), 0);
             for offset in 0..10 {
-                cursors.read(&tp(p), offset, || record(offset));
+                cursors.read(&tp(p), offset, record(offset));
             }
         }
         assert!(cursors.some_batch_full());
@@ -422,7 +421,7 @@ mod tests {
         uncapped.start(&tp(0), 0);
         assert!(!uncapped.some_batch_full());
         for offset in 0..10 {
-            uncapped.read(&tp(0), offset, || record(offset));
+            uncapped.read(&tp(0), offset, record(offset));
         }
         assert_eq!(lens(&uncapped.plan_ranges()), [4]);
     }
@@ -441,7 +440,7 @@ mod tests {
         cursors.reached(&tp(0), 3);
         assert!(!cursors.caught_up(), "the end is not reached yet");
         for offset in 0..3 {
-            cursors.read(&tp(0), offset, || record(offset));
+            cursors.read(&tp(0), offset, record(offset));
         }
         cursors.reached(&tp(0), 3);
         assert!(!cursors.caught_up(), "read but not committed");

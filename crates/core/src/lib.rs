@@ -32,6 +32,7 @@ pub mod error;
 pub mod event_time;
 pub mod limits;
 pub mod output;
+mod read_buffer;
 pub mod reset;
 pub mod sink;
 pub mod source;

@@ -22,7 +22,7 @@ pub use replay::RangeReader;
 
 use sluice_core::{batch, config};
 
-use crate::batch::{OwnedRecord, TopicPartition};
+use crate::batch::{Records, TopicPartition};
 use crate::config::{SourceConfig, StartPosition};
 use departure::{Departure, GroupConsumer};
 use ownership::{OwnershipContext, OwnershipEvent};
@@ -509,13 +509,26 @@ fn buffer(
             partition,
         }),
     };
-    if cursors.read(tp, m.offset(), || owned(m)) == Read::FirstSinceCheckpoint {
+    if cursors.read(tp, m.offset(), |records| copy(m, records)) == Read::FirstSinceCheckpoint {
         tracing::debug!(partition = %tp, offset = m.offset(), "first record since the checkpoint");
     }
 }
 
-/// A fetched record, copied out of librdkafka's buffer.
-fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
+/// Copies a fetched record out of librdkafka's buffer into `records`.
+fn copy(m: &rdkafka::message::BorrowedMessage<'_>, records: &mut Records) {
+    let headers = m.headers().into_iter().flat_map(|hs| hs.iter());
+    records.push_record(
+        m.offset(),
+        m.timestamp().to_millis().unwrap_or(-1),
+        m.key(),
+        m.payload(),
+        headers.map(|h| (h.key, h.value)),
+    );
+}
+
+/// A fetched record, copied out of librdkafka's buffer (the replay
+/// reader keeps its records this way).
+fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> batch::OwnedRecord {
     let headers = m
         .headers()
         .map(|hs| {
@@ -524,7 +537,7 @@ fn owned(m: &rdkafka::message::BorrowedMessage<'_>) -> OwnedRecord {
                 .collect()
         })
         .unwrap_or_default();
-    OwnedRecord {
+    batch::OwnedRecord {
         offset: m.offset(),
         timestamp: m.timestamp().to_millis().unwrap_or(-1),
         key: m.key().map(<[u8]>::to_vec),

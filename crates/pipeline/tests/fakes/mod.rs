@@ -143,7 +143,10 @@ impl Source for MemorySource {
         let started: Vec<TopicPartition> = self.cursors.started().map(|(t, _)| t.clone()).collect();
         for t in started {
             for record in self.logs.snapshot(&t) {
-                read |= self.cursors.read(&t, record.offset, || record.clone()) != Read::Ignored;
+                read |= self
+                    .cursors
+                    .read(&t, record.offset, |r| r.push_owned(&record))
+                    != Read::Ignored;
             }
             let end = self.logs.end(t.partition);
             self.cursors.advance(&t, end);
