@@ -229,10 +229,17 @@ impl Records {
         partition: i32,
         records: impl IntoIterator<Item = &'a OwnedRecord>,
     ) {
+        self.slice(topic, partition, |batch| {
+            for r in records {
+                batch.push_owned(r);
+            }
+        });
+    }
+
+    /// Appends what `fill` pushes as one slice of `topic`'s `partition`.
+    fn slice(&mut self, topic: &str, partition: i32, fill: impl FnOnce(&mut Records)) {
         let first = self.offsets.len() as u32;
-        for r in records {
-            self.push_owned(r);
-        }
+        fill(self);
         let count = self.offsets.len() as u32 - first;
         self.slices.push(Slice {
             topic: topic.to_string(),
@@ -291,16 +298,10 @@ impl Records {
         partition: i32,
         runs: impl IntoIterator<Item = (&'a Records, std::ops::Range<usize>)>,
     ) {
-        let first = self.offsets.len() as u32;
-        for (from, range) in runs {
-            self.copy_run(from, range);
-        }
-        let count = self.offsets.len() as u32 - first;
-        self.slices.push(Slice {
-            topic: topic.to_string(),
-            partition,
-            first,
-            count,
+        self.slice(topic, partition, |batch| {
+            for (from, range) in runs {
+                batch.copy_run(from, range);
+            }
         });
     }
 
