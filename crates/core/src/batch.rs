@@ -307,50 +307,40 @@ impl Records {
 
     /// Appends records `range` of `from`.
     fn copy_run(&mut self, from: &Records, range: std::ops::Range<usize>) {
-        let bytes_before = |lengths: &[i32], i: usize| -> usize {
-            lengths[..i].iter().map(|&l| l.max(0) as usize).sum()
-        };
         let (i, j) = (range.start, range.end);
         self.offsets.extend_from_slice(&from.offsets[i..j]);
         self.timestamps.extend_from_slice(&from.timestamps[i..j]);
-        let key_at = bytes_before(&from.key_lengths, i);
-        let key_len = bytes_before(&from.key_lengths[i..j], j - i);
-        self.key_lengths.extend_from_slice(&from.key_lengths[i..j]);
-        self.keys
-            .extend_from_slice(&from.keys[key_at..key_at + key_len]);
-        let value_at = bytes_before(&from.value_lengths, i);
-        let value_len = bytes_before(&from.value_lengths[i..j], j - i);
-        self.value_lengths
-            .extend_from_slice(&from.value_lengths[i..j]);
-        self.values
-            .extend_from_slice(&from.values[value_at..value_at + value_len]);
+        copy_bytes(
+            &mut self.key_lengths,
+            &mut self.keys,
+            &from.key_lengths,
+            &from.keys,
+            i..j,
+        );
+        copy_bytes(
+            &mut self.value_lengths,
+            &mut self.values,
+            &from.value_lengths,
+            &from.values,
+            i..j,
+        );
         self.header_counts
             .extend_from_slice(&from.header_counts[i..j]);
-        let h = from.header_counts[..i]
-            .iter()
-            .map(|&c| c as usize)
-            .sum::<usize>();
-        let hn = from.header_counts[i..j]
-            .iter()
-            .map(|&c| c as usize)
-            .sum::<usize>();
-        if hn > 0 {
-            let name_at: usize = from.header_name_lengths[..h]
-                .iter()
-                .map(|&l| l as usize)
-                .sum();
-            let name_len: usize = (from.header_name_lengths[h..h + hn].iter())
-                .map(|&l| l as usize)
-                .sum();
-            self.header_name_lengths
-                .extend_from_slice(&from.header_name_lengths[h..h + hn]);
-            (self.header_names).extend_from_slice(&from.header_names[name_at..name_at + name_len]);
-            let hv_at = bytes_before(&from.header_value_lengths, h);
-            let hv_len = bytes_before(&from.header_value_lengths[h..h + hn], hn);
-            self.header_value_lengths
-                .extend_from_slice(&from.header_value_lengths[h..h + hn]);
-            (self.header_values).extend_from_slice(&from.header_values[hv_at..hv_at + hv_len]);
-        }
+        let count = |counts: &[u32]| counts.iter().map(|&c| c as usize).sum::<usize>();
+        let headers = count(&from.header_counts[..i])..count(&from.header_counts[..j]);
+        let names = count(&from.header_name_lengths[..headers.start])
+            ..count(&from.header_name_lengths[..headers.end]);
+        self.header_name_lengths
+            .extend_from_slice(&from.header_name_lengths[headers.clone()]);
+        self.header_names
+            .extend_from_slice(&from.header_names[names]);
+        copy_bytes(
+            &mut self.header_value_lengths,
+            &mut self.header_values,
+            &from.header_value_lengths,
+            &from.header_values,
+            headers,
+        );
     }
 
     /// Empties every column, keeping what they have allocated.
@@ -441,6 +431,20 @@ impl Records {
             })
             .collect()
     }
+}
+
+/// Appends entries `range` of a column of byte strings (`lengths`, -1 for
+/// none, over `bytes`) to another (`to_lengths` over `to_bytes`).
+fn copy_bytes(
+    to_lengths: &mut Vec<i32>,
+    to_bytes: &mut Vec<u8>,
+    lengths: &[i32],
+    bytes: &[u8],
+    range: std::ops::Range<usize>,
+) {
+    let end_of = |n: usize| -> usize { lengths[..n].iter().map(|&l| l.max(0) as usize).sum() };
+    to_lengths.extend_from_slice(&lengths[range.clone()]);
+    to_bytes.extend_from_slice(&bytes[end_of(range.start)..end_of(range.end)]);
 }
 
 fn take<'a>(buf: &'a [u8], at: &mut usize, len: i32) -> Option<&'a [u8]> {
