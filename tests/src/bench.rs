@@ -141,16 +141,22 @@ pub fn keep_log(name: &str, out: &std::process::Output) {
 
 /// Runs `command` to a successful exit; how long it took (spawn to exit).
 pub fn timed_ok(command: &mut Command, what: &str) -> Duration {
+    timed_output(command, what).0
+}
+
+/// Runs `command` to a successful exit; how long it took and its output.
+fn timed_output(command: &mut Command, what: &str) -> (Duration, std::process::Output) {
     let started = Instant::now();
     let out = command
         .output()
         .unwrap_or_else(|e| panic!("run {what}: {e}"));
+    let took = started.elapsed();
     assert!(
         out.status.success(),
         "{what} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    started.elapsed()
+    (took, out)
 }
 
 /// A hand-written job's consumer: `read_committed`, no auto-commit,
@@ -196,13 +202,31 @@ pub async fn hand_schema(name: &str) -> (SinkDb, String) {
 }
 
 /// `sluice run --until-caught-up CONFIG` to a successful exit, timed from
-/// spawn to exit.
+/// spawn to exit. With `SLUICE_BENCH_LOGS=DIR`, the run's log (at `SLUICE_TEST_LOG`) is
+/// kept as `DIR/<config's folder>.timed.log`, its first line the spawn's
+/// wall-clock time and the run's length, so start-up and exit can be read
+/// against the log's timestamps.
 pub fn timed_sluice_run(config: &Path) -> Duration {
-    timed_ok(
-        Command::new(crate::sluice_bin())
-            .args(["run", "--until-caught-up"])
-            .arg(config)
-            .env("SLUICE_LOG", "warn"),
-        "sluice",
-    )
+    let mut command = Command::new(crate::sluice_bin());
+    command.args(["run", "--until-caught-up"]).arg(config);
+    let Ok(dir) = std::env::var("SLUICE_BENCH_LOGS") else {
+        return timed_ok(command.env("SLUICE_LOG", "warn"), "sluice");
+    };
+    let level = std::env::var("SLUICE_TEST_LOG").unwrap_or_else(|_| "warn".into());
+    let spawned = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_micros();
+    let (took, out) = timed_output(command.env("SLUICE_LOG", level), "sluice");
+    let name = config
+        .parent()
+        .and_then(Path::file_name)
+        .map_or("sluice".into(), |n| n.to_string_lossy().into_owned());
+    let log = format!(
+        "spawned at unix µs {spawned}, exited {} µs later\n{}",
+        took.as_micros(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::write(format!("{dir}/{name}.timed.log"), log).expect("write the log");
+    took
 }

@@ -141,6 +141,11 @@ impl Cursors {
         self.partitions.iter().filter(|(_, c)| c.next.is_some())
     }
 
+    /// Whether some owned partition has not been told where to start.
+    pub fn any_unstarted(&self) -> bool {
+        self.partitions.values().any(|c| c.next.is_none())
+    }
+
     /// Owned partitions that have not been told where to start.
     pub fn unstarted(&self) -> Vec<TopicPartition> {
         self.partitions

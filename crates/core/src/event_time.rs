@@ -68,11 +68,18 @@ impl Timer {
 
     /// The timer a state key holds, if it is a timer's.
     pub fn from_state_key(key: &[u8]) -> Option<Timer> {
-        let rest = key.strip_prefix(TIMER_PREFIX)?;
-        (rest.len() >= 8).then(|| Timer {
-            at_ms: unordered(&rest[..8]),
-            key: rest[8..].to_vec(),
+        Some(Timer {
+            at_ms: Timer::time_of_state_key(key)?,
+            key: key[TIMER_PREFIX.len() + 8..].to_vec(),
         })
+    }
+
+    /// When the timer a state key holds comes due, if it is a timer's:
+    /// [`Timer::from_state_key`] without copying the timer's key, for
+    /// filters that look at every state change of a batch.
+    pub fn time_of_state_key(key: &[u8]) -> Option<i64> {
+        let rest = key.strip_prefix(TIMER_PREFIX)?;
+        (rest.len() >= 8).then(|| unordered(&rest[..8]))
     }
 }
 

@@ -25,7 +25,8 @@ pub trait Source: Send + 'static {
     /// ownership changes. It ends sooner once `signals.interrupt` is set,
     /// and, once `signals.cut_at_end` is set, as soon as something waits to
     /// be batched and every started partition has been read to its log
-    /// end; at once if the loop stops when caught up and it is.
+    /// end; at once if the loop stops when caught up and it is, or if an
+    /// owned partition waits to be started (`start_partitions`).
     fn poll(&mut self, wait: Duration, signals: &PollSignals) -> Result<(), SourceError>;
     /// Keeps ownership alive until `done` fires (or its sender is gone)
     /// while the loop waits on the sink; errors met meanwhile are reported

@@ -238,8 +238,12 @@ impl<'a> Reader<'a> {
         Ok(u32::from_be_bytes(self.array()?) as usize)
     }
     fn keys(&mut self) -> Result<Keys, StateError> {
-        let mut keys = Keys::new();
-        for _ in 0..self.len()? {
+        // Gathered, then built at once: the keys were written in order, so
+        // the map is built without a search per key.
+        let count = self.len()?;
+        // A key takes 5 bytes at least: a corrupt count reserves no more.
+        let mut keys = Vec::with_capacity(count.min(self.0.len() / 5));
+        for _ in 0..count {
             let key = self.bytes()?.to_vec();
             let value = match self.byte()? {
                 0 => None,
@@ -252,9 +256,9 @@ impl<'a> Reader<'a> {
                 }
                 other => return Err(StateError::Corrupt(format!("value tag {other}"))),
             };
-            keys.insert(key, value);
+            keys.push((key, value));
         }
-        Ok(keys)
+        Ok(Keys::from_iter(keys))
     }
     fn end(&self) -> Result<(), StateError> {
         match self.0.is_empty() {
@@ -1033,9 +1037,11 @@ impl RunState {
                 .collect();
             due.extend(
                 (writes.iter())
-                    .filter(|(_, value)| value.is_some())
-                    .filter_map(|(key, _)| Timer::from_state_key(key))
-                    .filter(|t| t.at_ms <= watermark),
+                    .filter(|(key, value)| {
+                        value.is_some()
+                            && Timer::time_of_state_key(key).is_some_and(|at| at <= watermark)
+                    })
+                    .filter_map(|(key, _)| Timer::from_state_key(key)),
             );
             let index = clock.partitions[p].index;
             for timer in due {

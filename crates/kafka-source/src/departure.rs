@@ -2,8 +2,9 @@
 //!
 //! Owns the consumer's end: closed (LeaveGroup, the others take its
 //! partitions at once) or destroyed without a close (the broker notices
-//! after the session timeout, as for a crash). It must not decide which:
-//! the config does (`source.leave_group_on_shutdown`).
+//! after the session timeout, as for a crash; or, statically assigned,
+//! with no membership to end). It must not decide which: the config does
+//! (`source.leave_group_on_shutdown`, `source.assign`).
 
 use crate::ownership::OwnershipContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -18,6 +19,10 @@ pub enum Departure {
     /// Destroy without a close: no LeaveGroup; the member expires after
     /// `session.timeout.ms`.
     Expire,
+    /// Statically assigned (`source.assign`): no member to leave, so
+    /// destroyed without a close (a close waits out a poll for an answer
+    /// no group sends).
+    NoMember,
 }
 
 /// The source's consumer, departing the group as it was told when dropped.
@@ -48,8 +53,12 @@ impl Drop for GroupConsumer {
         match self.departure {
             // SAFETY: dropped once, here, and never used again.
             Departure::Leave => unsafe { ManuallyDrop::drop(&mut self.consumer) },
-            Departure::Expire => {
-                tracing::info!("leaving the consumer group to expire this member (no LeaveGroup)");
+            Departure::Expire | Departure::NoMember => {
+                if self.departure == Departure::Expire {
+                    tracing::info!(
+                        "leaving the consumer group to expire this member (no LeaveGroup)"
+                    );
+                }
                 // SAFETY: the handle is valid (owned by the consumer, not
                 // destroyed yet) and this is not a librdkafka callback.
                 // librdkafka frees it here, so the Rust wrapper (its

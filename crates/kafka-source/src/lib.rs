@@ -37,6 +37,9 @@ use std::time::{Duration, Instant};
 
 /// How long a broker may take to answer metadata, seek and watermark calls.
 const BROKER_TIMEOUT: Duration = Duration::from_secs(15);
+/// Partitions whose log bounds a start asks the broker for side by side
+/// (a thread each, for the round trip).
+const WATERMARK_QUERIES_AT_ONCE: usize = 16;
 
 /// Messages taken from librdkafka's queue between two looks at the clock.
 const DRAIN_PER_CLOCK_CHECK: usize = 256;
@@ -99,9 +102,10 @@ impl KafkaSource {
                     .map_err(|e| SourceError::kafka("", e))?;
             }
         }
-        let departure = match config.leave_group_on_shutdown {
-            true => Departure::Leave,
-            false => Departure::Expire,
+        let departure = match (&config.assign, config.leave_group_on_shutdown) {
+            (Some(_), _) => Departure::NoMember,
+            (None, true) => Departure::Leave,
+            (None, false) => Departure::Expire,
         };
         Ok(KafkaSource {
             consumer: GroupConsumer::new(consumer, departure),
@@ -263,6 +267,27 @@ impl KafkaSource {
     /// The offset a partition starts at, refusing one below the log start.
     /// (The log end is checked on the fetch path instead: ListOffsets(latest)
     /// is wrong on some brokers, the fetch response's high watermark is not.)
+    /// [`KafkaSource::start_offset`] of each of `starts`, asked of the
+    /// broker [`WATERMARK_QUERIES_AT_ONCE`] at a time (a round trip each:
+    /// one after another, four partitions' took most of a start-up).
+    fn start_offsets(
+        &self,
+        starts: &[&(TopicPartition, Option<i64>)],
+    ) -> Vec<Result<i64, SourceError>> {
+        let mut offsets = Vec::with_capacity(starts.len());
+        for some in starts.chunks(WATERMARK_QUERIES_AT_ONCE) {
+            std::thread::scope(|scope| {
+                let asked: Vec<_> = (some.iter())
+                    .map(|(tp, checkpoint)| scope.spawn(move || self.start_offset(tp, *checkpoint)))
+                    .collect();
+                offsets.extend(
+                    (asked.into_iter()).map(|a| a.join().expect("a watermark query panicked")),
+                );
+            });
+        }
+        offsets
+    }
+
     fn start_offset(
         &self,
         tp: &TopicPartition,
@@ -293,8 +318,8 @@ impl KafkaSource {
 
 /// How the batch loop reads Kafka (the core's `Source` trait).
 impl Source for KafkaSource {
-    /// Reads for up to `wait`: less once some partition has a full batch,
-    /// ownership changed, within ~50 ms of `signals.interrupt`, or (with
+    /// Reads for up to `wait`: nothing if a partition waits to be started,
+    /// less once some partition has a full batch, ownership changed, within ~50 ms of `signals.interrupt`, or (with
     /// `signals.cut_at_end`) once what waits is read to the log end (see
     /// [`KafkaSource::read_to_end`]), or, if the loop stops when caught up,
     /// once it is. Newly assigned partitions stay paused
@@ -303,6 +328,12 @@ impl Source for KafkaSource {
     fn poll(&mut self, wait: Duration, signals: &PollSignals) -> Result<(), SourceError> {
         if let Some(e) = self.held_error.take() {
             return Err(e);
+        }
+        // A partition assigned since the last poll (a static assignment
+        // before the first) is started before anything is waited for: a
+        // wait would only read its paused partition's nothing.
+        if self.apply_ownership_events() || self.cursors.any_unstarted() {
+            return self.refresh_positions();
         }
         let deadline = Instant::now() + wait;
         loop {
@@ -415,8 +446,8 @@ impl Source for KafkaSource {
         self.consumer.pause(&all).map_err(kafka)?;
         let mut seeks = TopicPartitionList::new();
         let mut froms = Vec::new();
-        for (tp, checkpoint) in &starts {
-            let from = self.start_offset(tp, *checkpoint)?;
+        for ((tp, _), from) in starts.iter().zip(self.start_offsets(&starts)) {
+            let from = from?;
             seeks
                 .add_partition_offset(&tp.topic, tp.partition, Offset::Offset(from))
                 .map_err(kafka)?;

@@ -327,7 +327,7 @@ impl Metrics {
                     self.watermark
                         .with_label_values(&[tp.topic.as_str(), partition.as_str()])
                         .set(watermark);
-                } else if Timer::from_state_key(key).is_some() {
+                } else if Timer::time_of_state_key(key).is_some() {
                     match value {
                         Some(_) => self.timers_set.inc(),
                         None => self.timers_done.inc(),

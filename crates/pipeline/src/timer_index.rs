@@ -178,7 +178,11 @@ impl TimerIndex {
             .take_while(|t| t.at_ms <= watermark)
             .cloned()
             .collect();
-        for (timer, value) in pending.flat_map(timer_writes) {
+        // A pending timer later than the watermark changes nothing here.
+        let due_by = |(key, _): &(&Vec<u8>, &Option<StateValue>)| {
+            Timer::time_of_state_key(key).is_some_and(|at| at <= watermark)
+        };
+        for (timer, value) in pending.flat_map(|keys| timer_writes(keys.iter().filter(due_by))) {
             match value {
                 Some(_) => due.insert(timer),
                 None => due.remove(&timer),

@@ -350,6 +350,7 @@ impl<S> StateTables<S> {
                     let mut merged = self.journal.take(tx, scope).await?;
                     merged.add_batch(keys, reads);
                     self.journal.merged(scope, &merged);
+                    let merged = merged.into_keys();
                     to_table.push(TableWrite {
                         tp,
                         keys: Cow::Owned(merged.changes),
