@@ -264,9 +264,6 @@ impl KafkaSource {
         Ok(())
     }
 
-    /// The offset a partition starts at, refusing one below the log start.
-    /// (The log end is checked on the fetch path instead: ListOffsets(latest)
-    /// is wrong on some brokers, the fetch response's high watermark is not.)
     /// [`KafkaSource::start_offset`] of each of `starts`, asked of the
     /// broker [`WATERMARK_QUERIES_AT_ONCE`] at a time (a round trip each:
     /// one after another, four partitions' took most of a start-up).
@@ -288,6 +285,9 @@ impl KafkaSource {
         offsets
     }
 
+    /// The offset a partition starts at, refusing one below the log start.
+    /// (The log end is checked on the fetch path instead: ListOffsets(latest)
+    /// is wrong on some brokers, the fetch response's high watermark is not.)
     fn start_offset(
         &self,
         tp: &TopicPartition,
@@ -319,7 +319,8 @@ impl KafkaSource {
 /// How the batch loop reads Kafka (the core's `Source` trait).
 impl Source for KafkaSource {
     /// Reads for up to `wait`: nothing if a partition waits to be started,
-    /// less once some partition has a full batch, ownership changed, within ~50 ms of `signals.interrupt`, or (with
+    /// less once some partition has a full batch, ownership changed,
+    /// within ~50 ms of `signals.interrupt`, or (with
     /// `signals.cut_at_end`) once what waits is read to the log end (see
     /// [`KafkaSource::read_to_end`]), or, if the loop stops when caught up,
     /// once it is. Newly assigned partitions stay paused

@@ -214,7 +214,8 @@ pub struct SourceConfig {
     /// has it. Set it to false on Tansu (v0.6.0) with several dynamic
     /// instances: a group's leader that leaves while the group rebalances
     /// wedges the group there for good (docs/operations.md, "Leaving the
-    /// group on shutdown"). Default: true.
+    /// group on shutdown"). With `assign` it does not apply: a statically
+    /// assigned instance is no member of a group. Default: true.
     #[serde(default = "default_leave_group_on_shutdown")]
     pub leave_group_on_shutdown: bool,
 }
